@@ -1,0 +1,20 @@
+"""kvarena.spec: the executable specification of the unified arena.
+
+Pure Python (ints, lists, dicts).  It is the reference reviewers read and
+the oracle the torch implementation is tested against.
+
+Modules, in reading order:
+
+- ``arith``     integer formulas, written once for ints and z3 terms;
+- ``geometry``  sub-pools, page grids, the sink, the chain;
+- ``bands``     one band: span, page tables, holes, content model;
+- ``policy``    the demand-vector decision for sliding a float;
+- ``arena``     the chain, capacity views, operations, relieve, verify.
+"""
+
+from .arena import Arena, MAX_EVICT_ROUNDS
+from .geometry import AccountingError, Geometry, Layout, SubPool, make_layout
+from .policy import short_side_decision
+
+__all__ = ["Arena", "AccountingError", "Geometry", "Layout", "SubPool", "make_layout",
+           "short_side_decision", "MAX_EVICT_ROUNDS"]

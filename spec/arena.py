@@ -1,0 +1,532 @@
+"""The arena: bands on one chain, the operations, and the capacity views.
+
+Read ``geometry`` for the layout, ``bands`` for one band, then this file
+top to bottom: chain walks, capacity views, the operations, the policy
+that slides floats, the shortfall ladder, and ``verify``.
+
+Contracts are leading/trailing ``assert`` statements (CrossHair's
+``asserts`` analysis).  Bad caller input raises ``ValueError`` before any
+state changes; an ``AssertionError`` is always a bug in the arena.
+"""
+
+import operator
+
+from . import arith
+from .bands import Band
+from .geometry import AccountingError, make_layout
+from .policy import short_side_decision
+
+SIDES = ("low", "high")
+MAX_EVICT_ROUNDS = 4
+
+
+class Arena:
+    def __init__(self, total_bytes, pools, lazy=False):
+        layout = make_layout(total_bytes, pools)
+        names = set(layout.chain)
+        ends = {layout.chain[0], layout.chain[-1]}
+        if isinstance(lazy, bool):
+            lazy_set = set(ends) if lazy else set()
+        else:
+            lazy_set = set(lazy)
+            for n in sorted(lazy_set):
+                if n not in names:
+                    raise ValueError(f"pool {n!r}: lazy names an unknown pool")
+                if n not in ends:
+                    raise ValueError(f"pool {n!r}: only END pools can be lazy; a float is never lazy")
+        self.layout = layout
+        self.total_bytes = total_bytes
+        self.chain = layout.chain
+        self.sink_bytes = layout.sink_bytes
+        self.bands = {n: Band(layout.pools[n], layout.geometry[n], n in lazy_set) for n in layout.chain}
+        self.verify()
+
+    # ------------------------------------------------------------ access
+
+    def _band(self, name):
+        if name not in self.bands:
+            raise ValueError(f"pool {name!r}: unknown pool (arena has {', '.join(self.chain)})")
+        return self.bands[name]
+
+    def _float(self, name):
+        b = self._band(name)
+        if b.is_end:
+            raise ValueError(f"pool {name!r}: only a float band can slide; this is the {b.grow} END")
+        return b
+
+    def geometry(self, name):
+        return self._band(name).geom
+
+    def pool(self, name):
+        return self._band(name).pool
+
+    def is_lazy(self, name):
+        return self._band(name).lazy
+
+    def live_pages(self, name):
+        """Number of allocated (live) pages."""
+        return self._band(name).live
+
+    def v2p(self, name):
+        return list(self._band(name).v2p)
+
+    def p2v(self, name):
+        return list(self._band(name).p2v)
+
+    def content(self, name):
+        """The content model: physical page -> virtual id whose bytes it holds."""
+        return dict(self._band(name).content)
+
+    # ------------------------------------------------------- chain walks
+
+    def above(self, name):
+        """Low frontier of the first opaque band above, or ``total_bytes``."""
+        i = self.chain.index(name)
+        for n in self.chain[i + 1:]:
+            if self.bands[n].opaque:
+                return self.bands[n].frontiers[0]
+        return self.total_bytes
+
+    def below(self, name):
+        """High frontier of the first opaque band below, or 0."""
+        i = self.chain.index(name)
+        for n in reversed(self.chain[:i]):
+            if self.bands[n].opaque:
+                return self.bands[n].frontiers[1]
+        return 0
+
+    def _neighbour(self, name, upward):
+        """The first opaque band above (``upward``) or below, or None."""
+        i = self.chain.index(name)
+        rest = self.chain[i + 1:] if upward else reversed(self.chain[:i])
+        return next((self.bands[n] for n in rest if self.bands[n].opaque), None)
+
+    def frontiers(self, name):
+        return self._band(name).frontiers
+
+    def region(self, name):
+        """A float's pages ``[lo, hi)`` between its opaque neighbours."""
+        b = self._band(name)
+        g = b.geom
+        return arith.float_region(self.below(name), self.above(name), g.epp, g.min_page, g.num_pages)
+
+    def gap_bytes(self, name):
+        """Free bytes an END can grow into; for a float, free bytes on both sides."""
+        b = self._band(name)
+        low, high = b.frontiers
+        if b.grow == "up":
+            return arith.up_gap(self.above(name), high)
+        if b.grow == "down":
+            return arith.down_gap(low, self.below(name))
+        if not b.opaque:
+            return self.above(name) - self.below(name)
+        return (low - self.below(name)) + (self.above(name) - high)
+
+    def holes(self, name):
+        return sorted(self._band(name).holes)
+
+    # ---------------------------------------------------- capacity views
+
+    def available_pages(self, name):
+        """Pages ``alloc`` hands out now, with no relocation: the gate."""
+        b = self._band(name)
+        g = b.geom
+        if b.is_end:
+            room = g.num_pages - g.min_page - b.span
+            return arith.end_available(self.gap_bytes(name), g.epp, room, len(b.holes))
+        lo, hi = self.region(name)
+        return arith.float_available(not b.opaque, lo, hi, b.lo, b.hi, len(b.holes), b.index_room)
+
+    def available_size(self, name):
+        """Tokens (slots) ``alloc`` hands out now."""
+        return self.available_pages(name) * self._band(name).pool.page_size
+
+    def schedulable_available_size(self, name):
+        """Tokens available once the growth-side neighbour flushes.
+
+        A lazy END neighbour's holes become gap after a flush, so they are
+        credited (in bytes) to this END's gap.  A float has no growth side:
+        its schedulable view is its available view.
+        """
+        b = self._band(name)
+        if not b.is_end:
+            return self.available_size(name)
+        g = b.geom
+        nb = self._neighbour(name, upward=(b.grow == "up"))
+        credit = len(nb.holes) * nb.geom.epp if nb.is_end and nb.lazy else 0
+        room = g.num_pages - g.min_page - b.span
+        pages = arith.end_available(self.gap_bytes(name) + credit, g.epp, room, len(b.holes))
+        return pages * b.pool.page_size
+
+    def conserved_available_size(self, name):
+        """Capacity minus allocated tokens: the leak invariant's view."""
+        b = self._band(name)
+        return b.index_room * b.pool.page_size
+
+    # -------------------------------------------------- argument checks
+
+    def _count(self, name, n, what="n"):
+        if isinstance(n, bool) or not isinstance(n, int):
+            try:
+                n = operator.index(n)
+            except TypeError:
+                raise ValueError(f"pool {name!r}: {what} must be an int, got {n!r}") from None
+        if n < 0:
+            raise ValueError(f"pool {name!r}: {what} must be >= 0, got {n}")
+        return n
+
+    def _ids(self, b, ids, bound):
+        """Validate ids against pool ``b``; ``bound`` says they must be allocated."""
+        try:
+            ids = [operator.index(i) for i in ids]
+        except TypeError:
+            raise ValueError(f"pool {b.name!r}: ids must be ints") from None
+        g = b.geom
+        if len(set(ids)) != len(ids):
+            raise ValueError(f"pool {b.name!r}: repeated id in {ids}")
+        for v in ids:
+            if v == 0:
+                raise ValueError(f"pool {b.name!r}: id 0 is the sink and is never allocated")
+            if not g.min_page <= v < g.num_pages:
+                raise ValueError(f"pool {b.name!r}: id {v} out of range [{g.min_page}, {g.num_pages})")
+            if (b.v2p[v] >= 0) != bound:
+                state = "not allocated" if bound else "already allocated"
+                raise ValueError(f"pool {b.name!r}: id {v} is {state}")
+        return ids
+
+    # -------------------------------------------------------- operations
+
+    def alloc(self, name, n, ids=None):
+        """Allocate ``n`` pages; return their virtual ids, or None if short.
+
+        ``ids`` borrows ids chosen by the caller (the SWA band uses the full
+        band's ids).  Holes come first, oldest first (lazy ENDs and floats),
+        then the frontier extends: the up END binds ascending pages at its
+        watermark, the down END the ascending range just below its low
+        frontier, a float toward its larger gap (high wins ties), and a
+        parked float at the middle of its region.  Ids pair with pages in
+        order.
+        """
+        b = self._band(name)
+        n = self._count(name, n)
+        if ids is not None:
+            ids = self._ids(b, ids, bound=False)
+            if len(ids) != n:
+                raise ValueError(f"pool {name!r}: {len(ids)} ids given for n={n}")
+        if n == 0:
+            return []
+        avail = self.available_pages(name)
+        if n > avail:
+            return None
+        k = min(n, len(b.holes))
+        pages, b.holes = b.holes[:k], b.holes[k:]
+        m = n - k
+        if m:
+            pages += self._extend(b, m)
+        ids = b.take_ids(n, ids)
+        b.bind(ids, pages)
+        assert b.live <= b.geom.num_pages - b.geom.min_page
+        return ids
+
+    def _extend(self, b, m):
+        """Grow ``b``'s span by ``m`` pages; the gate has checked they fit."""
+        if b.grow == "up":
+            b.hi += m
+            return list(range(b.hi - m, b.hi))
+        if b.grow == "down":
+            b.lo -= m
+            return list(range(b.lo, b.lo + m))
+        lo, hi = self.region(b.name)
+        if not b.opaque:
+            b.lo = arith.park_start(lo, hi, m)
+            b.hi = b.lo + m
+            return list(range(b.lo, b.hi))
+        gap_low, gap_high = b.lo - lo, hi - b.hi
+        for side in (("high", "low") if gap_high >= gap_low else ("low", "high")):
+            if side == "high" and m <= gap_high:
+                b.hi += m
+                return list(range(b.hi - m, b.hi))
+            if side == "low" and m <= gap_low:
+                b.lo -= m
+                return list(range(b.lo, b.lo + m))
+        raise AssertionError(f"pool {b.name!r}: the gate passed but neither side fits")
+
+    def free(self, name, ids):
+        """Free pages by virtual id; ``ValueError`` on any bad id, nothing changed.
+
+        An eager END compacts at once: its frontier retreats by the number
+        freed, and the survivors in the vacated band move into the holes
+        (ascending, paired in order).  A lazy END and a float record holes.
+        A float left with no live page parks.
+        """
+        b = self._band(name)
+        ids = self._ids(b, ids, bound=True)
+        if not ids:
+            return None
+        pages = b.unbind(ids)
+        if b.is_end and not b.lazy:
+            k = len(pages)
+            if b.grow == "up":
+                b.hi -= k
+                vacated = range(b.hi, b.hi + k)
+                holes = sorted(p for p in pages if p < b.hi)
+            else:
+                b.lo += k
+                vacated = range(b.lo - k, b.lo)
+                holes = sorted(p for p in pages if p >= b.lo)
+            b.move(holes, [p for p in vacated if b.p2v[p] >= 0])
+        else:
+            b.holes.extend(pages)
+            if not b.is_end and b.live == 0:
+                b.park()
+        return None
+
+    def flush(self, name, max_moves=None):
+        """Settle a band's backlog; return pages moved.
+
+        A lazy END absorbs the holes at its frontier, then moves the
+        survivors nearest the frontier into the holes furthest from it
+        (at most ``max_moves`` of them), then absorbs again.  A float only
+        absorbs its boundary holes and never moves data.
+        """
+        b = self._band(name)
+        if max_moves is not None:
+            max_moves = self._count(name, max_moves, "max_moves")
+        if not b.is_end:
+            if b.opaque:
+                b.refit()
+            return 0
+        g = b.geom
+        live = b.live_pages()
+        if b.grow == "up":
+            edge = g.min_page + b.live  # the packed band is [min_page, edge)
+            src = [p for p in live if p >= edge]
+            dst = sorted(h for h in b.holes if h < edge)
+            k = len(src) if max_moves is None else min(len(src), max_moves)
+            src, dst = src[len(src) - k:], dst[:k]  # nearest the frontier, furthest from it
+        else:
+            edge = g.num_pages - b.live  # the packed band is [edge, num_pages)
+            src = [p for p in live if p < edge]
+            dst = sorted(h for h in b.holes if h >= edge)
+            k = len(src) if max_moves is None else min(len(src), max_moves)
+            src, dst = src[:k], dst[len(dst) - k:]
+        moved = b.move(dst, src)
+        live = b.live_pages()
+        if b.grow == "up":
+            b.hi = live[-1] + 1 if live else g.min_page
+        else:
+            b.lo = live[0] if live else g.num_pages
+        used = set(dst)
+        b.holes = [h for h in b.holes if h not in used and b.lo <= h < b.hi]
+        assert b.span == b.live + len(b.holes)
+        return moved
+
+    def make_room(self, name, side, min_bytes):
+        """Slide float ``name`` until the band on ``side`` has ``min_bytes``.
+
+        ``min_bytes`` is a target for the whole free band between the float
+        and its neighbour on that side, not an increment.  Returns pages
+        moved; 0 (nothing changed) when the side already has it, when the
+        float is transparent, or when even a full leapfrog cannot reach it.
+
+        With ``need`` edge pages to clear: if ``need >= live`` all live pages
+        leapfrog to the far edge of the region; otherwise only the live pages
+        among the ``need`` edge pages move, into the holes beyond every
+        source (nearest first), then into the far gap.
+        """
+        b = self._float(name)
+        if side not in SIDES:
+            raise ValueError(f"pool {name!r}: side must be 'low' or 'high', got {side!r}")
+        min_bytes = self._count(name, min_bytes, "min_bytes")
+        if not b.opaque:
+            return 0
+        g = b.geom
+        below, above = self.below(name), self.above(name)
+        low_f, high_f = b.frontiers
+        band_side = low_f - below if side == "low" else above - high_f
+        if band_side >= min_bytes:
+            return 0
+        lo, hi = self.region(name)
+        if not arith.make_room_feasible(side == "low", below, above, lo, hi, b.live, g.epp, min_bytes):
+            return 0
+        need = arith.make_room_need(band_side, min_bytes, g.epp)
+        live = b.live_pages()
+        if need >= b.live:  # leapfrog: pack against the far edge
+            target = range(hi - b.live, hi) if side == "low" else range(lo, lo + b.live)
+            stay = set(live) & set(target)
+            src = [p for p in live if p not in stay]
+            dst = [p for p in target if p not in stay]
+        elif side == "low":
+            edge = b.lo + need  # clear pages [b.lo, edge)
+            src = [p for p in live if p < edge]
+            room = sorted(h for h in b.holes if h >= edge) + list(range(b.hi, hi))
+            dst = room[:len(src)]
+        else:
+            edge = b.hi - need  # clear pages [edge, b.hi)
+            src = [p for p in live if p >= edge]
+            room = sorted((h for h in b.holes if h < edge), reverse=True) + list(range(b.lo - 1, lo - 1, -1))
+            dst = sorted(room[:len(src)])
+        moved = b.move(dst, src)
+        b.refit()
+        assert moved <= min(b.live, need)
+        return moved
+
+    def compact_holes(self, name, retreat_side):
+        """Pack a float's live pages toward the edge opposite ``retreat_side``.
+
+        Order is kept; pages already in place stay.  Returns pages moved.
+        """
+        b = self._float(name)
+        if retreat_side not in SIDES:
+            raise ValueError(f"pool {name!r}: retreat_side must be 'low' or 'high', got {retreat_side!r}")
+        if not b.opaque:
+            return 0
+        live = b.live_pages()
+        first = b.hi - len(live) if retreat_side == "low" else b.lo
+        pairs = [(first + i, p) for i, p in enumerate(live) if first + i != p]
+        moved = b.move([d for d, _ in pairs], [s for _, s in pairs])
+        b.refit()
+        assert not b.holes
+        return moved
+
+    def translate(self, name, ids):
+        """Physical pages for virtual ids; a tombstone (unbound, or -1) maps to 0."""
+        b = self._band(name)
+        try:
+            ids = [operator.index(i) for i in ids]
+        except TypeError:
+            raise ValueError(f"pool {name!r}: ids must be ints") from None
+        for v in ids:
+            if not -1 <= v < b.geom.num_pages:
+                raise ValueError(f"pool {name!r}: id {v} out of range [-1, {b.geom.num_pages})")
+        return [max(b.v2p[v], 0) if v >= 0 else 0 for v in ids]
+
+    # ------------------------------------------------------------ policy
+
+    def open_short_side(self, name, demand):
+        """Slide float ``name`` for a demand vector ``{pool: pages}``; pages moved.
+
+        Skips a transparent float, an empty demand, and a demand some pool
+        cannot meet for lack of virtual ids (bytes cannot fix that).  The
+        decision itself is ``policy.short_side_decision``.
+        """
+        b = self._float(name)
+        for n in demand:
+            self._band(n)  # unknown pool: ValueError
+        demand = {n: self._count(n, d, "demand") for n, d in demand.items()}
+        if not b.opaque or not any(demand.values()):
+            return 0
+        if any(d > self.bands[n].index_room for n, d in demand.items()):
+            return 0
+
+        def end_bytes(end):
+            e = self.bands[end]
+            return max(0, demand.get(end, 0) - len(e.holes)) * e.geom.epp
+
+        low_f, high_f = b.frontiers
+        band_low, band_high = low_f - self.below(name), self.above(name) - high_f
+        float_bytes = max(0, demand.get(name, 0) - len(b.holes)) * b.geom.epp
+        slack = max(self.bands[n].geom.epp for n, d in demand.items() if d)
+        act, side_is_low, target = short_side_decision(
+            end_bytes(self.chain[0]), end_bytes(self.chain[-1]), band_low, band_high, float_bytes, slack
+        )
+        if not act:
+            return 0
+        return self.make_room(name, "low" if side_is_low else "high", target)
+
+    def flush_targets(self, name):
+        """Who an urgent flush visits for a shortfall in ``name``.
+
+        An END's target is its growth-side neighbour (the first opaque band
+        that way); a float's are its neighbours below and above.
+        """
+        b = self._band(name)
+        if b.grow == "up":
+            return [self._neighbour(name, True).name]
+        if b.grow == "down":
+            return [self._neighbour(name, False).name]
+        return [nb.name for nb in (self._neighbour(name, False), self._neighbour(name, True)) if nb]
+
+    def relieve(self, name, need_pages, evict=None):
+        """The shortfall ladder; True once ``need_pages`` fits in ``name``.
+
+        1. urgent-flush the flush targets, recheck;
+        2. offer the demand ``{name: need_pages}`` to every float in chain
+           order (``open_short_side``), rechecking after each;
+        3. with ``evict``, up to 4 rounds of ``evict(shortfall_pages)``, each
+           followed by steps 1 and 2; a falsy return ends the rounds.
+
+        Never raises on a shortfall.
+        """
+        self._band(name)
+        need_pages = self._count(name, need_pages, "need_pages")
+
+        def fits():
+            return need_pages <= self.available_pages(name)
+
+        def ladder():
+            for t in self.flush_targets(name):
+                self.flush(t)
+            if fits():
+                return True
+            for f in self.chain[1:-1]:
+                self.open_short_side(f, {name: need_pages})
+                if fits():
+                    return True
+            return False
+
+        if fits() or ladder():
+            return True
+        if evict is not None:
+            for _ in range(MAX_EVICT_ROUNDS):
+                if not evict(need_pages - self.available_pages(name)):
+                    break
+                if ladder():
+                    return True
+        return False
+
+    # ------------------------------------------------------------ checks
+
+    def verify(self):
+        """Check every accounting rule; raise ``AccountingError`` naming the pool."""
+        for b in self.bands.values():
+            b.check()
+        prev_name, prev_high = None, self.sink_bytes
+        covered = self.sink_bytes
+        for name in self.chain:
+            b = self.bands[name]
+            if not b.opaque:
+                continue
+            low, high = b.frontiers
+            if low < prev_high:
+                raise AccountingError(name, "opaque bands overlap",
+                                      f"low frontier {low} < {prev_name or 'sink'} high frontier {prev_high}")
+            covered += (low - prev_high) + (high - low)  # the gap, then the band
+            prev_name, prev_high = name, high
+        if prev_high > self.total_bytes:
+            raise AccountingError(prev_name, "bounds", f"high frontier {prev_high} > total {self.total_bytes}")
+        covered += self.total_bytes - prev_high
+        if covered != self.total_bytes:
+            raise AccountingError(self.chain[0], "conservation", f"{covered} != {self.total_bytes}")
+
+    def snapshot(self):
+        """The whole state as JSON-able data."""
+        pools = {}
+        for name in self.chain:
+            b = self.bands[name]
+            g = b.geom
+            pools[name] = {
+                "pool": {"entry_bytes": b.pool.entry_bytes, "page_size": b.pool.page_size,
+                         "grow": b.grow, "kind": b.pool.kind},
+                "geometry": {"epp": g.epp, "num_pages": g.num_pages, "min_page": g.min_page},
+                "lazy": b.lazy,
+                "span": [b.lo, b.hi],
+                "frontiers": list(b.frontiers),
+                "live": b.live,
+                "v2p": list(b.v2p),
+                "p2v": list(b.p2v),
+                "free_ids": list(b.free_ids),
+                "holes": list(b.holes),
+            }
+        return {"total_bytes": self.total_bytes, "sink_bytes": self.sink_bytes,
+                "chain": list(self.chain), "pools": pools}

@@ -1,0 +1,164 @@
+"""One pool's band: its span of physical pages, page tables and holes.
+
+A band knows nothing of its neighbours; ``arena.py`` walks the chain.
+
+Every band is a span ``[lo, hi)`` of physical pages on its pool's grid:
+
+- the up END keeps ``lo = min_page`` and grows ``hi`` (its watermark);
+- the down END keeps ``hi = num_pages`` and grows down (``wm = lo - 1``);
+- a float moves both ends; parked, it is ``[num_pages, num_pages)``.
+
+Inside the span a page is either live (bound to a virtual id) or a hole.
+Holes are kept in the order they were made: reuse takes the oldest first.
+
+The *content model* records, for each physical page, whose bytes it holds.
+Binding writes a page; a move copies pages.  ``verify`` checks that every
+live id's bytes are where ``v2p`` says, which is what the implementation's
+byte tests check on real memory.
+"""
+
+from .geometry import AccountingError
+
+
+class Band:
+    def __init__(self, pool, geom, lazy):
+        self.pool, self.geom, self.lazy = pool, geom, lazy
+        self.name, self.grow = pool.name, pool.grow
+        n = geom.num_pages
+        self.v2p = [-1] * n
+        self.p2v = [-1] * n
+        self.v2p[0] = self.p2v[0] = 0  # virtual page 0 is the sink, in every pool
+        self.free_ids = list(range(geom.min_page, n))  # FIFO queue of virtual ids
+        self.holes = []  # physical pages, oldest first
+        self.content = {}  # physical page -> virtual id whose bytes it holds
+        self.live = 0
+        if self.grow == "up":
+            self.lo = self.hi = geom.min_page
+        else:  # down END, or a parked float
+            self.lo = self.hi = n
+
+    # ------------------------------------------------------------ facts
+
+    @property
+    def is_end(self):
+        return self.grow != "float"
+
+    @property
+    def opaque(self):
+        """An END is always opaque; a float only while it holds a live page."""
+        return self.is_end or self.live > 0
+
+    @property
+    def span(self):
+        return self.hi - self.lo
+
+    @property
+    def frontiers(self):
+        return self.lo * self.geom.epp, self.hi * self.geom.epp
+
+    @property
+    def index_room(self):
+        """Virtual ids not yet handed out."""
+        return self.geom.num_pages - self.geom.min_page - self.live
+
+    def live_pages(self):
+        """Physical pages holding live data, ascending (scans the whole grid,
+        so it is also right in the middle of a move, before the span is refit)."""
+        return [p for p in range(self.geom.min_page, self.geom.num_pages) if self.p2v[p] >= 0]
+
+    # ------------------------------------------------------- mutations
+
+    def take_ids(self, n, ids):
+        """The ids for ``n`` new pages: the given ones, or the FIFO's front."""
+        if ids is None:
+            ids, self.free_ids = self.free_ids[:n], self.free_ids[n:]
+        else:
+            taken = set(ids)
+            self.free_ids = [i for i in self.free_ids if i not in taken]
+        return ids
+
+    def bind(self, ids, pages):
+        for v, p in zip(ids, pages):
+            self.v2p[v], self.p2v[p] = p, v
+            self.content[p] = v
+        self.live += len(ids)
+
+    def unbind(self, ids):
+        """Unbind ``ids``; their ids go to the back of the FIFO.  Returns pages."""
+        pages = [self.v2p[v] for v in ids]
+        for v, p in zip(ids, pages):
+            self.v2p[v] = self.p2v[p] = -1
+        self.free_ids.extend(ids)
+        self.live -= len(ids)
+        return pages
+
+    def move(self, dst, src):
+        """Relocate live pages ``src[i] -> dst[i]``, all at once.
+
+        Both lists are ascending and paired in that order.  A destination
+        may be another pair's source; every source is read before any
+        destination is written, as in the implementation's batched copy.
+        Returns the number of pages moved.
+        """
+        assert len(dst) == len(src)
+        assert all(self.p2v[s] >= 0 for s in src)
+        moved = [(d, self.p2v[s], self.content.get(s)) for d, s in zip(dst, src)]
+        for s in src:
+            self.p2v[s] = -1
+        for d, v, data in moved:
+            self.p2v[d], self.v2p[v] = v, d
+            self.content[d] = data
+        return len(src)
+
+    def refit(self):
+        """Shrink a float's span to its live pages; drop the holes left outside."""
+        live = self.live_pages()
+        if not live:
+            self.park()
+            return
+        self.lo, self.hi = live[0], live[-1] + 1
+        self.holes = [h for h in self.holes if self.lo <= h < self.hi and self.p2v[h] < 0]
+
+    def park(self):
+        self.lo = self.hi = self.geom.num_pages
+        self.holes = []
+
+    # ----------------------------------------------------------- checks
+
+    def check(self):
+        """Raise ``AccountingError`` unless this band is self-consistent."""
+        g, name = self.geom, self.name
+
+        def need(ok, rule, detail=""):
+            if not ok:
+                raise AccountingError(name, rule, detail)
+
+        need(g.min_page <= self.lo <= self.hi <= g.num_pages, "bounds", f"span [{self.lo}, {self.hi})")
+        if self.grow == "up":
+            need(self.lo == g.min_page, "bounds", "up END must start at min_page")
+        if self.grow == "down":
+            need(self.hi == g.num_pages, "bounds", "down END must end at num_pages")
+        need(self.v2p[0] == 0 and self.p2v[0] == 0, "sink pinned", "page 0 must map to 0")
+        live = [p for p in range(1, g.num_pages) if self.p2v[p] >= 0]
+        need(len(live) == self.live, "live count", f"{len(live)} bound, counter {self.live}")
+        need(all(p >= g.min_page for p in live), "no page below min_page")
+        need(all(self.lo <= p < self.hi for p in live), "live page outside span")
+        for p in live:
+            v = self.p2v[p]
+            need(0 < v < g.num_pages and self.v2p[v] == p, "v2p/p2v inverse", f"page {p}")
+            need(self.content.get(p) == v, "content", f"page {p} holds {self.content.get(p)}, not id {v}")
+        bound_ids = [v for v in range(1, g.num_pages) if self.v2p[v] >= 0]
+        need(len(bound_ids) == self.live, "v2p/p2v inverse", "stray v2p entries")
+        need(len(set(self.holes)) == len(self.holes), "holes", "duplicate hole")
+        need(all(self.lo <= h < self.hi and self.p2v[h] < 0 for h in self.holes), "holes",
+             "a hole outside the span or live")
+        need(self.span == self.live + len(self.holes), "span = live + holes",
+             f"span {self.span}, live {self.live}, holes {len(self.holes)}")
+        if self.is_end and not self.lazy:
+            need(not self.holes, "eager band has no holes")
+        if not self.is_end:
+            need(self.opaque or self.lo == self.hi == g.num_pages, "parked float",
+                 "a float with no live page must park")
+        expected = set(range(g.min_page, g.num_pages)) - set(bound_ids)
+        need(len(self.free_ids) == len(set(self.free_ids)) and set(self.free_ids) == expected,
+             "free ids", "the FIFO must hold exactly the unbound ids")

@@ -1,0 +1,129 @@
+"""Sub-pools, their page grids, the sink, and the canonical chain.
+
+Everything here is decided once, at boot.  The implementation imports this
+module as is: layout is arithmetic, not an operation to test twice.
+"""
+
+from dataclasses import dataclass
+
+from . import arith
+
+GROW = ("up", "down", "float")
+KINDS = ("kv", "state")
+
+
+class AccountingError(AssertionError):
+    """``verify()`` found a broken rule.  The message names the pool and rule."""
+
+    def __init__(self, pool, rule, detail=""):
+        self.pool, self.rule = pool, rule
+        super().__init__(f"pool {pool!r}: {rule}" + (f" ({detail})" if detail else ""))
+
+
+@dataclass(frozen=True)
+class SubPool:
+    """One kind of per-request state.
+
+    ``entry_bytes`` is one slot counted across all layers; ``page_size`` is
+    slots per page (1 for state pools).
+    """
+
+    name: str
+    entry_bytes: int
+    page_size: int = 1
+    grow: str = "up"
+    kind: str = "kv"
+
+    def __post_init__(self):
+        def bad(why):
+            raise ValueError(f"pool {self.name!r}: {why}")
+
+        if not isinstance(self.name, str) or not self.name:
+            raise ValueError(f"pool {self.name!r}: name must be a non-empty string")
+        for field in ("entry_bytes", "page_size"):
+            v = getattr(self, field)
+            if isinstance(v, bool) or not isinstance(v, int) or v <= 0:
+                bad(f"{field} must be a positive int, got {v!r}")
+        if self.grow not in GROW:
+            bad(f"grow must be one of {GROW}, got {self.grow!r}")
+        if self.kind not in KINDS:
+            bad(f"kind must be one of {KINDS}, got {self.kind!r}")
+        if self.kind == "state" and self.page_size != 1:
+            bad(f"a state pool has page_size 1, got {self.page_size}")
+
+    @property
+    def epp(self):
+        """Bytes per page: one page envelope."""
+        return self.entry_bytes * self.page_size
+
+
+@dataclass(frozen=True)
+class Geometry:
+    """One pool's page grid over the whole buffer."""
+
+    epp: int
+    num_pages: int
+    min_page: int
+
+
+@dataclass(frozen=True)
+class Layout:
+    """The boot-time layout: chain order, sink, and every pool's grid."""
+
+    total_bytes: int
+    pools: dict  # name -> SubPool
+    chain: tuple  # names, low bytes first: (up, *floats, down)
+    sink_bytes: int
+    geometry: dict  # name -> Geometry
+
+
+def make_layout(total_bytes, pools):
+    """Validate a configuration and lay it out.
+
+    Raises ``ValueError`` naming the offending pool.  The float order is the
+    order given; nothing else about the input order matters.
+    """
+    pools = list(pools)
+    if isinstance(total_bytes, bool) or not isinstance(total_bytes, int) or total_bytes <= 0:
+        raise ValueError(f"arena: total_bytes must be a positive int, got {total_bytes!r}")
+    for p in pools:
+        if not isinstance(p, SubPool):
+            raise ValueError(f"arena: expected SubPool, got {p!r}")
+    seen = set()
+    for p in pools:
+        if p.name in seen:
+            raise ValueError(f"pool {p.name!r}: duplicate name")
+        seen.add(p.name)
+    ups = [p for p in pools if p.grow == "up"]
+    downs = [p for p in pools if p.grow == "down"]
+    floats = [p for p in pools if p.grow == "float"]
+    for ends, side in ((ups, "up"), (downs, "down")):
+        if len(ends) > 1:
+            raise ValueError(f"pool {ends[1].name!r}: a second {side!r} pool; an arena has exactly one")
+        if not ends:
+            names = ", ".join(repr(p.name) for p in pools) or "none"
+            raise ValueError(f"arena (pools {names}): no {side!r} pool; an arena has exactly one")
+
+    chain = (ups[0].name, *(f.name for f in floats), downs[0].name)
+    sink = max(p.epp for p in pools)
+    geometry = {}
+    for p in pools:
+        g = Geometry(
+            epp=p.epp,
+            num_pages=arith.num_pages(total_bytes, p.entry_bytes, p.page_size),
+            min_page=arith.min_page(sink, p.epp),
+        )
+        if g.num_pages <= g.min_page:
+            raise ValueError(
+                f"pool {p.name!r}: buffer of {total_bytes} bytes leaves no page above "
+                f"the {sink}-byte sink (grid of {g.num_pages} pages, first usable {g.min_page})"
+            )
+        geometry[p.name] = g
+    need = sink + sum(p.epp for p in pools)
+    if need > total_bytes:
+        names = ", ".join(repr(n) for n in chain)
+        raise ValueError(
+            f"pools {names}: buffer of {total_bytes} bytes cannot hold the sink and one "
+            f"page of every pool ({need} bytes)"
+        )
+    return Layout(total_bytes, {p.name: p for p in pools}, chain, sink, geometry)
