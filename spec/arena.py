@@ -4,23 +4,29 @@ Read ``geometry`` for the layout, ``bands`` for one band, then this file
 top to bottom: chain walks, capacity views, the operations, the policy
 that slides floats, the shortfall ladder, and ``verify``.
 
-Contracts are leading/trailing ``assert`` statements (CrossHair's
-``asserts`` analysis).  Bad caller input raises ``ValueError`` before any
-state changes; an ``AssertionError`` is always a bug in the arena.
+Contracts are PEP 316 docstring lines (``pre:``, ``post:``, the class
+``inv:``), the style ``crosshair check`` reads; ``contracts.checking()``
+evaluates the same lines at run time.  Bad caller input raises
+``ValueError`` before any state changes; an ``AssertionError`` is always a
+bug in the arena.
 """
 
 import operator
 
-from . import arith
+from . import arith, policy
 from .bands import Band
 from .geometry import AccountingError, make_layout
-from .policy import short_side_decision
 
 SIDES = ("low", "high")
 MAX_EVICT_ROUNDS = 4
 
 
 class Arena:
+    """Every kind of per-request state in one byte buffer.
+
+    inv: self.verify() is None
+    """
+
     def __init__(self, total_bytes, pools, lazy=False):
         layout = make_layout(total_bytes, pools)
         names = set(layout.chain)
@@ -80,7 +86,10 @@ class Arena:
     # ------------------------------------------------------- chain walks
 
     def above(self, name):
-        """Low frontier of the first opaque band above, or ``total_bytes``."""
+        """Low frontier of the first opaque band above, or ``total_bytes``.
+
+        post: 0 <= __return__ <= self.total_bytes
+        """
         i = self.chain.index(name)
         for n in self.chain[i + 1:]:
             if self.bands[n].opaque:
@@ -88,7 +97,10 @@ class Arena:
         return self.total_bytes
 
     def below(self, name):
-        """High frontier of the first opaque band below, or 0."""
+        """High frontier of the first opaque band below, or 0.
+
+        post: 0 <= __return__ <= self.total_bytes
+        """
         i = self.chain.index(name)
         for n in reversed(self.chain[:i]):
             if self.bands[n].opaque:
@@ -111,7 +123,11 @@ class Arena:
         return arith.float_region(self.below(name), self.above(name), g.epp, g.min_page, g.num_pages)
 
     def gap_bytes(self, name):
-        """Free bytes an END can grow into; for a float, free bytes on both sides."""
+        """Free bytes an END can grow into; for a float, free bytes on both sides.
+
+        post: __return__ >= 0
+        raises: ValueError
+        """
         b = self._band(name)
         low, high = b.frontiers
         if b.grow == "up":
@@ -122,13 +138,31 @@ class Arena:
             return self.above(name) - self.below(name)
         return (low - self.below(name)) + (self.above(name) - high)
 
+    def band_bytes(self, name, side):
+        """Free bytes between a float and its opaque neighbour on ``side``.
+
+        post: __return__ >= 0
+        raises: ValueError
+        """
+        b = self._float(name)
+        if side not in SIDES:
+            raise ValueError(f"pool {name!r}: side must be 'low' or 'high', got {side!r}")
+        low, high = b.frontiers
+        if not b.opaque:
+            return self.above(name) - self.below(name)
+        return low - self.below(name) if side == "low" else self.above(name) - high
+
     def holes(self, name):
         return sorted(self._band(name).holes)
 
     # ---------------------------------------------------- capacity views
 
     def available_pages(self, name):
-        """Pages ``alloc`` hands out now, with no relocation: the gate."""
+        """Pages ``alloc`` hands out now, with no relocation: the gate.
+
+        post: 0 <= __return__ <= self.geometry(name).num_pages - self.geometry(name).min_page - self.live_pages(name)
+        raises: ValueError
+        """
         b = self._band(name)
         g = b.geom
         if b.is_end:
@@ -138,7 +172,11 @@ class Arena:
         return arith.float_available(not b.opaque, lo, hi, b.lo, b.hi, len(b.holes), b.index_room)
 
     def available_size(self, name):
-        """Tokens (slots) ``alloc`` hands out now."""
+        """Tokens (slots) ``alloc`` hands out now.
+
+        post: __return__ == self.available_pages(name) * self.pool(name).page_size
+        raises: ValueError
+        """
         return self.available_pages(name) * self._band(name).pool.page_size
 
     def schedulable_available_size(self, name):
@@ -147,6 +185,9 @@ class Arena:
         A lazy END neighbour's holes become gap after a flush, so they are
         credited (in bytes) to this END's gap.  A float has no growth side:
         its schedulable view is its available view.
+
+        post: __return__ >= self.available_size(name)
+        raises: ValueError
         """
         b = self._band(name)
         if not b.is_end:
@@ -159,7 +200,11 @@ class Arena:
         return pages * b.pool.page_size
 
     def conserved_available_size(self, name):
-        """Capacity minus allocated tokens: the leak invariant's view."""
+        """Capacity minus allocated tokens: the leak invariant's view.
+
+        post: __return__ >= self.available_size(name)
+        raises: ValueError
+        """
         b = self._band(name)
         return b.index_room * b.pool.page_size
 
@@ -206,6 +251,13 @@ class Arena:
         frontier, a float toward its larger gap (high wins ties), and a
         parked float at the middle of its region.  Ids pair with pages in
         order.
+
+        pre: n >= 0
+        post: (__return__ is None) == (n > __old__.self.available_pages(name))
+        post: __return__ is None or len(__return__) == n
+        post: __return__ is None or self.live_pages(name) == __old__.self.live_pages(name) + n
+        post: __return__ is not None or self.snapshot() == __old__.self.snapshot()
+        raises: ValueError
         """
         b = self._band(name)
         n = self._count(name, n)
@@ -225,7 +277,6 @@ class Arena:
             pages += self._extend(b, m)
         ids = b.take_ids(n, ids)
         b.bind(ids, pages)
-        assert b.live <= b.geom.num_pages - b.geom.min_page
         return ids
 
     def _extend(self, b, m):
@@ -258,6 +309,10 @@ class Arena:
         freed, and the survivors in the vacated band move into the holes
         (ascending, paired in order).  A lazy END and a float record holes.
         A float left with no live page parks.
+
+        post: self.live_pages(name) == __old__.self.live_pages(name) - len(list(ids))
+        post: all(p == 0 for p in self.translate(name, ids))
+        raises: ValueError
         """
         b = self._band(name)
         ids = self._ids(b, ids, bound=True)
@@ -288,6 +343,12 @@ class Arena:
         survivors nearest the frontier into the holes furthest from it
         (at most ``max_moves`` of them), then absorbs again.  A float only
         absorbs its boundary holes and never moves data.
+
+        post: __return__ >= 0
+        post: max_moves is None or __return__ <= max_moves
+        post: self.live_pages(name) == __old__.self.live_pages(name)
+        post: max_moves is not None or self.pool(name).grow == "float" or not self.holes(name)
+        raises: ValueError
         """
         b = self._band(name)
         if max_moves is not None:
@@ -318,7 +379,6 @@ class Arena:
             b.lo = live[0] if live else g.num_pages
         used = set(dst)
         b.holes = [h for h in b.holes if h not in used and b.lo <= h < b.hi]
-        assert b.span == b.live + len(b.holes)
         return moved
 
     def make_room(self, name, side, min_bytes):
@@ -333,6 +393,11 @@ class Arena:
         leapfrog to the far edge of the region; otherwise only the live pages
         among the ``need`` edge pages move, into the holes beyond every
         source (nearest first), then into the far gap.
+
+        pre: min_bytes >= 0
+        post: 0 <= __return__ <= self.live_pages(name)
+        post: self.band_bytes(name, side) >= min_bytes or self.snapshot() == __old__.self.snapshot()
+        raises: ValueError
         """
         b = self._float(name)
         if side not in SIDES:
@@ -342,8 +407,7 @@ class Arena:
             return 0
         g = b.geom
         below, above = self.below(name), self.above(name)
-        low_f, high_f = b.frontiers
-        band_side = low_f - below if side == "low" else above - high_f
+        band_side = self.band_bytes(name, side)
         if band_side >= min_bytes:
             return 0
         lo, hi = self.region(name)
@@ -368,13 +432,17 @@ class Arena:
             dst = sorted(room[:len(src)])
         moved = b.move(dst, src)
         b.refit()
-        assert moved <= min(b.live, need)
+        assert moved <= min(b.live, need)  # the cost bound (proved in kvarena.proofs)
         return moved
 
     def compact_holes(self, name, retreat_side):
         """Pack a float's live pages toward the edge opposite ``retreat_side``.
 
         Order is kept; pages already in place stay.  Returns pages moved.
+
+        post: 0 <= __return__ <= self.live_pages(name)
+        post: not self.holes(name)
+        raises: ValueError
         """
         b = self._float(name)
         if retreat_side not in SIDES:
@@ -386,11 +454,15 @@ class Arena:
         pairs = [(first + i, p) for i, p in enumerate(live) if first + i != p]
         moved = b.move([d for d, _ in pairs], [s for _, s in pairs])
         b.refit()
-        assert not b.holes
         return moved
 
     def translate(self, name, ids):
-        """Physical pages for virtual ids; a tombstone (unbound, or -1) maps to 0."""
+        """Physical pages for virtual ids; a tombstone (unbound, or -1) maps to 0.
+
+        post: len(__return__) == len(list(ids))
+        post: all(0 <= p < self.geometry(name).num_pages for p in __return__)
+        raises: ValueError
+        """
         b = self._band(name)
         try:
             ids = [operator.index(i) for i in ids]
@@ -409,6 +481,9 @@ class Arena:
         Skips a transparent float, an empty demand, and a demand some pool
         cannot meet for lack of virtual ids (bytes cannot fix that).  The
         decision itself is ``policy.short_side_decision``.
+
+        post: 0 <= __return__ <= self.live_pages(name)
+        raises: ValueError
         """
         b = self._float(name)
         for n in demand:
@@ -423,11 +498,10 @@ class Arena:
             e = self.bands[end]
             return max(0, demand.get(end, 0) - len(e.holes)) * e.geom.epp
 
-        low_f, high_f = b.frontiers
-        band_low, band_high = low_f - self.below(name), self.above(name) - high_f
+        band_low, band_high = self.band_bytes(name, "low"), self.band_bytes(name, "high")
         float_bytes = max(0, demand.get(name, 0) - len(b.holes)) * b.geom.epp
         slack = max(self.bands[n].geom.epp for n, d in demand.items() if d)
-        act, side_is_low, target = short_side_decision(
+        act, side_is_low, target = policy.short_side_decision(
             end_bytes(self.chain[0]), end_bytes(self.chain[-1]), band_low, band_high, float_bytes, slack
         )
         if not act:
@@ -457,6 +531,10 @@ class Arena:
            followed by steps 1 and 2; a falsy return ends the rounds.
 
         Never raises on a shortfall.
+
+        pre: need_pages >= 0
+        post: __return__ == (need_pages <= self.available_pages(name))
+        raises: ValueError
         """
         self._band(name)
         need_pages = self._count(name, need_pages, "need_pages")
@@ -488,7 +566,11 @@ class Arena:
     # ------------------------------------------------------------ checks
 
     def verify(self):
-        """Check every accounting rule; raise ``AccountingError`` naming the pool."""
+        """Check every accounting rule; raise ``AccountingError`` naming the pool.
+
+        post: __return__ is None
+        raises: AccountingError
+        """
         for b in self.bands.values():
             b.check()
         prev_name, prev_high = None, self.sink_bytes
@@ -510,7 +592,10 @@ class Arena:
             raise AccountingError(self.chain[0], "conservation", f"{covered} != {self.total_bytes}")
 
     def snapshot(self):
-        """The whole state as JSON-able data."""
+        """The whole state as JSON-able data.
+
+        post: __return__["total_bytes"] == self.total_bytes
+        """
         pools = {}
         for name in self.chain:
             b = self.bands[name]

@@ -1,0 +1,113 @@
+"""Run-time checking of the spec's PEP 316 contracts.
+
+The spec states its contracts in docstrings (``pre:``, ``post:``, and the
+class invariant ``inv:``), the style ``crosshair check`` reads.  This module
+evaluates the same lines at run time, so tests and ``kvarena verify`` check
+exactly what CrossHair checks: there is one statement of each contract.
+
+``checking()`` is a context manager that wraps every contract-bearing
+function of the spec for its duration and restores them afterwards.
+"""
+
+import contextlib
+import copy
+import functools
+import inspect
+
+from . import arena, arith, geometry, policy
+
+MODULES = (arith, policy, geometry, arena)
+
+
+class ContractError(AssertionError):
+    """A pre- or postcondition (or the invariant) did not hold."""
+
+
+def conditions(doc):
+    """``{"pre": [...], "post": [...], "inv": [...]}`` from a docstring."""
+    found = {"pre": [], "post": [], "inv": []}
+    for line in (doc or "").splitlines():
+        head, _, expr = line.strip().partition(":")
+        if head in found and expr.strip():
+            found[head].append(expr.strip())
+    return found
+
+
+def _check(kind, exprs, fn, env):
+    for expr in exprs:
+        if not eval(expr, {**fn.__globals__, **env}):  # one dict: genexprs see the names
+            raise ContractError(f"{fn.__qualname__}: {kind} failed: {expr}  with {_show(env)}")
+
+
+def _show(env):
+    return {k: v for k, v in env.items() if k not in ("self", "__old__") and not k.startswith("_")}
+
+
+class _Old:
+    def __init__(self, env):
+        self.__dict__.update(env)
+
+
+_depth = [0]  # nesting of method calls: only the outermost one is checked
+
+
+def checked(fn, invariants=(), outermost=False):
+    """Wrap ``fn`` so its docstring contract (and ``invariants``) are checked.
+
+    With ``outermost``, a call made from inside another checked method is
+    not checked: mid-operation the arena is legitimately between states.
+    """
+    cond = conditions(fn.__doc__)
+    if not any(cond.values()) and not invariants:
+        return fn
+    sig = inspect.signature(fn)
+    wants_old = any("__old__" in p for p in cond["post"])
+
+    @functools.wraps(fn)
+    def wrapper(*args, **kwargs):
+        if outermost and _depth[0]:
+            return fn(*args, **kwargs)
+        _depth[0] += outermost
+        try:
+            return _call(args, kwargs)
+        finally:
+            _depth[0] -= outermost
+
+    def _call(args, kwargs):
+        bound = sig.bind(*args, **kwargs)
+        bound.apply_defaults()
+        env = dict(bound.arguments)
+        _check("pre", cond["pre"], fn, env)
+        if wants_old:
+            env["__old__"] = _Old(copy.deepcopy(env))
+        env["__return__"] = fn(*args, **kwargs)
+        _check("post", cond["post"], fn, env)
+        _check("inv", invariants, fn, env)
+        return env["__return__"]
+
+    wrapper.__wrapped_contract__ = fn
+    return wrapper
+
+
+@contextlib.contextmanager
+def checking():
+    """Check every spec contract while the block runs."""
+    saved = []
+    try:
+        for mod in MODULES:
+            for name, obj in list(vars(mod).items()):
+                if inspect.isfunction(obj) and obj.__module__ == mod.__name__:
+                    wrapped = checked(obj)
+                    if wrapped is not obj:
+                        saved.append((mod, name, obj))
+                        setattr(mod, name, wrapped)
+        cls = arena.Arena
+        inv = conditions(cls.__doc__)["inv"]
+        for name, obj in list(vars(cls).items()):
+            if inspect.isfunction(obj) and not name.startswith("_") and name != "verify":
+                saved.append((cls, name, obj))
+                setattr(cls, name, checked(obj, inv, outermost=True))
+        yield
+    finally:
+        for owner, name, obj in reversed(saved):
+            setattr(owner, name, obj)
