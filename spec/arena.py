@@ -252,7 +252,6 @@ class Arena:
         parked float at the middle of its region.  Ids pair with pages in
         order.
 
-        pre: n >= 0
         post: (__return__ is None) == (n > __old__.self.available_pages(name))
         post: __return__ is None or len(__return__) == n
         post: __return__ is None or self.live_pages(name) == __old__.self.live_pages(name) + n
@@ -394,7 +393,6 @@ class Arena:
         among the ``need`` edge pages move, into the holes beyond every
         source (nearest first), then into the far gap.
 
-        pre: min_bytes >= 0
         post: 0 <= __return__ <= self.live_pages(name)
         post: self.band_bytes(name, side) >= min_bytes or self.snapshot() == __old__.self.snapshot()
         raises: ValueError
@@ -532,7 +530,6 @@ class Arena:
 
         Never raises on a shortfall.
 
-        pre: need_pages >= 0
         post: __return__ == (need_pages <= self.available_pages(name))
         raises: ValueError
         """
