@@ -18,6 +18,13 @@ from .bands import Band
 from .geometry import AccountingError, make_layout
 
 SIDES = ("low", "high")
+
+
+def _index(i):
+    """An id as an int; a bool is not an id."""
+    if isinstance(i, bool):
+        raise TypeError
+    return operator.index(i)
 MAX_EVICT_ROUNDS = 4
 
 
@@ -33,6 +40,8 @@ class Arena:
         ends = {layout.chain[0], layout.chain[-1]}
         if isinstance(lazy, bool):
             lazy_set = set(ends) if lazy else set()
+        elif isinstance(lazy, str):
+            raise ValueError(f"pool {lazy!r}: lazy is a bool or a set of END-pool names, not a string")
         else:
             lazy_set = set(lazy)
             for n in sorted(lazy_set):
@@ -211,11 +220,12 @@ class Arena:
     # -------------------------------------------------- argument checks
 
     def _count(self, name, n, what="n"):
-        if isinstance(n, bool) or not isinstance(n, int):
-            try:
-                n = operator.index(n)
-            except TypeError:
-                raise ValueError(f"pool {name!r}: {what} must be an int, got {n!r}") from None
+        try:
+            if isinstance(n, bool):
+                raise TypeError
+            n = operator.index(n)
+        except TypeError:
+            raise ValueError(f"pool {name!r}: {what} must be an int, got {n!r}") from None
         if n < 0:
             raise ValueError(f"pool {name!r}: {what} must be >= 0, got {n}")
         return n
@@ -223,7 +233,7 @@ class Arena:
     def _ids(self, b, ids, bound):
         """Validate ids against pool ``b``; ``bound`` says they must be allocated."""
         try:
-            ids = [operator.index(i) for i in ids]
+            ids = [_index(i) for i in ids]
         except TypeError:
             raise ValueError(f"pool {b.name!r}: ids must be ints") from None
         g = b.geom
@@ -292,14 +302,11 @@ class Arena:
             b.hi = b.lo + m
             return list(range(b.lo, b.hi))
         gap_low, gap_high = b.lo - lo, hi - b.hi
-        for side in (("high", "low") if gap_high >= gap_low else ("low", "high")):
-            if side == "high" and m <= gap_high:
-                b.hi += m
-                return list(range(b.hi - m, b.hi))
-            if side == "low" and m <= gap_low:
-                b.lo -= m
-                return list(range(b.lo, b.lo + m))
-        raise AssertionError(f"pool {b.name!r}: the gate passed but neither side fits")
+        if gap_high >= gap_low:  # toward the larger gap, high wins ties; the gate
+            b.hi += m            # priced exactly this side, so it fits
+            return list(range(b.hi - m, b.hi))
+        b.lo -= m
+        return list(range(b.lo, b.lo + m))
 
     def free(self, name, ids):
         """Free pages by virtual id; ``ValueError`` on any bad id, nothing changed.
@@ -463,7 +470,7 @@ class Arena:
         """
         b = self._band(name)
         try:
-            ids = [operator.index(i) for i in ids]
+            ids = [_index(i) for i in ids]
         except TypeError:
             raise ValueError(f"pool {name!r}: ids must be ints") from None
         for v in ids:
@@ -570,23 +577,26 @@ class Arena:
         """
         for b in self.bands.values():
             b.check()
+        opaque = [n for n in self.chain if self.bands[n].opaque]
         prev_name, prev_high = None, self.sink_bytes
-        covered = self.sink_bytes
-        for name in self.chain:
-            b = self.bands[name]
-            if not b.opaque:
-                continue
-            low, high = b.frontiers
+        for name in opaque:
+            low, high = self.bands[name].frontiers
             if low < prev_high:
                 raise AccountingError(name, "opaque bands overlap",
                                       f"low frontier {low} < {prev_name or 'sink'} high frontier {prev_high}")
-            covered += (low - prev_high) + (high - low)  # the gap, then the band
             prev_name, prev_high = name, high
         if prev_high > self.total_bytes:
             raise AccountingError(prev_name, "bounds", f"high frontier {prev_high} > total {self.total_bytes}")
-        covered += self.total_bytes - prev_high
+        # Conservation, from the counters rather than the frontiers: the sink,
+        # the grid padding above it, every band's live pages and holes, and
+        # every free gap the chain walk sees must add up to the buffer.
+        first_low = self.bands[opaque[0]].frontiers[0]
+        covered = self.sink_bytes + (first_low - self.sink_bytes)
+        for name in opaque:
+            b = self.bands[name]
+            covered += (b.live + len(b.holes)) * b.geom.epp + (self.above(name) - b.frontiers[1])
         if covered != self.total_bytes:
-            raise AccountingError(self.chain[0], "conservation", f"{covered} != {self.total_bytes}")
+            raise AccountingError(prev_name, "conservation", f"accounted {covered} of {self.total_bytes} bytes")
 
     def snapshot(self):
         """The whole state as JSON-able data.

@@ -105,3 +105,37 @@ def test_state_machine_catches_a_planted_bug(monkeypatch):
         run_state_machine_as_test(SpecMachine, settings=settings(
             max_examples=300, stateful_step_count=30, deadline=None, database=None, derandomize=True,
             phases=[Phase.generate], print_blob=False))
+
+
+def test_conservation_is_checked_from_the_counters(monkeypatch):
+    """Conservation is not a telescoping sum of frontiers: with the per-band
+    checks switched off, a corrupted live counter still breaks it."""
+    from kvarena.spec import bands as bands_mod
+
+    a = Arena(4096, [SubPool("a", 16, 1, "up"), SubPool("b", 16, 1, "down")])
+    a.alloc("a", 5)
+    a.verify()
+    monkeypatch.setattr(bands_mod.Band, "check", lambda self: None)
+    a.bands["a"].live += 1
+    with pytest.raises(AccountingError, match="conservation"):
+        a.verify()
+
+
+@pytest.mark.parametrize("call", [
+    lambda a: a.alloc("a", True),
+    lambda a: a.free("a", [True]),
+    lambda a: a.flush("a", max_moves=False),
+    lambda a: a.translate("a", [True]),
+])
+def test_booleans_are_not_counts_or_ids(call):
+    a = Arena(4096, [SubPool("a", 16, 1, "up"), SubPool("b", 16, 1, "down")])
+    a.alloc("a", 2)
+    before = a.snapshot()
+    with pytest.raises(ValueError, match="pool 'a'"):
+        call(a)
+    assert a.snapshot() == before
+
+
+def test_lazy_as_a_string_is_an_error():
+    with pytest.raises(ValueError, match="pool 'b'.*not a string"):
+        Arena(4096, [SubPool("a", 16, 1, "up"), SubPool("b", 16, 1, "down")], lazy="b")
