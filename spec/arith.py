@@ -7,6 +7,9 @@ proofs *about this code* rather than about a hand-copied encoding.
 The shim is four functions.  They dispatch on the type of their arguments:
 plain ``bool``/``int`` take the Python path; anything else is taken to be a
 z3 term, and z3 is imported only then, so the spec itself never needs it.
+
+The ``int``/``bool`` annotations describe the executable spec (and tell
+CrossHair what to generate); the same functions also accept z3 terms.
 """
 
 
@@ -31,7 +34,7 @@ def min_(a, b):
     return ite(a <= b, a, b)
 
 
-def fdiv(a, b):
+def fdiv(a: int, b: int) -> int:
     """Floor division for a positive divisor.
 
     pre: b > 0
@@ -42,7 +45,7 @@ def fdiv(a, b):
     return a / b  # z3's Int division is floor division when b > 0
 
 
-def cdiv(a, b):
+def cdiv(a: int, b: int) -> int:
     """Ceiling division for a positive divisor.
 
     pre: b > 0
@@ -54,7 +57,7 @@ def cdiv(a, b):
 # --------------------------------------------------------------- geometry
 
 
-def num_pages(total_bytes, entry_bytes, page_size):
+def num_pages(total_bytes: int, entry_bytes: int, page_size: int) -> int:
     """Pages of one pool's grid that fit in the buffer.
 
     pre: total_bytes >= 0 and entry_bytes > 0 and page_size > 0
@@ -64,7 +67,7 @@ def num_pages(total_bytes, entry_bytes, page_size):
     return fdiv(fdiv(total_bytes, entry_bytes), page_size)
 
 
-def min_page(sink_bytes, epp):
+def min_page(sink_bytes: int, epp: int) -> int:
     """The lowest page of a grid that lies wholly above the sink.
 
     pre: sink_bytes >= 0 and epp > 0
@@ -77,7 +80,7 @@ def min_page(sink_bytes, epp):
 # ----------------------------------------------------------------- gaps
 
 
-def up_gap(above, high):
+def up_gap(above: int, high: int) -> int:
     """Free bytes between the up END's high frontier and the next band.
 
     post: __return__ >= 0
@@ -85,7 +88,7 @@ def up_gap(above, high):
     return max_(0, above - high)
 
 
-def down_gap(low, below):
+def down_gap(low: int, below: int) -> int:
     """Free bytes between the next band down and the down END's low frontier.
 
     post: __return__ >= 0
@@ -93,7 +96,7 @@ def down_gap(low, below):
     return max_(0, low - below)
 
 
-def golden_gap(wm_up, epp_up, wm_down, epp_down):
+def golden_gap(wm_up: int, epp_up: int, wm_down: int, epp_down: int) -> int:
     """The closed form of the two-END gap that the chain walk must equal.
 
     post: __return__ >= 0
@@ -101,7 +104,7 @@ def golden_gap(wm_up, epp_up, wm_down, epp_down):
     return max_(0, (wm_down + 1) * epp_down - wm_up * epp_up)
 
 
-def float_region(below, above, epp, lowest, num_pages):
+def float_region(below: int, above: int, epp: int, lowest: int, num_pages: int) -> tuple:
     """The pages ``[lo, hi)`` of a float's grid that lie between its neighbours.
 
     Both ends round *inward*: a neighbour frontier that is off this grid
@@ -119,7 +122,7 @@ def float_region(below, above, epp, lowest, num_pages):
 # ------------------------------------------------------------- capacity
 
 
-def end_available(gap, epp, index_room, holes):
+def end_available(gap: int, epp: int, index_room: int, holes: int) -> int:
     """Pages an END pool can hand out: extension plus (lazy) holes.
 
     ``index_room`` is ``num_pages - min_page - span``: the pages left on the
@@ -131,7 +134,8 @@ def end_available(gap, epp, index_room, holes):
     return min_(fdiv(gap, epp), index_room) + holes
 
 
-def float_available(parked, lo, hi, lo_wm, hi_wm, holes, index_room):
+def float_available(parked: bool, lo: int, hi: int, lo_wm: int, hi_wm: int, holes: int,
+                    index_room: int) -> int:
     """Pages a float can hand out without moving anything.
 
     A parked float may place a span anywhere in its region; otherwise it
@@ -144,7 +148,7 @@ def float_available(parked, lo, hi, lo_wm, hi_wm, holes, index_room):
     return max_(0, min_(free, index_room))
 
 
-def park_start(lo, hi, n):
+def park_start(lo: int, hi: int, n: int) -> int:
     """Where a parked float puts a new span of ``n`` pages: mid-region.
 
     pre: 0 <= n <= hi - lo
@@ -156,7 +160,8 @@ def park_start(lo, hi, n):
 # ------------------------------------------------------------ make_room
 
 
-def make_room_feasible(side_is_low, below, above, lo, hi, live, epp, min_bytes):
+def make_room_feasible(side_is_low: bool, below: int, above: int, lo: int, hi: int, live: int, epp: int,
+                       min_bytes: int) -> bool:
     """Can the float, packed against the far edge, leave ``min_bytes`` free?
 
     This is exactly what a leapfrog achieves, so it is the test for
@@ -169,7 +174,7 @@ def make_room_feasible(side_is_low, below, above, lo, hi, live, epp, min_bytes):
     return ite(side_is_low, low_after, high_after) >= min_bytes
 
 
-def make_room_need(band_side, min_bytes, epp):
+def make_room_need(band_side: int, min_bytes: int, epp: int) -> int:
     """Pages that must leave the float's edge to open ``min_bytes`` there.
 
     pre: epp > 0 and band_side < min_bytes

@@ -23,7 +23,8 @@ The result is ``(act, side_is_low, target)``: when ``act`` holds, call
 from .arith import ite, max_
 
 
-def short_side_decision(sides_low, sides_high, band_low, band_high, float_bytes, slack):
+def short_side_decision(sides_low: int, sides_high: int, band_low: int, band_high: int, float_bytes: int,
+                        slack: int) -> tuple:
     """Decide one float's move for a demand vector.
 
     pre: sides_low >= 0 and sides_high >= 0 and band_low >= 0 and band_high >= 0

@@ -1,0 +1,216 @@
+"""Capacity soundness and exactness.
+
+- ``n <= available_pages`` implies the allocation succeeds with no
+  relocation (only the pool's own band changes, by holes and extension) and
+  every invariant holds afterwards;
+- the bound is exact: ``available + 1`` pages cannot be placed without
+  overlapping a neighbour, leaving the grid or running out of ids -- for
+  ENDs and floats, with every neighbour frontier symbolic and therefore
+  possibly off this pool's grid (anchor bugs 1 and 5);
+- two refutations document the anchor's bug class: pricing a float's region
+  in raw bytes, and the down END checking its extension on a floored page
+  index, both over-promise.
+"""
+
+import z3
+
+from kvarena.spec import arith
+
+from . import abstract as A
+from .core import Built, Fresh, add
+
+N = 4
+FLOATS = (1, 2)
+
+
+def _base(n=N):
+    f = Fresh()
+    s = A.symbolic_state(f, "s_", n=n)
+    t = A.symbolic_state(f, "t_", like=s)
+    return f, s, t, [A.layout_ok(s), A.inv_all(s)]
+
+
+def _end_sound(i):
+    def build():
+        f, s, t, hyps = _base()
+        n = f.int("n")
+        return Built(hyps + [A.rel_alloc_end(s, t, i, n)], A.inv_all(t), hints=A.layout_hint(s))
+
+    return build
+
+
+def _extended_end(s, t, i, n):
+    """t is s with END i given n more pages, holes first then extension."""
+    a, b = s.bands[i], t.bands[i]
+    k = arith.min_(n, a.holes)
+    m = n - k
+    lo, hi = (a.lo, a.hi + m) if s.pools[i].grow == "up" else (a.lo - m, a.hi)
+    return z3.And(b.lo == lo, b.hi == hi, b.live == a.live + n, b.holes == a.holes - k, A.frame(s, t, i))
+
+
+def _end_tight(i):
+    def build():
+        f, s, t, hyps = _base()
+        n = f.int("n")
+        hyps += [n == A.available(s, i) + 1, _extended_end(s, t, i, n)]
+        return Built(hyps, z3.Not(A.inv_all(t)), hints=A.layout_hint(s))
+
+    return build
+
+
+for _i, _e in ((0, "up"), (N - 1, "down")):
+    add(f"capacity.end_{_e}.sound", "capacity",
+        f"{_e} END: 1 <= n <= available_pages => alloc succeeds by holes + extension only, invariants hold",
+        _end_sound(_i), timeout_s=30.0)
+    add(f"capacity.end_{_e}.tight", "capacity",
+        f"{_e} END: n = available_pages + 1 cannot be placed (the placement breaks an invariant)",
+        _end_tight(_i), timeout_s=30.0)
+
+
+def _float_gate():
+    def build():
+        f, s, t, hyps = _base()
+        n = f.int("n")
+        cases = []
+        goals = []
+        for i in FLOATS:
+            a = s.bands[i]
+            m, high, low = A._extend_choice(s, i, n)
+            cases.append([n >= 1, n <= A.available(s, i), A.opaque(s, i)])
+            goals.append(z3.Or(n <= a.holes, high, low))
+        # one goal per case: the k-th case is float k
+        sel = f.int("which")
+        goal = z3.And(z3.Implies(sel == 1, goals[0]), z3.Implies(sel == 2, goals[1]))
+        return Built(hyps, goal, cases=[c + [sel == k] for c, k in zip(cases, FLOATS)],
+                     hints=A.layout_hint(s))
+
+    return build
+
+
+add("capacity.float.gate_complete", "capacity",
+    "opaque float: 1 <= n <= available_pages => holes cover n or one side's extension fits "
+    "(_extend never reaches its AssertionError)", _float_gate(), timeout_s=30.0)
+
+
+def _float_sound():
+    def build():
+        f, s, t, hyps = _base()
+        n = f.int("n")
+        rels = [A.rel_alloc_float_holes, A.rel_alloc_float_extend_low, A.rel_alloc_float_extend_high,
+                A.rel_alloc_float_parked]
+        cases = [[r(s, t, i, n)] for i in FLOATS for r in rels]
+        # bytes, not pages: the placed span lies inside the neighbours' frontiers
+        goal = [A.inv_all(t)]
+        for i in FLOATS:
+            goal.append(z3.Implies(t.bands[i].live > 0,
+                                   z3.And(A.low_f(t, i) >= A.below(s, i), A.high_f(t, i) <= A.above(s, i))))
+        return Built(hyps, z3.And(*goal), cases=cases, hints=A.layout_hint(s))
+
+    return build
+
+
+add("capacity.float.sound", "capacity",
+    "float (holes / extend low / extend high / parked): n <= available_pages => the new span lies within "
+    "the neighbours' byte frontiers (off-grid included) and all invariants hold", _float_sound(), timeout_s=40.0)
+
+
+def cdiv_galois(x, b, e):
+    """x*e >= b  <=>  x >= cdiv(b, e), for e > 0."""
+    return z3.Implies(e > 0, (x * e >= b) == (x >= arith.cdiv(b, e)))
+
+
+def fdiv_galois(x, a, e):
+    """x*e <= a  <=>  x <= fdiv(a, e), for e > 0."""
+    return z3.Implies(e > 0, (x * e <= a) == (x <= arith.fdiv(a, e)))
+
+
+def _lemma(fn):
+    def build():
+        f = Fresh()
+        x, b, e = f.int("x"), f.int("b"), f.int("e")
+        return Built([e > 0], fn(x, b, e), hints=[e == 3, b == 7])
+
+    return build
+
+
+add("capacity.lemma.cdiv_galois", "capacity", "for e > 0: x*e >= b <=> x >= cdiv(b, e) (used by tight_parked)",
+    _lemma(cdiv_galois), timeout_s=20.0)
+add("capacity.lemma.fdiv_galois", "capacity", "for e > 0: x*e <= a <=> x <= fdiv(a, e) (used by tight_parked)",
+    _lemma(fdiv_galois), timeout_s=20.0)
+
+
+def _float_tight(parked):
+    def build():
+        f, s, t, hyps = _base()
+        n, x = f.int("n"), f.int("x")
+        cases, goals = [], []
+        for i in FLOATS:
+            p, a = s.pools[i], s.bands[i]
+            bl, ab = A.below(s, i), A.above(s, i)
+            avail = A.available(s, i)
+            room_ok = a.live + n <= p.num_pages - p.min_page
+            m = n - a.holes
+
+            def fits(lo_pg, hi_pg):
+                return z3.And(lo_pg >= p.min_page, hi_pg <= p.num_pages, lo_pg * p.epp >= bl, hi_pg * p.epp <= ab)
+
+            base = [n == avail + 1, room_ok]
+            if parked:  # no start page x places n pages
+                # lemmas capacity.lemma.cdiv_galois / fdiv_galois, instantiated at x and x+n
+                lem = [cdiv_galois(x, bl, p.epp), fdiv_galois(x + n, ab, p.epp)]
+                cases.append(base + [z3.Not(A.opaque(s, i))] + lem)
+                goals.append(z3.Not(fits(x, x + n)))
+            else:  # neither side can take the m pages the holes leave
+                for side_fits in (fits(a.lo - m, a.hi), fits(a.lo, a.hi + m)):
+                    cases.append(base + [A.opaque(s, i)])
+                    goals.append(z3.Not(side_fits))
+        return Built(hyps, None, cases=cases, case_goals=goals, hints=A.layout_hint(s))
+
+    return build
+
+
+add("capacity.float.tight_opaque", "capacity",
+    "opaque float: n = available_pages + 1 (ids permitting) cannot be placed: no one-sided extension "
+    "keeps the span on the grid inside the neighbours' (off-grid) frontiers", _float_tight(False), timeout_s=40.0)
+add("capacity.float.tight_parked", "capacity",
+    "parked float: n = available_pages + 1 (ids permitting) cannot be placed: no start page keeps "
+    "n pages on the grid inside the neighbours' (off-grid) frontiers", _float_tight(True), timeout_s=40.0)
+
+
+def _raw_bytes():
+    def build():
+        f, s, t, hyps = _base()
+        n, i = f.int("n"), 1
+        p = s.pools[i]
+        bl, ab = A.below(s, i), A.above(s, i)
+        raw = arith.fdiv(ab - bl, p.epp)  # raw byte pricing of the region
+        lo, hi = A.region(s, i)
+        hyps += [z3.Not(A.opaque(s, i)), n == raw, n >= 1, n <= p.num_pages - p.min_page]
+        # claim (false): the raw price always fits in the page-grid region
+        return Built(hyps, n <= hi - lo, hints=A.layout_hint(s))
+
+    return build
+
+
+add("capacity.float.raw_bytes_overpromise", "capacity",
+    "REFUTED (anchor bug 1): pricing a parked float's region in raw bytes, (above-below)//epp, "
+    "always fits its page-grid region", _raw_bytes(), timeout_s=20.0, expect="counterexample")
+
+
+def _down_floor():
+    def build():
+        f, s, t, hyps = _base()
+        i = N - 1
+        p, a = s.pools[i], s.bands[i]
+        bl = A.below(s, i)
+        m = f.int("m")
+        # the anchor's check: extend down to page lo-m if lo-m >= below // epp
+        hyps += [m >= 1, a.lo - m >= arith.fdiv(bl, p.epp), a.lo - m >= p.min_page]
+        return Built(hyps, (a.lo - m) * p.epp >= bl, hints=A.layout_hint(s))
+
+    return build
+
+
+add("capacity.end_down.floor_check_overlaps", "capacity",
+    "REFUTED (anchor bug 5): a down END extension checked as lo-m >= below // epp never overlaps "
+    "the band below", _down_floor(), timeout_s=20.0, expect="counterexample")

@@ -1,0 +1,143 @@
+"""``kvarena prove [--only NAME] [--json PATH] [--no-crosshair] [--jobs N]``.
+
+Runs every z3 obligation (with its vacuity check) and the CrossHair runs,
+prints a table of each with its result and time, and a one-line total.
+Exits non-zero on any failure.  ``run_all`` returns the rows for
+``kvarena verify``.
+"""
+
+import argparse
+import json
+import multiprocessing
+import sys
+import time
+
+
+def registry():
+    """Import every obligation module; return the registry (name -> Obligation)."""
+    from .obligations import REGISTRY
+
+    return REGISTRY
+
+
+def _run_one(name):
+    from .core import run_obligation
+
+    return run_obligation(registry()[name])
+
+
+def _selected(only):
+    names = list(registry())
+    if only:
+        names = [n for n in names if n == only or n.startswith(only)]
+    return names
+
+
+def _detail(r):
+    if r.get("result") == "counterexample" and r.get("counterexample"):
+        cex = ", ".join(f"{k}={v}" for k, v in list(r["counterexample"].items())[:12])
+        return f"{r['result']}: {cex}"
+    bits = [r.get("result", "")]
+    if r.get("vacuity") not in (None, "n/a"):
+        bits.append(f"vacuity {r['vacuity']}")
+    if r.get("expect") == "counterexample":
+        bits.append("refutation (finding)")
+    if r.get("reason"):
+        bits.append(str(r["reason"])[:100])
+    return "; ".join(bits)
+
+
+def run_z3(only=None, jobs=2):
+    names = _selected(only)
+    if jobs > 1 and len(names) > 1:
+        ctx = multiprocessing.get_context("fork" if sys.platform != "win32" else "spawn")
+        with ctx.Pool(jobs) as pool:
+            results = pool.map(_run_one, names, chunksize=1)
+    else:
+        results = [_run_one(n) for n in names]
+    return results
+
+
+def run_all(only=None, crosshair=True, jobs=2):
+    """Every obligation (and, with ``crosshair``, every CrossHair run) as result dicts.
+
+    Each dict has ``name``, ``group``, ``kind``, ``statement``, ``result``,
+    ``ok``, ``time_s``, ``limit_s``, ``vacuity`` and, for ``kvarena verify``'s
+    table, ``seconds`` and ``detail``.
+    """
+    results = run_z3(only, jobs)
+    if crosshair:
+        from .crosshair_runs import run_crosshair
+
+        results += run_crosshair(jobs=jobs, only=only if only and only.startswith("crosshair") else None) \
+            if not only or only.startswith("crosshair") else []
+    for r in results:
+        r["seconds"] = r.get("time_s", 0.0)
+        r["detail"] = _detail(r)
+    return results
+
+
+def _print(results, wall):
+    from rich.console import Console
+    from rich.table import Table
+
+    console = Console(width=200)
+    t = Table(title="kvarena prove")
+    t.add_column("#", justify="right")
+    t.add_column("obligation", no_wrap=True)
+    t.add_column("result")
+    t.add_column("vacuity")
+    t.add_column("s", justify="right")
+    t.add_column("limit", justify="right")
+    t.add_column("statement / detail", overflow="fold")
+    for k, r in enumerate(results, 1):
+        colour = "green" if r["ok"] else "red"
+        res = r["result"] + (" (expected)" if r.get("expect") == "counterexample" and r["ok"] else "")
+        detail = r.get("statement", "")
+        if len(detail) > 110:
+            detail = detail[:107] + "..."
+        if not r["ok"] or r["result"] == "counterexample":
+            detail += " | " + _detail(r)
+        t.add_row(str(k), r["name"], f"[{colour}]{res}[/{colour}]", str(r.get("vacuity", "")),
+                  f"{r.get('time_s', 0):.2f}", str(r.get("limit_s", "")), detail)
+    console.print(t)
+    failed = [r for r in results if not r["ok"]]
+    z3n = sum(1 for r in results if r.get("kind") == "z3")
+    proved = sum(1 for r in results if r.get("kind") == "z3" and r["result"] == "proved" and r["ok"])
+    refuted = sum(1 for r in results if r.get("kind") == "z3" and r.get("expect") == "counterexample" and r["ok"])
+    ch = [r for r in results if r.get("kind", "").startswith("crosshair")]
+    colour = "red" if failed else "green"
+    console.print(f"[{colour}]kvarena prove: {len(results) - len(failed)}/{len(results)} ok, {len(failed)} failed "
+                  f"-- z3: {z3n} obligations ({proved} proved, {refuted} refuted as documented findings); "
+                  f"crosshair: {len(ch)} checks "
+                  f"({sum(1 for r in ch if r['result'] == 'skipped')} skipped) -- {wall:.1f}s wall[/{colour}]")
+
+
+def main(argv=None):
+    ap = argparse.ArgumentParser(prog="kvarena prove", description=__doc__.splitlines()[0])
+    ap.add_argument("--only", metavar="NAME", help="run only obligations whose name is NAME or starts with it")
+    ap.add_argument("--json", metavar="PATH", help="also write machine-readable results to PATH")
+    ap.add_argument("--no-crosshair", action="store_true", help="skip the CrossHair runs")
+    ap.add_argument("--jobs", type=int, default=2, help="parallel solver processes (default 2)")
+    ap.add_argument("--list", action="store_true", help="list the obligations and exit")
+    args = ap.parse_args(argv)
+    if args.list:
+        for name, ob in registry().items():
+            print(f"{name}\t{ob.timeout_s:g}s\t{ob.statement}")
+        return 0
+    t0 = time.perf_counter()
+    results = run_all(only=args.only, crosshair=not args.no_crosshair, jobs=args.jobs)
+    wall = time.perf_counter() - t0
+    if not results:
+        print(f"kvarena prove: no obligation matches {args.only!r}", file=sys.stderr)
+        return 2
+    _print(results, wall)
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump({"wall_s": round(wall, 3), "ok": all(r["ok"] for r in results), "results": results},
+                      f, indent=1, default=str)
+    return 0 if all(r["ok"] for r in results) else 1
+
+
+if __name__ == "__main__":  # pragma: no cover
+    sys.exit(main())

@@ -1,0 +1,181 @@
+"""Obligations: a name, a statement, a z3 time limit, hypotheses and a goal.
+
+``run_obligation`` asks z3 whether ``hypotheses and not goal`` is
+satisfiable:
+
+- ``unsat``   -> ``proved``;
+- ``sat``     -> ``counterexample`` (the model, as concrete values);
+- otherwise   -> ``unknown`` (a timeout included), which counts as failure.
+
+Every obligation also gets a **vacuity check**: its hypotheses (and each
+listed witness set, e.g. each variant of an operation) must be satisfiable,
+or the proof would be empty.  A *refutation* obligation (``expect =
+"counterexample"``) states a property we claim is false; it passes when z3
+finds the counterexample, which is a documented finding.
+"""
+
+import time
+from dataclasses import dataclass, field
+from typing import Callable
+
+import z3
+
+
+@dataclass
+class Built:
+    """``hyps`` and, when ``cases`` is given, one of the cases, imply ``goal``.
+
+    Each case (e.g. one variant of an operation) is proved on its own, which
+    z3 finds much easier than one disjunction; each case must also be
+    satisfiable with ``hyps`` (vacuity), as must every ``witnesses`` set.
+    """
+
+    hyps: list
+    goal: object
+    cases: list = None
+    witnesses: list = field(default_factory=list)
+    hints: list = field(default_factory=list)  # extra constraints that only speed up model search
+    case_goals: list = None  # optional: a goal per case instead of ``goal``
+
+
+@dataclass
+class Obligation:
+    name: str
+    group: str
+    statement: str
+    build: Callable[[], Built]
+    timeout_s: float = 20.0
+    expect: str = "proved"  # or "counterexample" for a refutation (a finding)
+
+
+REGISTRY = {}
+
+
+def register(name, group, statement, timeout_s=20.0, expect="proved"):
+    def deco(fn):
+        if name in REGISTRY:
+            raise ValueError(f"obligation {name!r} registered twice")
+        REGISTRY[name] = Obligation(name, group, statement, fn, timeout_s, expect)
+        return fn
+
+    return deco
+
+
+def add(name, group, statement, build, timeout_s=20.0, expect="proved"):
+    if name in REGISTRY:
+        raise ValueError(f"obligation {name!r} registered twice")
+    REGISTRY[name] = Obligation(name, group, statement, build, timeout_s, expect)
+
+
+class Fresh:
+    """Fresh z3 constants with readable, unique names."""
+
+    def __init__(self, prefix=""):
+        self.prefix, self.k = prefix, 0
+
+    def int(self, name):
+        return z3.Int(f"{self.prefix}{name}")
+
+    def bool(self, name):
+        return z3.Bool(f"{self.prefix}{name}")
+
+
+def _as_bool(x):
+    if isinstance(x, bool):
+        return z3.BoolVal(x)
+    return x
+
+
+def _model_dict(model, limit=120):
+    out = {}
+    for d in sorted(model.decls(), key=lambda d: d.name()):
+        if d.arity() != 0:
+            continue
+        v = model[d]
+        try:
+            out[d.name()] = v.as_long() if z3.is_int_value(v) else (z3.is_true(v) if z3.is_bool(v) else str(v))
+        except Exception:  # pragma: no cover - defensive
+            out[d.name()] = str(v)
+        if len(out) >= limit:
+            break
+    return out
+
+
+def _solver():
+    return z3.Then("simplify", "propagate-values", "solve-eqs", "smt").solver()
+
+
+def _check(constraints, timeout_ms):
+    s = _solver()
+    s.set("timeout", int(timeout_ms))
+    s.add(*[_as_bool(c) for c in constraints])
+    r = s.check()
+    return r, (s.model() if r == z3.sat else None), s.reason_unknown() if r == z3.unknown else ""
+
+
+def run_obligation(ob):
+    """Run one obligation; returns a JSON-able result dict."""
+    t0 = time.perf_counter()
+    res = {"name": ob.name, "group": ob.group, "kind": "z3", "statement": ob.statement,
+           "limit_s": ob.timeout_s, "expect": ob.expect}
+    try:
+        built = ob.build()
+        hyps = list(built.hyps)
+        cases = [list(c) if isinstance(c, (list, tuple)) else [c] for c in (built.cases or [[]])]
+        deadline = t0 + ob.timeout_s
+        res["result"] = "proved"
+        goals = built.case_goals or [built.goal] * len(cases)
+        for case, goal in zip(cases, goals):
+            left = max(0.05, deadline - time.perf_counter())
+            query = hyps + case + [z3.Not(_as_bool(goal))]
+            r = z3.unknown
+            if ob.expect == "counterexample" and built.hints:
+                # a refutation: look for the counterexample on the hinted layout first
+                r, model, why = _check(query + list(built.hints), left * 500)
+                if r != z3.sat:
+                    r = z3.unknown
+            if r == z3.unknown:
+                left = max(0.05, deadline - time.perf_counter())
+                r, model, why = _check(query, left * 1000)
+            if r == z3.unknown and built.hints:
+                # a model found under the hints is a genuine counterexample
+                left = max(0.05, deadline - time.perf_counter())
+                r2, model2, _ = _check(query + list(built.hints), left * 1000)
+                if r2 == z3.sat:
+                    r, model = r2, model2
+            if r == z3.sat:
+                res["result"] = "counterexample"
+                res["counterexample"] = _model_dict(model)
+                break
+            if r != z3.unsat:
+                res["result"] = "unknown"
+                res["reason"] = why or "timeout"
+                break
+        # vacuity: the hypotheses with each case, and every witness set, are satisfiable
+        vac = "sat"
+        budget = max(1.0, ob.timeout_s / 2) * 1000
+        distinct = []
+        for extra in cases + list(built.witnesses):
+            if not any(extra is d or (not extra and not d) for d in distinct):
+                distinct.append(extra)
+        for extra in distinct:
+            # A model under extra hint constraints (a concrete layout, say) is
+            # a model of the hypotheses too; only fall back to none if needed.
+            vr = None
+            for hint in ([list(built.hints)] if built.hints else []) + [[]]:
+                vr, _, _ = _check(hyps + list(extra) + hint, budget)
+                if vr == z3.sat:
+                    break
+            if vr != z3.sat:
+                vac = "unsat" if vr == z3.unsat else "unknown"
+                break
+        res["vacuity"] = vac
+        res["cases"] = len(cases)
+        res["witnesses"] = len(cases) + len(built.witnesses)
+    except Exception as e:  # an encoding error is a failure, not a crash
+        res["result"] = "error"
+        res["reason"] = f"{type(e).__name__}: {e}"
+        res["vacuity"] = "n/a"
+    res["time_s"] = round(time.perf_counter() - t0, 3)
+    res["ok"] = res["result"] == ob.expect and res.get("vacuity") == "sat"
+    return res

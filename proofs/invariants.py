@@ -1,0 +1,100 @@
+"""Inductive invariants: for each operation and each invariant,
+(layout facts and every invariant and the operation's precondition)
+implies the invariant afterwards.
+
+The state is a chain of 2, 3 or 4 pools (``up, [f1, [f2,]] down``) with
+every frontier, count, ``epp``, ``num_pages``, ``min_page``, ``lazy`` flag
+and ``total`` symbolic: ``inv.OP.INV`` is the 4-pool obligation,
+``inv.OP.INV.n3`` and ``.n2`` the shorter chains (floats-only operations
+have no 2-pool form).  An operation on "a float" covers every float (so both walk
+directions through a neighbouring float), an operation on "an END" both
+ENDs, and ``make_room``/``compact_holes`` both sides: each variant is a
+disjunct, and each must be satisfiable on its own (the vacuity witnesses).
+"""
+
+from . import abstract as A
+from .core import Built, Fresh, add
+
+def _variants(op, s, t, f):
+    N = s.n
+    FLOATS = tuple(range(1, N - 1))
+    ENDS = (0, N - 1)
+    n, k, mb = f.int("n"), f.int("k"), f.int("min_bytes")
+    side = f.bool("side_is_low")
+    if op == "alloc_up":
+        return [A.rel_alloc_end(s, t, 0, n)]
+    if op == "alloc_down":
+        return [A.rel_alloc_end(s, t, N - 1, n)]
+    if op == "alloc_float_holes":
+        return [A.rel_alloc_float_holes(s, t, i, n) for i in FLOATS]
+    if op == "alloc_float_parked":
+        return [A.rel_alloc_float_parked(s, t, i, n) for i in FLOATS]
+    if op == "alloc_float_extend_low":
+        return [A.rel_alloc_float_extend_low(s, t, i, n) for i in FLOATS]
+    if op == "alloc_float_extend_high":
+        return [A.rel_alloc_float_extend_high(s, t, i, n) for i in FLOATS]
+    if op == "free_eager":
+        return [A.rel_free_eager(s, t, i, k) for i in ENDS]
+    if op == "free_lazy":
+        return [A.rel_free_lazy(s, t, i, k) for i in ENDS]
+    if op == "free_float":
+        return [A.rel_free_float(s, t, i, k) for i in FLOATS]
+    if op == "flush":
+        return [A.rel_flush_end(s, t, i) for i in ENDS] + [A.rel_flush_float(s, t, i) for i in FLOATS]
+    if op == "make_room_boundary":
+        return [A.and_(side == v, A.rel_make_room_boundary(s, t, i, side, mb))
+                for i in FLOATS for v in (True, False)]
+    if op == "make_room_leapfrog":
+        return [A.and_(side == v, A.rel_make_room_leapfrog(s, t, i, side, mb))
+                for i in FLOATS for v in (True, False)]
+    if op == "compact_holes":
+        return [A.and_(side == v, A.rel_compact_holes(s, t, i, side)) for i in FLOATS for v in (True, False)]
+    raise KeyError(op)
+
+
+OPERATIONS = {
+    "alloc_up": "alloc on the up END (lazy holes first, then extend at wm)",
+    "alloc_down": "alloc on the down END (lazy holes first, then extend below its low frontier)",
+    "alloc_float_holes": "alloc on an opaque float that its holes cover",
+    "alloc_float_parked": "alloc on a parked float: a span at park_start of its region",
+    "alloc_float_extend_low": "alloc on a float that extends its low frontier",
+    "alloc_float_extend_high": "alloc on a float that extends its high frontier",
+    "free_eager": "free on an eager END (frontier retreats by k, survivors compact)",
+    "free_lazy": "free on a lazy END (k holes, nothing moves)",
+    "free_float": "free on a float (holes; parks when no live page is left)",
+    "flush": "flush of either END (any max_moves) or a float (refit)",
+    "make_room_boundary": "make_room with need < live (edge pages move) on either side",
+    "make_room_leapfrog": "make_room with need >= live (pack against the far edge)",
+    "compact_holes": "compact_holes toward either side",
+}
+
+STATEMENTS = {
+    "order": "frontier order along the chain; opaque bands disjoint and within [sink, total]",
+    "conservation": "span = live + holes, eager END hole-free, live <= ids, bands+gaps+sink = total",
+    "grid": "page-aligned spans on each grid, no page below min_page, ENDs anchored, empty float parked",
+}
+
+
+END_ONLY = ("alloc_up", "alloc_down", "free_eager", "free_lazy", "flush")
+
+
+def _make(op, inv, N):
+    def build():
+        f = Fresh()
+        s = A.symbolic_state(f, "s_", n=N)
+        t = A.symbolic_state(f, "t_", like=s)
+        vs = _variants(op, s, t, f)
+        hyps = [A.layout_ok(s), A.inv_all(s)]
+        return Built(hyps, A.INVARIANTS[inv](t), cases=[[v] for v in vs],
+                     hints=A.layout_hint(s))
+
+    return build
+
+
+for _n in (4, 3, 2):
+    for _op, _what in OPERATIONS.items():
+        if _n == 2 and _op not in END_ONLY:
+            continue
+        for _inv, _st in STATEMENTS.items():
+            add(f"inv.{_op}.{_inv}" + ("" if _n == 4 else f".n{_n}"), "invariants",
+                f"{_n} pools: {_what} preserves {_inv}: {_st}", _make(_op, _inv, _n), timeout_s=30.0)

@@ -1,0 +1,154 @@
+"""Layout obligations: the sink, min_page, grids, float regions, pool order.
+
+``layout_terms`` mirrors ``spec.geometry.make_layout``'s arithmetic over the
+shim (sink = max of epp over the pools in the order given, then
+``arith.num_pages`` and ``arith.min_page`` per pool); ``tests/test_proofs``
+checks it against ``make_layout`` on concrete configurations.
+
+Entry sizes and ``total_bytes`` are symbolic; each page size is a symbolic
+member of {1, 2, 4, 8, 16, 32, 64} (so every size in the set, for every pool
+independently, is covered by one obligation).
+"""
+
+import itertools
+
+import z3
+
+from kvarena.spec import arith
+
+from . import abstract as A
+from .core import Built, Fresh, add
+
+PAGE_SIZES = (1, 2, 4, 8, 16, 32, 64)
+
+
+def layout_terms(total, entries, page_sizes):
+    """(sink, [(epp, num_pages, min_page)]) for pools in the order given."""
+    epps = [e * p for e, p in zip(entries, page_sizes)]
+    sink = epps[0]
+    for e in epps[1:]:
+        sink = arith.max_(sink, e)
+    geo = [(e, arith.num_pages(total, en, ps), arith.min_page(sink, e))
+           for e, en, ps in zip(epps, entries, page_sizes)]
+    return sink, geo
+
+
+def _config(f, n):
+    total = f.int("total")
+    entries = [f.int(f"entry{i}") for i in range(n)]
+    pss = [f.int(f"page_size{i}") for i in range(n)]
+    hyps = [total > 0]
+    for e, p in zip(entries, pss):
+        hyps += [e >= 1, z3.Or(*[p == v for v in PAGE_SIZES])]
+    return total, entries, pss, hyps
+
+
+def _valid(total, sink, geo):
+    """make_layout's acceptance conditions: a page above the sink for everyone."""
+    cs = [g[1] > g[2] for g in geo]
+    cs.append(sink + sum(g[0] for g in geo) <= total)
+    return cs
+
+
+def _hint(total, entries, pss):
+    return [total == 4096] + [e == 3 + 2 * i for i, e in enumerate(entries)] + [p == 4 for p in pss]
+
+
+def _build(n, goal_fn, valid=True):
+    def build():
+        f = Fresh()
+        total, entries, pss, hyps = _config(f, n)
+        sink, geo = layout_terms(total, entries, pss)
+        if valid:
+            hyps += _valid(total, sink, geo)
+        if goal_fn is _order_independent:  # a query per permutation: small and quick
+            goals = _order_goals(total, entries, pss, sink, geo)
+            return Built(hyps, None, cases=[[]] * len(goals), case_goals=goals, hints=_hint(total, entries, pss))
+        return Built(hyps, goal_fn(f, total, entries, pss, sink, geo), hints=_hint(total, entries, pss))
+
+    return build
+
+
+def _sink_covers(f, total, entries, pss, sink, geo):
+    # page 0 of every grid is [0, epp) and lies in the sink [0, sink); the first
+    # usable page lies wholly above it
+    return z3.And(*[z3.And(e <= sink, m >= 1, m * e >= sink) for e, _, m in geo])
+
+
+def _min_page_least(f, total, entries, pss, sink, geo):
+    # no lower page lies wholly above the sink, and the sink is one of the epps
+    return z3.And(z3.And(*[(m - 1) * e < sink for e, _, m in geo]), z3.Or(*[sink == e for e, _, _ in geo]))
+
+
+def _grid_fits(f, total, entries, pss, sink, geo):
+    # the grid ends inside the buffer and is the largest such grid
+    return z3.And(*[z3.And(np_ * e <= total, (np_ + 1) * e > total, np_ >= 0) for e, np_, _ in geo])
+
+
+def _num_pages_by_epp(f, total, entries, pss, sink, geo):
+    # (total // entry) // page_size == total // epp: the abstract state's num_pages
+    return z3.And(*[np_ == arith.fdiv(total, e) for e, np_, _ in geo])
+
+
+def _order_goals(total, entries, pss, sink, geo):
+    """One goal per permutation: the permuted layout has the same sink and grids."""
+    goals = []
+    for perm in itertools.permutations(range(len(entries))):
+        s2, g2 = layout_terms(total, [entries[i] for i in perm], [pss[i] for i in perm])
+        cs = [s2 == sink]
+        for k, i in enumerate(perm):
+            cs += [g2[k][0] == geo[i][0], g2[k][1] == geo[i][1], g2[k][2] == geo[i][2]]
+        goals.append(z3.And(*cs))
+    return goals
+
+
+def _order_independent(f, total, entries, pss, sink, geo):
+    return z3.And(*_order_goals(total, entries, pss, sink, geo))
+
+
+FACTS = {
+    "sink_covers_page0": (_sink_covers, "every pool's page 0 lies in the sink and its min_page lies above it"),
+    "min_page_least": (_min_page_least, "min_page is the least page wholly above the sink; sink = max epp"),
+    "grid_fits": (_grid_fits, "every grid fits within the buffer and is maximal"),
+    "num_pages_by_epp": (_num_pages_by_epp, "(total // entry) // page_size == total // epp"),
+    "order_independent": (_order_independent,
+                          "a layout given in any pool order has the same sink and per-pool grids"),
+}
+
+for _n in (2, 3, 4):
+    for _fact, (_fn, _st) in FACTS.items():
+        add(f"layout.{_fact}.n{_n}", "layout",
+            f"{_n} pools, symbolic total/entry sizes, page sizes in {{1..64}}: {_st}",
+            _build(_n, _fn, valid=_fact != "num_pages_by_epp"),
+            timeout_s=60.0 if _fact == "order_independent" else 30.0)
+
+
+# ---------------------------------------------------------- float regions
+
+
+def _region_build(n):
+    def build():
+        f = Fresh()
+        s = A.symbolic_state(f, "s_", n=n)
+        goal = []
+        for i in range(1, n - 1):
+            p, b = s.pools[i], s.bands[i]
+            lo, hi = A.region(s, i)
+            bl, ab = A.below(s, i), A.above(s, i)
+            goal += [lo >= p.min_page, hi <= p.num_pages,  # on the grid, above the sink
+                     lo * p.epp >= bl, hi * p.epp <= ab,  # inside the neighbours' frontiers
+                     # maximal: one more page on either side leaves the grid or overlaps
+                     z3.Or(lo - 1 < p.min_page, (lo - 1) * p.epp < bl),
+                     z3.Or(hi + 1 > p.num_pages, (hi + 1) * p.epp > ab),
+                     # an opaque float's own span lies in its region
+                     z3.Implies(b.live > 0, z3.And(lo <= b.lo, b.hi <= hi))]
+        return Built([A.layout_ok(s), A.inv_all(s)], z3.And(*goal), hints=A.layout_hint(s))
+
+    return build
+
+
+for _n in (3, 4):
+    add(f"layout.float_region.n{_n}", "layout",
+        f"{_n} pools, symbolic state: each float's region is page-aligned on its grid, lies inside its "
+        "opaque neighbours' (possibly off-grid) frontiers, is maximal, and holds its span",
+        _region_build(_n), timeout_s=30.0)

@@ -1,0 +1,17 @@
+"""The obligation registry, with every group loaded.
+
+``REGISTRY`` maps each name to its ``Obligation`` (name, group, statement,
+z3 time limit, builder of hypotheses and goal, expected result).  The
+obligations themselves live by topic in ``layout``, ``golden``,
+``invariants``, ``capacity`` and ``policy``; the runner is ``core``.
+"""
+
+from . import capacity, golden, invariants, layout, policy  # noqa: F401  (they register)
+from .core import REGISTRY, Built, Obligation, run_obligation
+
+__all__ = ["REGISTRY", "Built", "Obligation", "run_obligation", "run"]
+
+
+def run(name):
+    """Run one obligation by name; a result dict."""
+    return run_obligation(REGISTRY[name])

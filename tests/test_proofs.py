@@ -1,0 +1,266 @@
+"""The z3 obligations: every one proved (or, for a refutation, refuted) within
+its limit and non-vacuous; the mutation checks; the findings' regression tests.
+"""
+
+import json
+
+import pytest
+import z3
+
+from kvarena.proofs import cli
+from kvarena.proofs.core import Built, Obligation, run_obligation
+from kvarena.spec import Arena, SubPool, arith
+
+REG = cli.registry()
+GROUPS = {"layout", "golden", "invariants", "capacity", "policy"}
+
+
+@pytest.fixture(scope="module")
+def results():
+    """One batched run of every obligation (2 processes), shared by the tests."""
+    return {r["name"]: r for r in cli.run_z3(jobs=2)}
+
+
+def test_registry_covers_the_issue():
+    assert len(REG) >= 40
+    assert {ob.group for ob in REG.values()} == GROUPS
+    for op in ("alloc_up", "alloc_down", "alloc_float_holes", "alloc_float_parked", "alloc_float_extend_low",
+               "alloc_float_extend_high", "free_eager", "free_lazy", "free_float", "flush",
+               "make_room_boundary", "make_room_leapfrog", "compact_holes"):
+        for inv in ("order", "conservation", "grid"):
+            assert f"inv.{op}.{inv}" in REG
+    for ob in REG.values():
+        assert ob.statement and ob.timeout_s > 0 and ob.expect in ("proved", "counterexample")
+
+
+@pytest.mark.parametrize("name", list(REG))
+def test_obligation(results, name):
+    r = results[name]
+    ob = REG[name]
+    assert r["result"] == ob.expect, r
+    assert r["vacuity"] == "sat", r  # the hypotheses are satisfiable: not a vacuous proof
+    assert r["time_s"] <= ob.timeout_s * 1.6 + 5, r  # proof + vacuity within the stated limit
+    assert r["ok"]
+
+
+def test_refutations_carry_concrete_counterexamples(results):
+    refuted = [r for r in results.values() if r["expect"] == "counterexample"]
+    assert len(refuted) >= 3
+    for r in refuted:
+        assert r["counterexample"] and all(isinstance(v, (int, bool)) for v in r["counterexample"].values())
+
+
+# ------------------------------------------------------------------ runner
+
+
+def test_runner_reports_counterexample_unknown_and_vacuity():
+    x = z3.Int("x")
+    cex = run_obligation(Obligation("t.cex", "t", "x > 0 => x > 1 (false)", lambda: Built([x > 0], x > 1)))
+    assert cex["result"] == "counterexample" and cex["counterexample"] == {"x": 1} and not cex["ok"]
+    vac = run_obligation(Obligation("t.vac", "t", "vacuous", lambda: Built([x > 0, x < 0], x == 5)))
+    assert vac["result"] == "proved" and vac["vacuity"] == "unsat" and not vac["ok"]
+    a, b, c = z3.Ints("a b c")
+    hard = lambda: Built([a > 0, b > 0, c > 0], a ** 3 + b ** 3 != c ** 3)  # noqa: E731
+    unk = run_obligation(Obligation("t.unk", "t", "Fermat n=3", hard, timeout_s=0.5))
+    assert unk["result"] in ("unknown", "proved") and (unk["result"] == "proved" or not unk["ok"])
+    err = run_obligation(Obligation("t.err", "t", "broken encoding", lambda: 1 / 0))
+    assert err["result"] == "error" and not err["ok"]
+
+
+def test_cli_only_and_json(tmp_path, capsys):
+    out = tmp_path / "p.json"
+    rc = cli.main(["--only", "golden.", "--no-crosshair", "--json", str(out), "--jobs", "1"])
+    assert rc == 0
+    data = json.loads(out.read_text())
+    names = [r["name"] for r in data["results"]]
+    assert names and all(n.startswith("golden.") for n in names) and data["ok"]
+    text = capsys.readouterr().out
+    assert "golden.up_gap.n2" in text and "kvarena prove:" in text
+    assert cli.main(["--only", "no.such.obligation", "--no-crosshair"]) == 2
+
+
+def test_cli_exits_nonzero_on_failure(monkeypatch, capsys):
+    monkeypatch.setattr(arith, "golden_gap", lambda *a: 0)  # a wrong closed form
+    assert cli.main(["--only", "golden.up_gap.n2", "--no-crosshair", "--jobs", "1"]) == 1
+    out = capsys.readouterr().out
+    assert "counterexample" in out and "1 failed" in out
+
+
+# ---------------------------------------------------------------- mutation
+
+
+def _run(name):
+    return run_obligation(REG[name])
+
+
+def test_mutation_ceil_to_floor_in_float_region(monkeypatch):
+    """The float region's low edge rounded down (anchor bug 1) breaks the proofs."""
+    assert _run("layout.float_region.n3")["result"] == "proved"
+    monkeypatch.setattr(arith, "cdiv", arith.fdiv)
+    assert _run("layout.float_region.n3")["result"] == "counterexample"
+    assert _run("inv.alloc_float_parked.order")["result"] == "counterexample"
+
+
+def test_mutation_end_available_ceil(monkeypatch):
+    """Pricing an END's gap with ceil over-promises a page: capacity soundness fails."""
+    real = arith.end_available
+    monkeypatch.setattr(arith, "end_available",
+                        lambda gap, epp, room, holes: arith.min_(arith.cdiv(gap, epp), room) + holes)
+    assert _run("capacity.end_up.sound")["result"] == "counterexample"
+    monkeypatch.setattr(arith, "end_available", real)
+    assert _run("capacity.end_up.sound")["result"] == "proved"
+
+
+def test_mutation_ge_to_gt_in_min_page(monkeypatch):
+    """min_page one page too low (>= sink turned into > sink - epp): the sink is not covered."""
+    monkeypatch.setattr(arith, "min_page", lambda sink, epp: arith.fdiv(sink, epp))
+    assert _run("layout.sink_covers_page0.n2")["result"] == "counterexample"
+
+
+def test_mutation_policy_both_short_guard(monkeypatch):
+    """Dropping the both-sides-short guard from the decision breaks no_move_both_short."""
+    import kvarena.proofs.policy as P
+    from kvarena.spec import policy as spec_policy
+
+    real = spec_policy.short_side_decision
+
+    def mutant(sl, sh, bl, bh, fb, slack):
+        act, low, target = real(sl, sh, bl, bh, fb, slack)
+        return arith.ite(sl > bl, True, act), low, target
+
+    monkeypatch.setattr(P, "short_side_decision", mutant)
+    assert _run("policy.no_move_both_short")["result"] == "counterexample"
+    assert _run("policy.pure.no_move_both_short")["result"] == "counterexample"
+
+
+def test_mutation_frontier_off_by_one(monkeypatch):
+    """An alloc_up transition that extends one page too far is caught."""
+    import kvarena.proofs.abstract as A
+
+    real = A.rel_alloc_end
+
+    def mutant(s, t, i, n):
+        # the mutant's post-state: the up END's watermark lands one page too far
+        b = t.bands[i]
+        shifted = t.with_band(i, A.BandState(b.lo, b.hi - 1, b.live, b.holes))
+        return real(s, shifted, i, n) if s.pools[i].grow == "up" else real(s, t, i, n)
+
+    monkeypatch.setattr(A, "rel_alloc_end", mutant)
+    r = _run("inv.alloc_up.conservation")
+    assert r["result"] == "counterexample"
+
+
+# ---------------------------------------------------------------- findings
+
+
+def _ids_at(a, name, pages):
+    v2p = a.v2p(name)
+    return [v for v, p in enumerate(v2p) if v > 0 and p in set(pages)]
+
+
+def test_finding_far_side_made_short():
+    """policy.far_side_kept is refuted: a far END whose demand fit before the
+    move no longer fits after it (the leapfrog packs the float against it)."""
+    e = SubPool
+    a = Arena(400, [e("up", 4, 1, "up"), e("f", 4, 1, "float"), e("down", 4, 1, "down")])
+    a.alloc("up", 10)
+    a.alloc("f", 2)
+    a.alloc("down", 40)
+    demand = {"up": 40, "down": 10}
+    assert a.available_pages("up") >= demand["up"]  # the far (low) side is not short
+    assert a.available_pages("down") < demand["down"]  # the high side is short
+    moved = a.open_short_side("f", demand)
+    a.verify()
+    assert moved > 0
+    assert a.available_pages("down") >= demand["down"]  # the short side got its room ...
+    assert a.available_pages("up") < demand["up"]  # ... and the far side became short
+
+
+def test_finding_float_short_holes_assumed_to_survive():
+    """policy.float_short_fits_after is refuted: the float-only target counts
+    the float's holes, but the move discards them; pages move in vain."""
+    e = SubPool
+    a = Arena(100, [e("up", 5, 1, "up"), e("f", 5, 1, "float"), e("down", 5, 1, "down")])
+    a.alloc("up", 8)
+    a.alloc("down", 6)
+    a.alloc("f", 4)
+    assert a.frontiers("f") == (45, 65)
+    a.free("f", _ids_at(a, "f", [9, 11, 12]))
+    assert a.live_pages("f") == 1 and len(a.holes("f")) == 3
+    assert a.available_pages("f") < 6
+    moved = a.open_short_side("f", {"f": 6})
+    a.verify()
+    assert moved == 1
+    assert a.holes("f") == []  # the holes the target counted on are gone
+    assert a.available_pages("f") < 6  # and the demand still does not fit
+
+
+def test_finding_far_float_moves_in_vain():
+    """policy.short_side_fits_after.n4_far_float is refuted: with an opaque
+    float between, opening the far float's low side cannot help the up END."""
+    e = SubPool
+    a = Arena(400, [e("up", 4, 1, "up"), e("f1", 4, 1, "float"), e("f2", 4, 1, "float"),
+                    e("down", 4, 1, "down")])
+    a.alloc("up", 10)
+    a.alloc("down", 10)
+    a.alloc("f1", 75)
+    a.free("f1", [v for v in _ids_at(a, "f1", range(100)) if a.v2p("f1")[v] not in (16, 17)])
+    a.flush("f1")
+    assert a.frontiers("f1") == (64, 72)
+    a.alloc("f2", 1)
+    before = a.available_pages("up")
+    assert before < 36
+    moved = a.open_short_side("f2", {"up": 36})
+    a.verify()
+    assert moved == 1
+    assert a.available_pages("up") == before  # nothing gained for the END that asked
+
+
+def test_anchor_bug_raw_bytes_overpromise_example():
+    """capacity.float.raw_bytes_overpromise, concretely: off-grid frontiers."""
+    below, above, epp = 5, 11, 3
+    lo, hi = arith.float_region(below, above, epp, 1, 100)
+    assert (above - below) // epp == 2 and hi - lo == 1
+    assert lo * epp >= below and hi * epp <= above
+
+
+# ------------------------------------------------- source-level mutations
+
+
+def _mutant_module(module, old, new):
+    """Re-execute ``module``'s source with one edit; return the mutant module."""
+    import inspect
+    import types
+
+    src = inspect.getsource(module)
+    assert src.count(old) == 1, f"mutation site {old!r} not unique in {module.__name__}"
+    m = types.ModuleType(module.__name__ + "_mutant")
+    m.__package__ = module.__package__
+    exec(compile(src.replace(old, new), module.__name__ + "_mutant", "exec"), m.__dict__)
+    return m
+
+
+def test_source_mutation_gt_to_ge_in_policy(monkeypatch):
+    """``float_bytes > max_(...)`` turned into ``>=`` in spec/policy.py: the policy
+    then acts when nothing is short and asks make_room for what the band has."""
+    import kvarena.proofs.policy as P
+    from kvarena.spec import policy as spec_policy
+
+    m = _mutant_module(spec_policy, "float_short = float_bytes > max_(", "float_short = float_bytes >= max_(")
+    monkeypatch.setattr(P, "short_side_decision", m.short_side_decision)
+    assert _run("policy.pure.target_beyond_band")["result"] == "counterexample"
+
+
+def test_source_mutation_floor_to_ceil_in_end_available(monkeypatch):
+    """``fdiv(gap, epp)`` turned into ``cdiv(gap, epp)`` in spec/arith.py."""
+    m = _mutant_module(arith, "return min_(fdiv(gap, epp), index_room) + holes",
+                       "return min_(cdiv(gap, epp), index_room) + holes")
+    monkeypatch.setattr(arith, "end_available", m.end_available)
+    assert _run("capacity.end_down.sound")["result"] == "counterexample"
+
+
+def test_source_mutation_region_ceil_to_floor(monkeypatch):
+    """``cdiv(below, epp)`` turned into ``fdiv`` in float_region (anchor bug 1)."""
+    m = _mutant_module(arith, "lo = max_(cdiv(below, epp), lowest)", "lo = max_(fdiv(below, epp), lowest)")
+    monkeypatch.setattr(arith, "float_region", m.float_region)
+    assert _run("capacity.float.sound")["result"] == "counterexample"
