@@ -1,0 +1,14 @@
+"""kvarena.impl: the production arena on torch (CPU and CUDA).
+
+Behaves page for page like ``kvarena.spec.Arena``; see ``docs/impl.md``.
+
+Modules: ``capacity`` (torch-free scalar arithmetic), ``memo`` (epoch
+fields and the capacity memo), ``band`` (one pool's device tables),
+``arena`` (chain walks, operations, relieve, verify, bytes).
+"""
+
+from kvarena.spec.geometry import AccountingError, SubPool
+
+from .arena import MAX_EVICT_ROUNDS, Arena
+
+__all__ = ["Arena", "AccountingError", "SubPool", "MAX_EVICT_ROUNDS"]

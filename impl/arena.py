@@ -1,0 +1,683 @@
+"""The production arena on torch: one byte buffer, bands on one chain.
+
+Same behaviour as ``kvarena.spec.Arena`` page for page (the differential
+tests hold the two equal), written independently over tensors.  Layout is
+imported from the spec (boot-time arithmetic, DESIGN section 2); every
+per-operation step is here.
+
+Host syncs.  Counters (span ends, live, hole counts) live on the host, so
+the capacity gate and ``alloc`` without borrowed ids never wait on the
+device.  ``free(check=False)`` and ``translate`` on a tensor are sync-free
+(``tests/test_host_sync.py`` scans them).  The remaining syncs are marked
+``# SYNC:`` where they happen: id validation, and the cold paths (flush,
+make_room, compact_holes, refit) that compute move sets from the tables.
+"""
+
+import operator
+
+import torch
+
+from kvarena.spec.geometry import AccountingError, make_layout
+
+from . import capacity as cap
+from .band import I64, Band
+from .memo import Memo
+
+SIDES = ("low", "high")
+MAX_EVICT_ROUNDS = 4
+VIEWS = ("available_pages", "schedulable_pages", "gap_bytes")
+
+
+class Arena:
+    def __init__(self, total_bytes, pools, lazy=False, device="cpu"):
+        layout = make_layout(total_bytes, pools)
+        ends = (layout.chain[0], layout.chain[-1])
+        if isinstance(lazy, bool):
+            lazy_set = set(ends) if lazy else set()
+        else:
+            lazy_set = set(lazy)
+            for n in sorted(lazy_set):
+                if n not in layout.chain:
+                    raise ValueError(f"pool {n!r}: lazy names an unknown pool")
+                if n not in ends:
+                    raise ValueError(f"pool {n!r}: only END pools can be lazy; a float is never lazy")
+        self.device = torch.device(device)
+        self.layout = layout
+        self.total_bytes = total_bytes
+        self.chain = layout.chain
+        self.sink_bytes = layout.sink_bytes
+        self.buffer = torch.zeros(total_bytes, dtype=torch.uint8, device=self.device)
+        self.bands = {n: Band(layout.pools[n], layout.geometry[n], n in lazy_set, self.device)
+                      for n in self.chain}
+        self._order = list(self.bands.values())
+        self._memo = Memo(lambda: sum(b.epoch for b in self._order))
+        self.verify()
+
+    # ------------------------------------------------------------ access
+
+    def _band(self, name):
+        b = self.bands.get(name) if isinstance(name, str) else None
+        if b is None:
+            raise ValueError(f"pool {name!r}: unknown pool (arena has {', '.join(self.chain)})")
+        return b
+
+    def _float(self, name):
+        b = self._band(name)
+        if b.is_end:
+            raise ValueError(f"pool {name!r}: only a float band can slide; this is the {b.grow} END")
+        return b
+
+    def geometry(self, name):
+        return self._band(name).geom
+
+    def pool(self, name):
+        return self._band(name).pool
+
+    def is_lazy(self, name):
+        return self._band(name).lazy
+
+    def live_pages(self, name):
+        return self._band(name).live
+
+    def v2p(self, name):
+        b = self._band(name)
+        return b.v2p[: b.geom.num_pages].clone()
+
+    def p2v(self, name):
+        b = self._band(name)
+        return b.p2v[: b.geom.num_pages].clone()
+
+    def free_ids(self, name):
+        """The FIFO of unbound virtual ids, front first."""
+        return self._band(name).free_ids.queue()
+
+    def frontiers(self, name):
+        return self._band(name).frontiers
+
+    def holes(self, name):
+        return torch.sort(self._band(name).holes).values
+
+    # ----------------------------------------------------------- bytes
+
+    def page_view(self, name):
+        """Raw page envelopes of ``name``'s grid: uint8 ``[num_pages, epp]``."""
+        g = self._band(name).geom
+        return self.buffer[: g.num_pages * g.epp].view(g.num_pages, g.epp)
+
+    def kv_view(self, name, dtype=torch.uint8):
+        """A KV pool's pages as ``[num_pages, page_size, entry_bytes/itemsize]``;
+        a state pool's slots as ``[num_pages, entry_bytes/itemsize]``."""
+        b = self._band(name)
+        g, p = b.geom, b.pool
+        raw = self.page_view(name)
+        shape = (g.num_pages, p.entry_bytes) if p.kind == "state" else (g.num_pages, p.page_size, p.entry_bytes)
+        return raw.view(shape).view(dtype)
+
+    def write_pages(self, name, ids, data):
+        """Write whole page envelopes ``data`` (uint8 ``[len(ids), epp]``) at ``ids``."""
+        b = self._band(name)
+        ids = self._bound_ids(b, ids)
+        pages = b.v2p.index_select(0, ids)
+        self.page_view(name).index_copy_(0, pages, data.to(self.device, torch.uint8))
+
+    def read_pages(self, name, ids):
+        """Page envelopes of ``ids``: uint8 ``[len(ids), epp]``."""
+        b = self._band(name)
+        ids = self._bound_ids(b, ids)
+        return self.page_view(name).index_select(0, b.v2p.index_select(0, ids))
+
+    def _move(self, b, dst, src):
+        """Relocate pages ``src[i] -> dst[i]``: bytes and tables, one batch.
+
+        Every source is gathered into a temporary before any destination is
+        written, so overlapping sets (compact_holes, leapfrog) are safe.  A
+        pair whose source is dead (eager free's padding, always a self-copy)
+        leaves the tables alone: its id indexes the ``-1`` sentinel row.
+        """
+        k = src.numel()
+        if k == 0:
+            return 0
+        view = self.page_view(b.name)
+        view.index_copy_(0, dst, view.index_select(0, src))
+        n = b.geom.num_pages
+        v = b.p2v.index_select(0, src)
+        alive = v >= 0
+        b.p2v.index_fill_(0, src, -1)
+        b.p2v.index_copy_(0, dst, v)
+        b.v2p.index_copy_(0, torch.where(alive, v, n), torch.where(alive, dst, -1))
+        return k
+
+    # ------------------------------------------------------- chain walks
+
+    def _neighbour(self, name, upward):
+        i = self.chain.index(name)
+        rest = self.chain[i + 1:] if upward else self.chain[:i][::-1]
+        for n in rest:
+            if self.bands[n].opaque:
+                return self.bands[n]
+        return None
+
+    def above(self, name):
+        nb = self._neighbour(name, True)
+        return self.total_bytes if nb is None else nb.frontiers[0]
+
+    def below(self, name):
+        nb = self._neighbour(name, False)
+        return 0 if nb is None else nb.frontiers[1]
+
+    def region(self, name):
+        g = self._band(name).geom
+        return cap.float_region(self.below(name), self.above(name), g.epp, g.min_page, g.num_pages)
+
+    # ---------------------------------------------------- capacity views
+
+    def _gap(self, b):
+        low, high = b.frontiers
+        if b.grow == "up":
+            return max(0, self.above(b.name) - high)
+        if b.grow == "down":
+            return max(0, low - self.below(b.name))
+        below, above = self.below(b.name), self.above(b.name)
+        return above - below if not b.opaque else (low - below) + (above - high)
+
+    def _available(self, b):
+        g = b.geom
+        if b.is_end:
+            room = g.num_pages - g.min_page - (b.hi - b.lo)
+            return cap.end_available(self._gap(b), g.epp, room, b.n_holes)
+        lo, hi = self.region(b.name)
+        return cap.float_available(not b.opaque, lo, hi, b.lo, b.hi, b.n_holes, b.index_room)
+
+    def _schedulable(self, b):
+        if not b.is_end:
+            return self._available(b)
+        g = b.geom
+        nb = self._neighbour(b.name, b.grow == "up")
+        credit = nb.n_holes * nb.geom.epp if nb.is_end and nb.lazy else 0
+        room = g.num_pages - g.min_page - (b.hi - b.lo)
+        return cap.end_available(self._gap(b) + credit, g.epp, room, b.n_holes)
+
+    _FRESH = {"available_pages": _available, "schedulable_pages": _schedulable, "gap_bytes": _gap}
+
+    def _view(self, view, name):
+        b = self._band(name)
+        return self._memo.get(view, name, lambda: self._FRESH[view](self, b))
+
+    def fresh_view(self, view, name):
+        """A view recomputed from the fields, bypassing the memo."""
+        return self._FRESH[view](self, self._band(name))
+
+    def gap_bytes(self, name):
+        return self._view("gap_bytes", name)
+
+    def available_pages(self, name):
+        return self._view("available_pages", name)
+
+    def available_size(self, name):
+        return self.available_pages(name) * self._band(name).pool.page_size
+
+    def schedulable_available_size(self, name):
+        return self._view("schedulable_pages", name) * self._band(name).pool.page_size
+
+    def conserved_available_size(self, name):
+        b = self._band(name)
+        return b.index_room * b.pool.page_size
+
+    # -------------------------------------------------- argument checks
+
+    def _count(self, name, n, what="n"):
+        if isinstance(n, bool):
+            raise ValueError(f"pool {name!r}: {what} must be an int, got {n!r}")
+        try:
+            n = operator.index(n)
+        except TypeError:
+            raise ValueError(f"pool {name!r}: {what} must be an int, got {n!r}") from None
+        if n < 0:
+            raise ValueError(f"pool {name!r}: {what} must be >= 0, got {n}")
+        return n
+
+    def _as_tensor(self, b, ids):
+        if isinstance(ids, torch.Tensor):
+            if ids.dtype.is_floating_point or ids.dtype == torch.bool:
+                raise ValueError(f"pool {b.name!r}: ids must be ints")
+            return ids.reshape(-1).to(self.device, I64)
+        return torch.tensor(self._host_ids(b, ids), dtype=I64, device=self.device)
+
+    def _host_ids(self, b, ids):
+        try:
+            return [operator.index(i) for i in ids]
+        except TypeError:
+            raise ValueError(f"pool {b.name!r}: ids must be ints") from None
+
+    def _checked(self, b, ids, bound):
+        """Validate ids for pool ``b``; ``bound``: they must be allocated.
+
+        SYNC: a documented host read of the ids and their v2p rows.
+        """
+        t = self._as_tensor(b, ids)
+        host = t.tolist()  # SYNC: validation reads ids on the host
+        g = b.geom
+        if len(set(host)) != len(host):
+            raise ValueError(f"pool {b.name!r}: repeated id in {host}")
+        for v in host:
+            if v == 0:
+                raise ValueError(f"pool {b.name!r}: id 0 is the sink and is never allocated")
+            if not g.min_page <= v < g.num_pages:
+                raise ValueError(f"pool {b.name!r}: id {v} out of range [{g.min_page}, {g.num_pages})")
+        rows = b.v2p.index_select(0, t).tolist() if host else []  # SYNC: table read
+        for v, p in zip(host, rows):
+            if (p >= 0) != bound:
+                state = "not allocated" if bound else "already allocated"
+                raise ValueError(f"pool {b.name!r}: id {v} is {state}")
+        return t
+
+    def _bound_ids(self, b, ids):
+        return self._checked(b, ids, bound=True)
+
+    # -------------------------------------------------------- operations
+
+    def alloc(self, name, n, ids=None):
+        """``n`` pages as an int64 tensor of virtual ids, or None if short.
+
+        Holes first (oldest first), then the frontier extends; ids pair with
+        pages in order.  Without borrowed ids this never syncs: the gate
+        reads host counters.
+        """
+        b = self._band(name)
+        n = self._count(name, n)
+        if ids is not None:
+            ids = self._checked(b, ids, bound=False)
+            if ids.numel() != n:
+                raise ValueError(f"pool {name!r}: {ids.numel()} ids given for n={n}")
+        if n == 0:
+            return torch.empty(0, dtype=I64, device=self.device)
+        if n > self.available_pages(name):
+            return None
+        k = min(n, b.n_holes)
+        pages = b.holes[:k]
+        b.holes = b.holes[k:]
+        if n > k:
+            pages = torch.cat([pages, self._extend(b, n - k)])
+        if ids is None:
+            ids = b.free_ids.take(n)
+        else:
+            b.free_ids.remove(ids)
+        b.v2p.index_copy_(0, ids, pages)
+        b.p2v.index_copy_(0, pages, ids)
+        b.live = b.live + n
+        return ids.clone()
+
+    def _extend(self, b, m):
+        """Grow ``b``'s span by ``m`` pages (the gate checked they fit)."""
+        if b.grow == "up":
+            b.hi = b.hi + m
+            return b.pages(b.hi - m, b.hi)
+        if b.grow == "down":
+            b.lo = b.lo - m
+            return b.pages(b.lo, b.lo + m)
+        lo, hi = self.region(b.name)
+        if not b.opaque:
+            start = cap.park_start(lo, hi, m)
+            b.lo, b.hi = start, start + m
+            return b.pages(start, start + m)
+        room_low, room_high = b.lo - lo, hi - b.hi
+        high_first = room_high >= room_low
+        for upward in ((True, False) if high_first else (False, True)):
+            if upward and m <= room_high:
+                b.hi = b.hi + m
+                return b.pages(b.hi - m, b.hi)
+            if not upward and m <= room_low:
+                b.lo = b.lo - m
+                return b.pages(b.lo, b.lo + m)
+        raise AssertionError(f"pool {b.name!r}: the gate passed but neither side fits")
+
+    def free(self, name, ids, check=True):
+        """Free pages by virtual id.
+
+        ``check=True``: validate first (a documented host read); ``ValueError``
+        naming the pool on any bad id, nothing changed.  ``check=False`` is
+        the sync-free path for callers that already hold valid live ids
+        (decode, which frees only pages with ``v2p > 0``); bad ids there are
+        undefined behaviour (a ``-1`` fails the table gather on CPU and is
+        a device-side assert on CUDA; it never reaches the FIFO silently).
+        """
+        b = self._band(name)
+        ids = self._checked(b, ids, bound=True) if check else self._as_tensor(b, ids)
+        k = ids.numel()
+        if k == 0:
+            return None
+        pages = b.v2p.index_select(0, ids)
+        b.v2p.index_fill_(0, ids, -1)
+        b.p2v.index_fill_(0, pages, -1)
+        b.free_ids.put(ids)
+        b.live = b.live - k
+        if b.is_end and not b.lazy:
+            self._compact_eager(b, pages, k)
+        else:
+            b.holes = torch.cat([b.holes, pages])
+            if not b.is_end and b.live == 0:
+                b.park()
+        return None
+
+    def _compact_eager(self, b, freed, k):
+        """Retreat the frontier by ``k`` and fill holes from the vacated pages.
+
+        Sync-free: fixed length-``k`` move sets.  Say ``j`` survivors sit in
+        the vacated pages; then exactly ``j`` freed pages lie inside the new
+        band.  Sorting vacated pages survivors-first (up END; last for the
+        down END) against the ascending freed pages pairs the survivors with
+        those holes in ascending order, and every other pair is a dead page
+        paired with itself: a harmless self-copy.
+        """
+        n = b.geom.num_pages
+        if b.grow == "up":
+            b.hi = b.hi - k
+            vacated = b.pages(b.hi, b.hi + k)
+            dead_first = False
+        else:
+            b.lo = b.lo + k
+            vacated = b.pages(b.lo - k, b.lo)
+            dead_first = True
+        dead = (b.p2v.index_select(0, vacated) < 0).to(I64)
+        rank = (1 - dead if dead_first else dead) * (n + 1) + vacated
+        src = vacated.index_select(0, torch.sort(rank).indices)
+        dst = torch.sort(freed).values
+        self._move(b, dst, src)
+
+    def flush(self, name, max_moves=None):
+        """Settle a band's backlog; pages moved.
+
+        A lazy END absorbs frontier holes and moves the survivors nearest the
+        frontier into the holes furthest from it (at most ``max_moves``).  A
+        float only absorbs its boundary holes.
+        """
+        b = self._band(name)
+        if max_moves is not None:
+            max_moves = self._count(name, max_moves, "max_moves")
+        if not b.is_end:
+            if b.opaque:
+                self._refit(b)
+            return 0
+        g = b.geom
+        # SYNC: the move set depends on which pages are live.
+        live = b.live_pages()
+        holes = torch.sort(b.holes).values
+        if b.grow == "up":
+            edge = g.min_page + b.live  # packed band: [min_page, edge)
+            src, dst = live[live >= edge], holes[holes < edge]
+        else:
+            edge = g.num_pages - b.live  # packed band: [edge, num_pages)
+            src, dst = live[live < edge], holes[holes >= edge]
+        k = src.numel() if max_moves is None else min(src.numel(), max_moves)
+        if b.grow == "up":  # survivors nearest the frontier, holes furthest from it
+            src, dst = src[src.numel() - k:], dst[:k]
+        else:
+            src, dst = src[:k], dst[dst.numel() - k:]
+        moved = self._move(b, dst, src)
+        live = b.live_pages()
+        if b.grow == "up":
+            b.hi = int(live[-1]) + 1 if live.numel() else g.min_page
+        else:
+            b.lo = int(live[0]) if live.numel() else g.num_pages
+        h = b.holes
+        keep = ~torch.isin(h, dst) & (h >= b.lo) & (h < b.hi)
+        b.holes = h[keep]  # order kept: reuse stays oldest first
+        return moved
+
+    def _refit(self, b):
+        """Shrink a float's span to its live pages; drop holes left outside.
+
+        SYNC: reads the live pages' extent."""
+        live = b.live_pages()
+        if live.numel() == 0:
+            b.park()
+            return
+        b.lo, b.hi = int(live[0]), int(live[-1]) + 1
+        h = b.holes
+        keep = (h >= b.lo) & (h < b.hi) & (b.p2v.index_select(0, h) < 0)
+        b.holes = h[keep]
+
+    def make_room(self, name, side, min_bytes):
+        """Slide float ``name`` until the band on ``side`` has ``min_bytes``.
+
+        Returns pages moved; 0 with nothing changed when the side already has
+        it, the float is transparent, or even a leapfrog cannot reach it.
+        """
+        b = self._float(name)
+        if side not in SIDES:
+            raise ValueError(f"pool {name!r}: side must be 'low' or 'high', got {side!r}")
+        min_bytes = self._count(name, min_bytes, "min_bytes")
+        if not b.opaque:
+            return 0
+        g = b.geom
+        below, above = self.below(name), self.above(name)
+        low_f, high_f = b.frontiers
+        band_side = low_f - below if side == "low" else above - high_f
+        if band_side >= min_bytes:
+            return 0
+        lo, hi = self.region(name)
+        if not cap.make_room_feasible(side == "low", below, above, lo, hi, b.live, g.epp, min_bytes):
+            return 0
+        need = cap.make_room_need(band_side, min_bytes, g.epp)
+        live = b.live_pages()  # SYNC: move sets depend on the live pages
+        holes = b.holes
+        if need >= b.live:  # leapfrog: pack everything against the far edge
+            target = b.pages(hi - b.live, hi) if side == "low" else b.pages(lo, lo + b.live)
+            src = live[~torch.isin(live, target)]
+            dst = target[~torch.isin(target, live)]
+        elif side == "low":
+            edge = b.lo + need  # clear [b.lo, edge): into holes past it, then the high gap
+            src = live[live < edge]
+            room = torch.cat([torch.sort(holes[holes >= edge]).values, b.pages(b.hi, hi)])
+            dst = room[: src.numel()]
+        else:
+            edge = b.hi - need  # clear [edge, b.hi): into holes below it, then the low gap
+            src = live[live >= edge]
+            near = torch.sort(holes[holes < edge], descending=True).values
+            room = torch.cat([near, torch.flip(b.pages(lo, b.lo), (0,))])
+            dst = torch.sort(room[: src.numel()]).values
+        moved = self._move(b, dst, src)
+        self._refit(b)
+        return moved
+
+    def compact_holes(self, name, retreat_side):
+        """Pack a float's live pages toward the edge opposite ``retreat_side``,
+        keeping their order.  Pages moved."""
+        b = self._float(name)
+        if retreat_side not in SIDES:
+            raise ValueError(f"pool {name!r}: retreat_side must be 'low' or 'high', got {retreat_side!r}")
+        if not b.opaque:
+            return 0
+        live = b.live_pages()  # SYNC: move set depends on the live pages
+        first = b.hi - live.numel() if retreat_side == "low" else b.lo
+        target = b.pages(first, first + live.numel())
+        off = target != live
+        moved = self._move(b, target[off], live[off])
+        self._refit(b)
+        return moved
+
+    def translate(self, name, ids, out=None):
+        """Physical pages of virtual ids; a tombstone (unbound, -1) maps to 0.
+
+        On a tensor this is sync-free: ids outside ``[0, num_pages)`` index
+        the ``-1`` sentinel row, so nothing reads out of range, and the
+        result is computed into a temporary before ``out`` is written, so
+        ``out`` may alias ``ids``.  A host sequence is range-checked like the
+        spec (``ValueError``).
+        """
+        b = self._band(name)
+        n = b.geom.num_pages
+        if not isinstance(ids, torch.Tensor):
+            host = self._host_ids(b, ids)
+            for v in host:  # host input: checked before it reaches the device
+                if not -1 <= v < n:
+                    raise ValueError(f"pool {name!r}: id {v} out of range [-1, {n})")
+            ids = torch.tensor(host, dtype=I64, device=self.device)
+        idx = torch.where((ids >= 0) & (ids < n), ids, n)
+        pages = b.v2p.index_select(0, idx.reshape(-1)).clamp_min(0).reshape(ids.shape)
+        if out is None:
+            return pages
+        out.copy_(pages)
+        return out
+
+    # ------------------------------------------------------------ policy
+
+    def open_short_side(self, name, demand):
+        """Slide float ``name`` for a demand vector ``{pool: pages}``; pages moved."""
+        b = self._float(name)
+        for n in demand:
+            self._band(n)
+        demand = {n: self._count(n, d, "demand") for n, d in demand.items()}
+        if not b.opaque or not any(demand.values()):
+            return 0
+        if any(d > self.bands[n].index_room for n, d in demand.items()):
+            return 0  # short of virtual ids: bytes cannot fix that
+
+        def side_need(end):
+            e = self.bands[end]
+            return max(0, demand.get(end, 0) - e.n_holes) * e.geom.epp
+
+        low_f, high_f = b.frontiers
+        act, side_is_low, target = cap.short_side_decision(
+            side_need(self.chain[0]), side_need(self.chain[-1]),
+            low_f - self.below(name), self.above(name) - high_f,
+            max(0, demand.get(name, 0) - b.n_holes) * b.geom.epp,
+            max(self.bands[n].geom.epp for n, d in demand.items() if d),
+        )
+        if not act:
+            return 0
+        return self.make_room(name, "low" if side_is_low else "high", target)
+
+    def flush_targets(self, name):
+        b = self._band(name)
+        if b.grow == "up":
+            return [self._neighbour(name, True).name]
+        if b.grow == "down":
+            return [self._neighbour(name, False).name]
+        return [nb.name for nb in (self._neighbour(name, False), self._neighbour(name, True)) if nb]
+
+    def relieve(self, name, need_pages, evict=None):
+        """The shortfall ladder; True once ``need_pages`` fits in ``name``.
+
+        Urgent-flush the flush targets; offer ``{name: need_pages}`` to each
+        float in chain order; then up to 4 rounds of ``evict(shortfall)``,
+        each followed by the same two steps.  Never raises on a shortfall.
+        """
+        self._band(name)
+        need_pages = self._count(name, need_pages, "need_pages")
+
+        def fits():
+            return need_pages <= self.available_pages(name)
+
+        def ladder():
+            for t in self.flush_targets(name):
+                self.flush(t)
+            if fits():
+                return True
+            for f in self.chain[1:-1]:
+                self.open_short_side(f, {name: need_pages})
+                if fits():
+                    return True
+            return False
+
+        if fits() or ladder():
+            return True
+        if evict is not None:
+            for _ in range(MAX_EVICT_ROUNDS):
+                if not evict(need_pages - self.available_pages(name)):
+                    break
+                if ladder():
+                    return True
+        return False
+
+    # ------------------------------------------------------------ checks
+
+    def verify(self):
+        """Check every accounting rule; raise ``AccountingError`` naming the pool.
+
+        The memo is checked first, so a write around a ``CapField`` is
+        reported as what it is.  Everything else is recounted from the
+        device tables (SYNC: a cold path).
+        """
+        for view, pool, value in self._memo.entries():
+            fresh = self.fresh_view(view, pool)
+            if value != fresh:
+                raise AccountingError(pool, "stale memo", f"{view} memo {value}, fresh {fresh}")
+        for b in self._order:
+            self._check_band(b)
+        prev_name, prev_high, covered = None, self.sink_bytes, self.sink_bytes
+        for b in self._order:
+            if not b.opaque:
+                continue
+            low, high = b.frontiers
+            if low < prev_high:
+                raise AccountingError(b.name, "opaque bands overlap",
+                                      f"low frontier {low} < {prev_name or 'sink'} high frontier {prev_high}")
+            covered += (low - prev_high) + (high - low)
+            prev_name, prev_high = b.name, high
+        if prev_high > self.total_bytes:
+            raise AccountingError(prev_name, "bounds", f"high frontier {prev_high} > total {self.total_bytes}")
+        covered += self.total_bytes - prev_high
+        if covered != self.total_bytes:
+            raise AccountingError(self.chain[0], "conservation", f"{covered} != {self.total_bytes}")
+
+    def _check_band(self, b):
+        g, name, n = b.geom, b.name, b.geom.num_pages
+
+        def need(ok, rule, detail=""):
+            if not ok:
+                raise AccountingError(name, rule, detail)
+
+        lo, hi, live_count = b.lo, b.hi, b.live
+        need(g.min_page <= lo <= hi <= n, "bounds", f"span [{lo}, {hi})")
+        if b.grow == "up":
+            need(lo == g.min_page, "bounds", "up END must start at min_page")
+        if b.grow == "down":
+            need(hi == n, "bounds", "down END must end at num_pages")
+        v2p, p2v = b.v2p.tolist(), b.p2v.tolist()
+        need(v2p[0] == 0 and p2v[0] == 0, "sink pinned", "page 0 must map to 0")
+        need(v2p[n] == -1 and p2v[n] == -1, "sentinel", "the trailing row must hold -1")
+        live = [p for p in range(1, n) if p2v[p] >= 0]  # recount from p2v, not the counter
+        need(len(live) == live_count, "live count", f"{len(live)} bound, counter {live_count}")
+        need(all(p >= g.min_page for p in live), "no page below min_page")
+        need(all(lo <= p < hi for p in live), "live page outside span")
+        for p in live:
+            v = p2v[p]
+            need(0 < v < n and v2p[v] == p, "v2p/p2v inverse", f"page {p}")
+        bound = [v for v in range(1, n) if v2p[v] >= 0]
+        need(len(bound) == live_count, "v2p/p2v inverse", "stray v2p entries")
+        holes = b.holes.tolist()
+        need(len(set(holes)) == len(holes), "holes", "duplicate hole")
+        need(all(lo <= h < hi and p2v[h] < 0 for h in holes), "holes", "a hole outside the span or live")
+        need(hi - lo == live_count + len(holes), "span = live + holes",
+             f"span {hi - lo}, live {live_count}, holes {len(holes)}")
+        if b.is_end and not b.lazy:
+            need(not holes, "eager band has no holes")
+        if not b.is_end:
+            need(b.opaque or lo == hi == n, "parked float", "a float with no live page must park")
+        queue = b.free_ids.queue().tolist()
+        expected = set(range(g.min_page, n)) - set(bound)
+        need(len(queue) == len(set(queue)) and set(queue) == expected,
+             "free ids", "the FIFO must hold exactly the unbound ids")
+
+    def snapshot(self):
+        """The whole state as JSON-able data (same shape as the spec's)."""
+        pools = {}
+        for name in self.chain:
+            b = self.bands[name]
+            g, n = b.geom, b.geom.num_pages
+            pools[name] = {
+                "pool": {"entry_bytes": b.pool.entry_bytes, "page_size": b.pool.page_size,
+                         "grow": b.grow, "kind": b.pool.kind},
+                "geometry": {"epp": g.epp, "num_pages": n, "min_page": g.min_page},
+                "lazy": b.lazy,
+                "span": [b.lo, b.hi],
+                "frontiers": list(b.frontiers),
+                "live": b.live,
+                "v2p": b.v2p[:n].tolist(),
+                "p2v": b.p2v[:n].tolist(),
+                "free_ids": b.free_ids.queue().tolist(),
+                "holes": b.holes.tolist(),
+            }
+        return {"total_bytes": self.total_bytes, "sink_bytes": self.sink_bytes,
+                "chain": list(self.chain), "pools": pools}

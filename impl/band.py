@@ -1,0 +1,111 @@
+"""One pool's band on the device: span, page tables, holes, free-id queue.
+
+Page tables are int64 tensors of ``num_pages + 1`` rows: row 0 pins the sink
+(virtual 0 <-> physical 0) and the trailing row is a ``-1`` sentinel, so an
+index of ``num_pages`` reads ``-1`` and, clamped, lands on the sink.
+
+``lo``/``hi``/``live``/``holes`` are capacity-bearing ``CapField``s: host
+ints (reading capacity never syncs) and an ordered hole tensor (oldest
+first) that is always rebound, never written in place.
+"""
+
+import torch
+
+from .memo import CapField
+
+I64 = torch.int64
+
+
+class FreeIds:
+    """FIFO of unbound virtual ids as a device ring; head/count on the host."""
+
+    def __init__(self, first, end, device):
+        self.cap = end - first
+        self.buf = torch.arange(first, end, dtype=I64, device=device)
+        self.head, self.count = 0, self.cap
+
+    def _slots(self, start, n):
+        return (torch.arange(n, dtype=I64, device=self.buf.device) + start) % self.cap
+
+    def take(self, n):
+        """Pop the ``n`` oldest ids."""
+        out = self.buf.index_select(0, self._slots(self.head, n))
+        self.head, self.count = (self.head + n) % self.cap, self.count - n
+        return out
+
+    def put(self, ids):
+        """Append ids at the back (no host sync: the length is a shape)."""
+        k = ids.numel()
+        self.buf.index_copy_(0, self._slots(self.head + self.count, k), ids)
+        self.count += k
+
+    def queue(self):
+        return self.buf.index_select(0, self._slots(self.head, self.count))
+
+    def remove(self, ids):
+        """Drop borrowed ``ids`` (all queued), keeping the others' order.
+
+        A stable sort on the "drop" flag moves the kept ids to the front, so
+        no mask indexing is needed; the kept count is known on the host.
+        """
+        q = self.queue()
+        drop = torch.isin(q, ids).to(torch.int8)
+        order = torch.sort(drop, stable=True).indices
+        keep = self.count - ids.numel()
+        self.buf[:keep] = q.index_select(0, order[:keep])
+        self.head, self.count = 0, keep
+
+
+class Band:
+    lo = CapField()
+    hi = CapField()
+    live = CapField()
+    holes = CapField()  # int64 tensor of physical pages, oldest first
+
+    def __init__(self, pool, geom, lazy, device):
+        self.pool, self.geom, self.lazy, self.device = pool, geom, lazy, device
+        self.name, self.grow = pool.name, pool.grow
+        self.epoch = 0
+        n = geom.num_pages
+        self.v2p = torch.full((n + 1,), -1, dtype=I64, device=device)
+        self.p2v = torch.full((n + 1,), -1, dtype=I64, device=device)
+        self.v2p[0] = 0
+        self.p2v[0] = 0
+        self.free_ids = FreeIds(geom.min_page, n, device)
+        self.holes = torch.empty(0, dtype=I64, device=device)
+        self.live = 0
+        start = geom.min_page if self.grow == "up" else n  # down END, parked float
+        self.lo = self.hi = start
+
+    @property
+    def is_end(self):
+        return self.grow != "float"
+
+    @property
+    def opaque(self):
+        return self.is_end or self.live > 0
+
+    @property
+    def n_holes(self):
+        return self.holes.numel()  # a shape: no sync
+
+    @property
+    def index_room(self):
+        return self.geom.num_pages - self.geom.min_page - self.live
+
+    @property
+    def frontiers(self):
+        return self.lo * self.geom.epp, self.hi * self.geom.epp
+
+    def pages(self, start, stop):
+        return torch.arange(start, stop, dtype=I64, device=self.device)
+
+    def live_pages(self):
+        """Live physical pages, ascending.  Host sync (nonzero): only the cold
+        paths that compute move sets (flush, make_room, compact) call it."""
+        g = self.geom
+        return torch.nonzero(self.p2v[g.min_page:g.num_pages] >= 0).flatten() + g.min_page
+
+    def park(self):
+        self.lo = self.hi = self.geom.num_pages
+        self.holes = self.holes[:0]

@@ -1,0 +1,93 @@
+"""Scalar capacity and policy arithmetic of the implementation.
+
+Torch-free, pure int functions.  They are written afresh (not imported from
+``kvarena.spec.arith``/``policy``) but keep the spec helpers' names and
+argument order, so ``crosshair diffbehavior`` can compare each pair.
+All page counts are host ints: the arena keeps its counters on the host,
+so reading capacity never waits on the device.
+"""
+
+
+def _floor(a: int, b: int) -> int:
+    return a // b
+
+
+def _ceil(a: int, b: int) -> int:
+    # -(-a // b): exact ceiling for b > 0, no float rounding.
+    return -((-a) // b)
+
+
+def end_available(gap: int, epp: int, index_room: int, holes: int) -> int:
+    """Pages an END hands out: whole pages of its gap, capped by the ids it
+    has left, plus its lazy holes (0 when eager)."""
+    ext = _floor(gap, epp)
+    if index_room < ext:
+        ext = index_room
+    return ext + holes
+
+
+def float_available(parked: bool, lo: int, hi: int, lo_wm: int, hi_wm: int,
+                    holes: int, index_room: int) -> int:
+    """Pages a float hands out without moving: its whole region when parked,
+    else holes plus the larger free side; never more than its free ids."""
+    if parked:
+        free = hi - lo if hi - lo > 0 else 0
+    else:
+        low_side, high_side = lo_wm - lo, hi - hi_wm
+        free = (low_side if low_side >= high_side else high_side) + holes
+    if index_room < free:
+        free = index_room
+    return free if free > 0 else 0
+
+
+def float_region(below: int, above: int, epp: int, lowest: int, num_pages: int):
+    """Pages ``[lo, hi)`` of a float's grid strictly between its neighbours'
+    frontiers: round the low edge up and the high edge down (anchor bug 1)."""
+    lo = _ceil(below, epp)
+    if lo < lowest:
+        lo = lowest
+    hi = _floor(above, epp)
+    if hi > num_pages:
+        hi = num_pages
+    return lo, hi
+
+
+def park_start(lo: int, hi: int, n: int) -> int:
+    """First page of a new span of ``n`` pages centred in ``[lo, hi)``."""
+    return lo + _floor(hi - lo - n, 2)
+
+
+def make_room_feasible(side_is_low: bool, below: int, above: int, lo: int, hi: int,
+                       live: int, epp: int, min_bytes: int) -> bool:
+    """Would packing the live pages against the far edge open ``min_bytes``?"""
+    if side_is_low:
+        return (hi - live) * epp - below >= min_bytes
+    return above - (lo + live) * epp >= min_bytes
+
+
+def make_room_need(band_side: int, min_bytes: int, epp: int) -> int:
+    """Edge pages to clear so the side band reaches ``min_bytes``."""
+    return _ceil(min_bytes - band_side, epp)
+
+
+def short_side_decision(sides_low: int, sides_high: int, band_low: int, band_high: int,
+                        float_bytes: int, slack: int):
+    """``(act, side_is_low, target)`` for one float and one demand vector."""
+    surplus_low = band_low - sides_low
+    surplus_high = band_high - sides_high
+    low_short, high_short = surplus_low < 0, surplus_high < 0
+    if low_short or high_short:
+        # Open the short side to its demand, plus what of the float's own need
+        # the far side cannot cover, plus slack.  Both short: relocation is
+        # zero-sum, so do nothing and let eviction act.
+        far = surplus_high if low_short else surplus_low
+        short_need = sides_low if low_short else sides_high
+        short_band = band_low if low_short else band_high
+        spill = float_bytes - (far if far > 0 else 0)
+        target = short_need + (spill if spill > 0 else 0) + slack
+        act = not (low_short and high_short) and target > short_band
+        return act, low_short, target
+    open_low = surplus_low >= surplus_high
+    target = (sides_low if open_low else sides_high) + float_bytes + slack
+    best = surplus_low if surplus_low >= surplus_high else surplus_high
+    return float_bytes > best, open_low, target
