@@ -11,26 +11,50 @@ Each prints a table and exits non-zero on any failure.
 import argparse
 import importlib
 import json
+import shutil
 import sys
 import time
+from collections import defaultdict
 
 from rich.console import Console
 from rich.table import Table
 
 from kvarena import selfcheck
 
-console = Console()
+console = Console(width=max(120, shutil.get_terminal_size().columns))
+
+
+def _mark(ok):
+    return "[green]pass[/green]" if ok else "[red]FAIL[/red]"
 
 
 def _table(title, rows):
     t = Table(title=title)
     t.add_column("check", no_wrap=True)
-    for col in ("result", "seconds", "detail"):
-        t.add_column(col, overflow="fold")
+    t.add_column("result")
+    t.add_column("seconds", justify="right")
+    t.add_column("detail", overflow="fold")
     for r in rows:
-        mark = "[green]pass[/green]" if r["ok"] else "[red]FAIL[/red]"
-        t.add_row(r["name"], mark, f"{r['seconds']:.2f}", str(r["detail"])[:120])
+        t.add_row(r["name"], _mark(r["ok"]), f"{r['seconds']:.2f}", str(r["detail"])[:200])
     console.print(t)
+
+
+def _group_table(title, rows):
+    """One line per group of checks (the name up to its first dot), then every failure."""
+    groups = defaultdict(list)
+    for r in rows:
+        groups[r["name"].split(".")[0].split(" ")[0]].append(r)
+    t = Table(title=title)
+    for col in ("group", "checks", "passed", "seconds"):
+        t.add_column(col, justify="left" if col == "group" else "right")
+    t.add_column("result")
+    for g, rs in groups.items():
+        ok = sum(r["ok"] for r in rs)
+        t.add_row(g, str(len(rs)), str(ok), f"{sum(r['seconds'] for r in rs):.1f}", _mark(ok == len(rs)))
+    console.print(t)
+    failed = [r for r in rows if not r["ok"]]
+    if failed:
+        _table(f"{title}: failures", failed)
 
 
 def _spec_rows(args):
@@ -62,10 +86,10 @@ def cmd_verify(args):
     _table("spec self-checks", rows)
     if not args.skip_proofs:
         proofs = _optional_rows("proofs", "kvarena.proofs.cli", "run_all")
-        _table("proofs", proofs)
+        (_table if args.verbose else _group_table)("proofs (z3 obligations, CrossHair)", proofs)
         rows += proofs
     if not args.skip_fuzz:
-        fuzz = _optional_rows("fuzz", "kvarena.fuzz", "run_differential", seed=args.seed)
+        fuzz = _optional_rows("fuzz", "kvarena.differential", "run_differential", examples=args.fuzz_examples)
         _table("differential fuzz (impl vs spec)", fuzz)
         rows += fuzz
     failed = [r for r in rows if not r["ok"]]
@@ -97,7 +121,9 @@ def main(argv=None):
     v.add_argument("--steps", type=int, default=300, help="operations per walk")
     v.add_argument("--skip-proofs", action="store_true", help="leave out the z3/CrossHair obligations")
     v.add_argument("--skip-fuzz", action="store_true", help="leave out the differential fuzz")
+    v.add_argument("--fuzz-examples", type=int, default=150, help="differential machine runs per device")
     v.add_argument("--json", metavar="PATH", help="also write every result as JSON")
+    v.add_argument("--verbose", action="store_true", help="a row for every proof, not one per group")
     sub.add_parser("prove", help="z3 obligations and CrossHair runs (see kvarena prove --help)")
     args = p.parse_args(argv)
     return cmd_verify(args)

@@ -10,7 +10,7 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 PY="${PYTHON:-}"
 if [[ -z "$PY" ]]; then
-  if [[ -x /work/venv/bin/python ]]; then PY=/work/venv/bin/python; else PY=python; fi
+  PY=python
 fi
 
 "$PY" - <<'PY'
