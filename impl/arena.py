@@ -634,7 +634,7 @@ class Arena:
             need(lo == g.min_page, "bounds", "up END must start at min_page")
         if b.grow == "down":
             need(hi == n, "bounds", "down END must end at num_pages")
-        v2p, p2v = b.v2p.tolist(), b.p2v.tolist()
+        v2p, p2v = b.v2p.tolist(), b.p2v.tolist()  # SYNC: verify is an audit, never on a hot path
         need(v2p[0] == 0 and p2v[0] == 0, "sink pinned", "page 0 must map to 0")
         need(v2p[n] == -1 and p2v[n] == -1, "sentinel", "the trailing row must hold -1")
         live = [p for p in range(1, n) if p2v[p] >= 0]  # recount from p2v, not the counter
@@ -661,7 +661,10 @@ class Arena:
              "free ids", "the FIFO must hold exactly the unbound ids")
 
     def snapshot(self):
-        """The whole state as JSON-able data (same shape as the spec's)."""
+        """The whole state as JSON-able data (same shape as the spec's).
+
+        Copies every table to the host: a tool and test path, never a hot one.
+        """
         pools = {}
         for name in self.chain:
             b = self.bands[name]
