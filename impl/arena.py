@@ -34,6 +34,8 @@ class Arena:
         ends = (layout.chain[0], layout.chain[-1])
         if isinstance(lazy, bool):
             lazy_set = set(ends) if lazy else set()
+        elif isinstance(lazy, str):
+            raise ValueError(f"pool {lazy!r}: lazy is a bool or a set of END-pool names, not a string")
         else:
             lazy_set = set(lazy)
             for n in sorted(lazy_set):
@@ -245,6 +247,9 @@ class Arena:
 
     def _host_ids(self, b, ids):
         try:
+            ids = list(ids)
+            if any(isinstance(i, bool) for i in ids):
+                raise TypeError  # a bool is not an id
             return [operator.index(i) for i in ids]
         except TypeError:
             raise ValueError(f"pool {b.name!r}: ids must be ints") from None
@@ -320,16 +325,11 @@ class Arena:
             start = cap.park_start(lo, hi, m)
             b.lo, b.hi = start, start + m
             return b.pages(start, start + m)
-        room_low, room_high = b.lo - lo, hi - b.hi
-        high_first = room_high >= room_low
-        for upward in ((True, False) if high_first else (False, True)):
-            if upward and m <= room_high:
-                b.hi = b.hi + m
-                return b.pages(b.hi - m, b.hi)
-            if not upward and m <= room_low:
-                b.lo = b.lo - m
-                return b.pages(b.lo, b.lo + m)
-        raise AssertionError(f"pool {b.name!r}: the gate passed but neither side fits")
+        if hi - b.hi >= b.lo - lo:  # toward the larger gap, high wins ties: the
+            b.hi = b.hi + m         # side the gate priced, so it fits
+            return b.pages(b.hi - m, b.hi)
+        b.lo = b.lo - m
+        return b.pages(b.lo, b.lo + m)
 
     def free(self, name, ids, check=True):
         """Free pages by virtual id.
@@ -603,25 +603,27 @@ class Arena:
             fresh = self.fresh_view(view, pool)
             if value != fresh:
                 raise AccountingError(pool, "stale memo", f"{view} memo {value}, fresh {fresh}")
-        for b in self._order:
-            self._check_band(b)
-        prev_name, prev_high, covered = None, self.sink_bytes, self.sink_bytes
-        for b in self._order:
-            if not b.opaque:
-                continue
+        recount = {b.name: self._check_band(b) for b in self._order}
+        opaque = [b for b in self._order if b.opaque]
+        prev_name, prev_high = None, self.sink_bytes
+        for b in opaque:
             low, high = b.frontiers
             if low < prev_high:
                 raise AccountingError(b.name, "opaque bands overlap",
                                       f"low frontier {low} < {prev_name or 'sink'} high frontier {prev_high}")
-            covered += (low - prev_high) + (high - low)
             prev_name, prev_high = b.name, high
         if prev_high > self.total_bytes:
             raise AccountingError(prev_name, "bounds", f"high frontier {prev_high} > total {self.total_bytes}")
-        covered += self.total_bytes - prev_high
+        # Conservation from the recounted pages, not the frontiers: sink, grid
+        # padding, every band's live pages and holes, and every free gap.
+        covered = opaque[0].frontiers[0]
+        for b in opaque:
+            covered += (recount[b.name] + b.n_holes) * b.geom.epp + (self.above(b.name) - b.frontiers[1])
         if covered != self.total_bytes:
-            raise AccountingError(self.chain[0], "conservation", f"{covered} != {self.total_bytes}")
+            raise AccountingError(prev_name, "conservation", f"accounted {covered} of {self.total_bytes} bytes")
 
     def _check_band(self, b):
+        """Check one band from its device tables; return its live pages, recounted."""
         g, name, n = b.geom, b.name, b.geom.num_pages
 
         def need(ok, rule, detail=""):
@@ -659,6 +661,7 @@ class Arena:
         expected = set(range(g.min_page, n)) - set(bound)
         need(len(queue) == len(set(queue)) and set(queue) == expected,
              "free ids", "the FIFO must hold exactly the unbound ids")
+        return len(live)
 
     def snapshot(self):
         """The whole state as JSON-able data (same shape as the spec's).

@@ -250,3 +250,34 @@ def test_bad_config_names_pool():
         Arena(1000, [SubPool("U", 2, 1, "up"), SubPool("X", 2, 1, "up"), SubPool("D", 2, 1, "down")])
     with pytest.raises(ValueError, match="'F'"):
         Arena(1000, POOLS, lazy={"F"})
+
+
+def test_lazy_as_a_string_is_an_error():
+    with pytest.raises(ValueError, match="pool 'b'.*not a string"):
+        Arena(4096, [SubPool("a", 16, 1, "up"), SubPool("b", 16, 1, "down")], lazy="b")
+
+
+@pytest.mark.parametrize("call", [
+    lambda a: a.alloc("a", True),
+    lambda a: a.free("a", [True]),
+    lambda a: a.translate("a", [True]),
+])
+def test_booleans_are_not_counts_or_ids(call):
+    a = Arena(4096, [SubPool("a", 16, 1, "up"), SubPool("b", 16, 1, "down")])
+    a.alloc("a", 2)
+    before = a.snapshot()
+    with pytest.raises(ValueError, match="pool 'a'"):
+        call(a)
+    assert a.snapshot() == before
+
+
+def test_conservation_uses_the_recounted_pages(monkeypatch):
+    """With the per-band rules passing, a recount that disagrees with the
+    frontiers still breaks conservation: the check is not a telescoping sum."""
+    a = Arena(4096, [SubPool("a", 16, 1, "up"), SubPool("b", 16, 1, "down")])
+    a.alloc("a", 5)
+    a.verify()
+    real = Arena._check_band
+    monkeypatch.setattr(Arena, "_check_band", lambda self, b: real(self, b) + (b.name == "a"))
+    with pytest.raises(AccountingError, match="conservation"):
+        a.verify()
