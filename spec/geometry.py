@@ -77,11 +77,19 @@ class Layout:
     geometry: dict  # name -> Geometry
 
 
-def make_layout(total_bytes, pools):
+def make_layout(total_bytes: int, pools: "list[SubPool]") -> Layout:
     """Validate a configuration and lay it out.
 
     Raises ``ValueError`` naming the offending pool.  The float order is the
     order given; nothing else about the input order matters.
+
+    post: __return__.sink_bytes == max(g.epp for g in __return__.geometry.values())
+    post: all(g.min_page * g.epp >= __return__.sink_bytes for g in __return__.geometry.values())
+    post: all(g.min_page < g.num_pages for g in __return__.geometry.values())
+    post: all(g.num_pages * g.epp <= total_bytes for g in __return__.geometry.values())
+    post: __return__.pools[__return__.chain[0]].grow == "up"
+    post: __return__.pools[__return__.chain[-1]].grow == "down"
+    raises: ValueError
     """
     pools = list(pools)
     if isinstance(total_bytes, bool) or not isinstance(total_bytes, int) or total_bytes <= 0:
