@@ -110,3 +110,17 @@ def test_checker_restores_the_spec():
     with checking():
         assert arena.Arena.alloc is not before
     assert arena.Arena.alloc is before
+
+
+def test_checker_checks_the_layout_contract(monkeypatch):
+    """A grid one page too long (planted in an unchecked helper) is caught by
+    ``make_layout``'s own postcondition."""
+    real = arith.num_pages
+
+    def one_too_many(total_bytes, entry_bytes, page_size):
+        return real(total_bytes, entry_bytes, page_size) + 1
+
+    monkeypatch.setattr(arith, "num_pages", one_too_many)  # no contract of its own
+    with checking():
+        with pytest.raises(ContractError, match="make_layout: post failed: .*num_pages"):
+            Arena(1000, [SubPool("a", 12, 1, "up"), SubPool("b", 5, 1, "down")])
