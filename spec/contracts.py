@@ -17,6 +17,7 @@ import inspect
 from . import arena, arith, geometry, policy
 
 MODULES = (arith, policy, geometry, arena)
+NAMES = {m.__name__ for m in MODULES}
 
 
 class ContractError(AssertionError):
@@ -94,13 +95,14 @@ def checking():
     """Check every spec contract while the block runs."""
     saved = []
     try:
+        wrapped = {}  # one wrapper per function, also where another module imported it
         for mod in MODULES:
             for name, obj in list(vars(mod).items()):
-                if inspect.isfunction(obj) and obj.__module__ == mod.__name__:
-                    wrapped = checked(obj)
-                    if wrapped is not obj:
+                if inspect.isfunction(obj) and obj.__module__ in NAMES:
+                    w = wrapped.setdefault(obj, checked(obj))
+                    if w is not obj:
                         saved.append((mod, name, obj))
-                        setattr(mod, name, wrapped)
+                        setattr(mod, name, w)
         cls = arena.Arena
         inv = conditions(cls.__doc__)["inv"]
         for name, obj in list(vars(cls).items()):
