@@ -18,6 +18,7 @@ from .bands import Band
 from .geometry import AccountingError, make_layout
 
 SIDES = ("low", "high")
+MAX_EVICT_ROUNDS = 4
 
 
 def _index(i):
@@ -25,7 +26,6 @@ def _index(i):
     if isinstance(i, bool):
         raise TypeError
     return operator.index(i)
-MAX_EVICT_ROUNDS = 4
 
 
 class Arena:
@@ -59,7 +59,7 @@ class Arena:
     # ------------------------------------------------------------ access
 
     def _band(self, name):
-        if name not in self.bands:
+        if not isinstance(name, str) or name not in self.bands:
             raise ValueError(f"pool {name!r}: unknown pool (arena has {', '.join(self.chain)})")
         return self.bands[name]
 
@@ -99,26 +99,20 @@ class Arena:
 
         post: 0 <= __return__ <= self.total_bytes
         """
-        i = self.chain.index(name)
-        for n in self.chain[i + 1:]:
-            if self.bands[n].opaque:
-                return self.bands[n].frontiers[0]
-        return self.total_bytes
+        nb = self._neighbour(name, upward=True)
+        return self.total_bytes if nb is None else nb.frontiers[0]
 
     def below(self, name):
         """High frontier of the first opaque band below, or 0.
 
         post: 0 <= __return__ <= self.total_bytes
         """
-        i = self.chain.index(name)
-        for n in reversed(self.chain[:i]):
-            if self.bands[n].opaque:
-                return self.bands[n].frontiers[1]
-        return 0
+        nb = self._neighbour(name, upward=False)
+        return 0 if nb is None else nb.frontiers[1]
 
     def _neighbour(self, name, upward):
         """The first opaque band above (``upward``) or below, or None."""
-        i = self.chain.index(name)
+        i = self.chain.index(self._band(name).name)
         rest = self.chain[i + 1:] if upward else reversed(self.chain[:i])
         return next((self.bands[n] for n in rest if self.bands[n].opaque), None)
 
