@@ -119,6 +119,10 @@ class Arena:
         """Write whole page envelopes ``data`` (uint8 ``[len(ids), epp]``) at ``ids``."""
         b = self._band(name)
         ids = self._bound_ids(b, ids)
+        want = (ids.numel(), b.geom.epp)
+        if not isinstance(data, torch.Tensor) or tuple(data.shape) != want:
+            shape = tuple(data.shape) if isinstance(data, torch.Tensor) else type(data).__name__
+            raise ValueError(f"pool {name!r}: data must be a tensor of shape {want}, got {shape}")
         pages = b.v2p.index_select(0, ids)
         self.page_view(name).index_copy_(0, pages, data.to(self.device, torch.uint8))
 

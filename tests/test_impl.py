@@ -281,3 +281,12 @@ def test_conservation_uses_the_recounted_pages(monkeypatch):
     monkeypatch.setattr(Arena, "_check_band", lambda self, b: real(self, b) + (b.name == "a"))
     with pytest.raises(AccountingError, match="conservation"):
         a.verify()
+
+
+def test_write_pages_rejects_a_wrong_shape():
+    a = Arena(4096, [SubPool("a", 16, 1, "up"), SubPool("b", 16, 1, "down")])
+    ids = a.alloc("a", 2)
+    before = a.read_pages("a", ids).clone()
+    with pytest.raises(ValueError, match=r"pool 'a': data must be a tensor of shape \(2, 16\)"):
+        a.write_pages("a", ids, torch.ones(2, 15, dtype=torch.uint8))
+    assert torch.equal(a.read_pages("a", ids), before)
