@@ -55,16 +55,17 @@ def _hint(total, entries, pss):
 
 
 def _build(n, goal_fn, valid=True):
+    """``goal_fn`` returns a list of goals, each its own z3 query: a fact per
+    pool (or per permutation) is small and quick, where their conjunction
+    over four pools of nonlinear grid arithmetic can time out under load."""
     def build():
         f = Fresh()
         total, entries, pss, hyps = _config(f, n)
         sink, geo = layout_terms(total, entries, pss)
         if valid:
             hyps += _valid(total, sink, geo)
-        if goal_fn is _order_independent:  # a query per permutation: small and quick
-            goals = _order_goals(total, entries, pss, sink, geo)
-            return Built(hyps, None, cases=[[]] * len(goals), case_goals=goals, hints=_hint(total, entries, pss))
-        return Built(hyps, goal_fn(f, total, entries, pss, sink, geo), hints=_hint(total, entries, pss))
+        goals = goal_fn(f, total, entries, pss, sink, geo)
+        return Built(hyps, None, cases=[[]] * len(goals), case_goals=goals, hints=_hint(total, entries, pss))
 
     return build
 
@@ -72,22 +73,22 @@ def _build(n, goal_fn, valid=True):
 def _sink_covers(f, total, entries, pss, sink, geo):
     # page 0 of every grid is [0, epp) and lies in the sink [0, sink); the first
     # usable page lies wholly above it
-    return z3.And(*[z3.And(e <= sink, m >= 1, m * e >= sink) for e, _, m in geo])
+    return [z3.And(e <= sink, m >= 1, m * e >= sink) for e, _, m in geo]
 
 
 def _min_page_least(f, total, entries, pss, sink, geo):
     # no lower page lies wholly above the sink, and the sink is one of the epps
-    return z3.And(z3.And(*[(m - 1) * e < sink for e, _, m in geo]), z3.Or(*[sink == e for e, _, _ in geo]))
+    return [(m - 1) * e < sink for e, _, m in geo] + [z3.Or(*[sink == e for e, _, _ in geo])]
 
 
 def _grid_fits(f, total, entries, pss, sink, geo):
     # the grid ends inside the buffer and is the largest such grid
-    return z3.And(*[z3.And(np_ * e <= total, (np_ + 1) * e > total, np_ >= 0) for e, np_, _ in geo])
+    return [z3.And(np_ * e <= total, (np_ + 1) * e > total, np_ >= 0) for e, np_, _ in geo]
 
 
 def _num_pages_by_epp(f, total, entries, pss, sink, geo):
     # (total // entry) // page_size == total // epp: the abstract state's num_pages
-    return z3.And(*[np_ == arith.fdiv(total, e) for e, np_, _ in geo])
+    return [np_ == arith.fdiv(total, e) for e, np_, _ in geo]
 
 
 def _order_goals(total, entries, pss, sink, geo):
@@ -103,7 +104,7 @@ def _order_goals(total, entries, pss, sink, geo):
 
 
 def _order_independent(f, total, entries, pss, sink, geo):
-    return z3.And(*_order_goals(total, entries, pss, sink, geo))
+    return _order_goals(total, entries, pss, sink, geo)
 
 
 FACTS = {
