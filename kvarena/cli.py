@@ -2,7 +2,7 @@
 
 - ``kvarena verify``: the main job.  The spec's contract-checked scenarios
   and seeded random walks, then every proof (``kvarena prove``), then the
-  differential fuzz of the implementation against the spec, where present.
+  differential fuzz of the implementation against the spec.
 - ``kvarena prove``: the z3 obligations and CrossHair runs alone.
 
 Each prints a table and exits non-zero on any failure.
@@ -65,7 +65,7 @@ def _spec_rows(args):
 
 
 def _optional_rows(part, module, func, **kw):
-    """Rows from a part of the product that a later layer provides."""
+    """Rows from another part (proofs, fuzz); a part that fails to load is a failed row."""
     try:
         mod = importlib.import_module(module)
         run = getattr(mod, func)
