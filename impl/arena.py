@@ -652,7 +652,7 @@ class Arena:
             need(0 < v < n and v2p[v] == p, "v2p/p2v inverse", f"page {p}")
         bound = [v for v in range(1, n) if v2p[v] >= 0]
         need(len(bound) == live_count, "v2p/p2v inverse", "stray v2p entries")
-        holes = b.holes.tolist()
+        holes = b.holes.tolist()  # SYNC: verify is an audit
         need(len(set(holes)) == len(holes), "holes", "duplicate hole")
         need(all(lo <= h < hi and p2v[h] < 0 for h in holes), "holes", "a hole outside the span or live")
         need(hi - lo == live_count + len(holes), "span = live + holes",
@@ -661,7 +661,7 @@ class Arena:
             need(not holes, "eager band has no holes")
         if not b.is_end:
             need(b.opaque or lo == hi == n, "parked float", "a float with no live page must park")
-        queue = b.free_ids.queue().tolist()
+        queue = b.free_ids.queue().tolist()  # SYNC: verify is an audit
         expected = set(range(g.min_page, n)) - set(bound)
         need(len(queue) == len(set(queue)) and set(queue) == expected,
              "free ids", "the FIFO must hold exactly the unbound ids")

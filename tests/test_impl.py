@@ -252,18 +252,25 @@ def test_bad_config_names_pool():
         Arena(1000, POOLS, lazy={"F"})
 
 
-def test_lazy_as_a_string_is_an_error():
+BOTH = [pytest.param(spec.Arena, id="spec"), pytest.param(Arena, id="impl")]
+
+
+@pytest.mark.parametrize("make", BOTH)
+def test_lazy_as_a_string_is_an_error(make):
     with pytest.raises(ValueError, match="pool 'b'.*not a string"):
-        Arena(4096, [SubPool("a", 16, 1, "up"), SubPool("b", 16, 1, "down")], lazy="b")
+        make(4096, [SubPool("a", 16, 1, "up"), SubPool("b", 16, 1, "down")], lazy="b")
 
 
+@pytest.mark.parametrize("make", BOTH)
 @pytest.mark.parametrize("call", [
     lambda a: a.alloc("a", True),
     lambda a: a.free("a", [True]),
+    lambda a: a.flush("a", max_moves=False),
     lambda a: a.translate("a", [True]),
 ])
-def test_booleans_are_not_counts_or_ids(call):
-    a = Arena(4096, [SubPool("a", 16, 1, "up"), SubPool("b", 16, 1, "down")])
+def test_booleans_are_not_counts_or_ids(make, call):
+    """Spec and implementation alike: a bool is neither a count nor an id."""
+    a = make(4096, [SubPool("a", 16, 1, "up"), SubPool("b", 16, 1, "down")])
     a.alloc("a", 2)
     before = a.snapshot()
     with pytest.raises(ValueError, match="pool 'a'"):

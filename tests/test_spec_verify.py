@@ -119,23 +119,3 @@ def test_conservation_is_checked_from_the_counters(monkeypatch):
     a.bands["a"].live += 1
     with pytest.raises(AccountingError, match="conservation"):
         a.verify()
-
-
-@pytest.mark.parametrize("call", [
-    lambda a: a.alloc("a", True),
-    lambda a: a.free("a", [True]),
-    lambda a: a.flush("a", max_moves=False),
-    lambda a: a.translate("a", [True]),
-])
-def test_booleans_are_not_counts_or_ids(call):
-    a = Arena(4096, [SubPool("a", 16, 1, "up"), SubPool("b", 16, 1, "down")])
-    a.alloc("a", 2)
-    before = a.snapshot()
-    with pytest.raises(ValueError, match="pool 'a'"):
-        call(a)
-    assert a.snapshot() == before
-
-
-def test_lazy_as_a_string_is_an_error():
-    with pytest.raises(ValueError, match="pool 'b'.*not a string"):
-        Arena(4096, [SubPool("a", 16, 1, "up"), SubPool("b", 16, 1, "down")], lazy="b")
