@@ -77,6 +77,29 @@ def min_page(sink_bytes: int, epp: int) -> int:
     return cdiv(sink_bytes, epp)
 
 
+def first_pages(grids: list) -> list:
+    """Where one page of every pool lands, packed from byte 0 up the chain.
+
+    ``grids`` is ``[(epp, num_pages, min_page), ...]`` in chain order (up
+    END, floats, down END).  The up END takes ``min_page``, each float the
+    lowest page of its own grid above the pool before it, the down END its
+    top page.  Returns ``[(page, fits), ...]``: a layout is valid iff every
+    ``fits`` holds, and then every pool can hand out a page in the empty
+    arena (DESIGN section 3: checked on each pool's grid, not in bytes).
+    """
+    epp, n, m = grids[0]
+    out = [(m, m < n)]
+    high = (m + 1) * epp
+    for epp, n, m in grids[1:-1]:
+        page = max_(cdiv(high, epp), m)
+        out.append((page, page < n))
+        high = (page + 1) * epp
+    epp, n, m = grids[-1]
+    top = n - 1
+    out.append((top, ite(top >= m, top * epp >= high, False)))
+    return out
+
+
 # ----------------------------------------------------------------- gaps
 
 

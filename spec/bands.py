@@ -11,6 +11,10 @@ Every band is a span ``[lo, hi)`` of physical pages on its pool's grid:
 Inside the span a page is either live (bound to a virtual id) or a hole.
 Holes are kept in the order they were made: reuse takes the oldest first.
 
+A band that **borrows** its ids (DESIGN section 3) indexes ``v2p`` by its
+lender's ids, keeps no FIFO, and binds only ids its lender has live; its
+physical pages still come from its own grid.
+
 The *content model* records, for each physical page, whose bytes it holds.
 Binding writes a page; a move copies pages.  ``verify`` checks that every
 live id's bytes are where ``v2p`` says, which is what the implementation's
@@ -21,14 +25,18 @@ from .geometry import AccountingError
 
 
 class Band:
-    def __init__(self, pool, geom, lazy):
+    def __init__(self, pool, geom, lazy, lender=None, lender_geom=None):
         self.pool, self.geom, self.lazy = pool, geom, lazy
         self.name, self.grow = pool.name, pool.grow
+        self.lender = lender  # the pool whose ids this band borrows, or None
+        ids = lender_geom or geom
+        self.id_range = (ids.min_page, ids.num_pages)  # the virtual ids this band may bind
         n = geom.num_pages
-        self.v2p = [-1] * n
+        self.v2p = [-1] * ids.num_pages
         self.p2v = [-1] * n
         self.v2p[0] = self.p2v[0] = 0  # virtual page 0 is the sink, in every pool
-        self.free_ids = list(range(geom.min_page, n))  # FIFO queue of virtual ids
+        # FIFO queue of unbound virtual ids; a borrower mints none
+        self.free_ids = [] if lender else list(range(ids.min_page, ids.num_pages))
         self.holes = []  # physical pages, oldest first
         self.content = {}  # physical page -> virtual id whose bytes it holds
         self.live = 0
@@ -61,9 +69,10 @@ class Band:
         """Virtual ids not yet handed out."""
         return self.geom.num_pages - self.geom.min_page - self.live
 
-    def live_pages(self):
+    def occupied_pages(self):
         """Physical pages holding live data, ascending (scans the whole grid,
-        so it is also right in the middle of a move, before the span is refit)."""
+        so it is also right in the middle of a move, before the span is refit).
+        ``self.live`` is their count."""
         return [p for p in range(self.geom.min_page, self.geom.num_pages) if self.p2v[p] >= 0]
 
     # ------------------------------------------------------- mutations
@@ -72,7 +81,7 @@ class Band:
         """The ids for ``n`` new pages: the given ones, or the FIFO's front."""
         if ids is None:
             ids, self.free_ids = self.free_ids[:n], self.free_ids[n:]
-        else:
+        elif not self.lender:
             taken = set(ids)
             self.free_ids = [i for i in self.free_ids if i not in taken]
         return ids
@@ -84,11 +93,13 @@ class Band:
         self.live += len(ids)
 
     def unbind(self, ids):
-        """Unbind ``ids``; their ids go to the back of the FIFO.  Returns pages."""
+        """Unbind ``ids``; their ids go to the back of the FIFO (a borrower's
+        go back to nobody: its lender still holds them).  Returns pages."""
         pages = [self.v2p[v] for v in ids]
         for v, p in zip(ids, pages):
             self.v2p[v] = self.p2v[p] = -1
-        self.free_ids.extend(ids)
+        if not self.lender:
+            self.free_ids.extend(ids)
         self.live -= len(ids)
         return pages
 
@@ -112,7 +123,7 @@ class Band:
 
     def refit(self):
         """Shrink a float's span to its live pages; drop the holes left outside."""
-        live = self.live_pages()
+        live = self.occupied_pages()
         if not live:
             self.park()
             return
@@ -143,22 +154,21 @@ class Band:
         need(len(live) == self.live, "live count", f"{len(live)} bound, counter {self.live}")
         need(all(p >= g.min_page for p in live), "no page below min_page")
         need(all(self.lo <= p < self.hi for p in live), "live page outside span")
+        id_lo, id_hi = self.id_range
         for p in live:
             v = self.p2v[p]
-            need(0 < v < g.num_pages and self.v2p[v] == p, "v2p/p2v inverse", f"page {p}")
+            need(id_lo <= v < id_hi and self.v2p[v] == p, "v2p/p2v inverse", f"page {p}")
             need(self.content.get(p) == v, "content", f"page {p} holds {self.content.get(p)}, not id {v}")
-        bound_ids = [v for v in range(1, g.num_pages) if self.v2p[v] >= 0]
+        bound_ids = [v for v in range(1, id_hi) if self.v2p[v] >= 0]
         need(len(bound_ids) == self.live, "v2p/p2v inverse", "stray v2p entries")
         need(len(set(self.holes)) == len(self.holes), "holes", "duplicate hole")
         need(all(self.lo <= h < self.hi and self.p2v[h] < 0 for h in self.holes), "holes",
              "a hole outside the span or live")
-        need(self.span == self.live + len(self.holes), "span = live + holes",
-             f"span {self.span}, live {self.live}, holes {len(self.holes)}")
         if self.is_end and not self.lazy:
             need(not self.holes, "eager band has no holes")
         if not self.is_end:
             need(self.opaque or self.lo == self.hi == g.num_pages, "parked float",
                  "a float with no live page must park")
-        expected = set(range(g.min_page, g.num_pages)) - set(bound_ids)
+        expected = set() if self.lender else set(range(id_lo, id_hi)) - set(bound_ids)
         need(len(self.free_ids) == len(set(self.free_ids)) and set(self.free_ids) == expected,
              "free ids", "the FIFO must hold exactly the unbound ids")

@@ -127,11 +127,15 @@ def make_layout(total_bytes: int, pools: "list[SubPool]") -> Layout:
                 f"the {sink}-byte sink (grid of {g.num_pages} pages, first usable {g.min_page})"
             )
         geometry[p.name] = g
-    need = sink + sum(p.epp for p in pools)
-    if need > total_bytes:
-        names = ", ".join(repr(n) for n in chain)
-        raise ValueError(
-            f"pools {names}: buffer of {total_bytes} bytes cannot hold the sink and one "
-            f"page of every pool ({need} bytes)"
-        )
+    # Every pool must be able to hold a page while every other pool holds
+    # one: packed on each pool's own grid, not counted in raw bytes.
+    grids = [(geometry[n].epp, geometry[n].num_pages, geometry[n].min_page) for n in chain]
+    high = 0
+    for name, (page, fits), (epp, _, _) in zip(chain, arith.first_pages(grids), grids):
+        if not fits:
+            raise ValueError(
+                f"pool {name!r}: never gets a page: with one page of every pool below it the "
+                f"buffer is used up to byte {high}, and its {epp}-byte grid has no page above that "
+                f"within {total_bytes} bytes")
+        high = (page + 1) * epp
     return Layout(total_bytes, {p.name: p for p in pools}, chain, sink, geometry)

@@ -29,10 +29,14 @@ CONFIG_ERRORS = [
     ("state page_size != 1", "s", lambda: SubPool("s", 8, 2, "up", "state")),
     ("bad grow", "x", lambda: SubPool("x", 8, 1, "sideways")),
     ("bad kind", "x", lambda: SubPool("x", 8, 1, "up", "blob")),
-    ("buffer below sink + pages", "u", lambda: Arena(150, [SubPool("u", 64, 1, "up"), SubPool("d", 64, 1, "down")])),
+    ("buffer below sink + pages", "d", lambda: Arena(150, [SubPool("u", 64, 1, "up"), SubPool("d", 64, 1, "down")])),
     ("no page above sink", "big", lambda: Arena(100, [SubPool("small", 1, 1, "up"), SubPool("big", 64, 1, "down")])),
     ("buffer too small for a float", "f", lambda: Arena(150, [SubPool("u", 8, 1, "up"), SubPool("f", 80, 1, "float"),
                                                              SubPool("d", 8, 1, "down")])),
+    # DESIGN section 3: F's only page overlaps U's empty frontier, so F never allocates
+    ("float's only page overlaps an END", "F", lambda: Arena(86, [SubPool("U", 10, 1, "up"),
+                                                             SubPool("F", 33, 1, "float"),
+                                                             SubPool("D", 10, 1, "down")])),
     ("lazy names a float", "f", lambda: Arena(4096, [U, F, D], lazy={"f"})),
     ("lazy names an unknown pool", "zz", lambda: Arena(4096, [U, F, D], lazy={"zz"})),
 ]
@@ -48,7 +52,7 @@ def test_buffer_exactly_big_enough_is_accepted():
     # sink 64 + one page of each (64 + 64) = 192 bytes
     a = Arena(192, [SubPool("u", 64, 1, "up"), SubPool("d", 64, 1, "down")])
     assert a.available_pages("u") == a.available_pages("d") == 2  # both see the shared gap
-    with pytest.raises(ValueError, match="'u'"):
+    with pytest.raises(ValueError, match="'d'"):
         Arena(191, [SubPool("u", 64, 1, "up"), SubPool("d", 64, 1, "down")])
 
 

@@ -17,7 +17,7 @@ from hypothesis import HealthCheck, event, settings, strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, precondition, rule
 
 from conftest import check_content, live_ids
-from kvarena.spec import Arena, SubPool
+from kvarena.spec import Arena, SubPool, make_layout
 
 PAGE_SIZES = (1, 2, 4, 16, 64)
 EXAMPLES = int(os.environ.get("KVARENA_SPEC_EXAMPLES", "120"))
@@ -36,6 +36,7 @@ def geometries(draw):
     pools = [pool("u", "up"), *floats, pool("d", "down")]
     need = max(p.epp for p in pools) + sum(p.epp for p in pools)
     total = draw(st.one_of(st.integers(need, 2 * need), st.integers(2 * need, 6 * need)))
+    total = smallest_valid(total, pools)
     # input order: the ENDs anywhere, floats in their order
     order = draw(st.permutations(range(len(pools))))
     ends = [pools[0], pools[-1]]
@@ -44,6 +45,17 @@ def geometries(draw):
         given.append(ends.pop() if i in (0, len(pools) - 1) else next(fi))
     lazy = draw(st.sampled_from([False, True, "u", "d"]))
     return total, given, ({lazy} if isinstance(lazy, str) else lazy)
+
+
+def smallest_valid(total, pools):
+    """The first total from ``total`` up, in steps of the sink, that gives every
+    pool a page (grid padding can push a tight total just under)."""
+    while True:
+        try:
+            make_layout(total, pools)
+            return total
+        except ValueError:
+            total += max(p.epp for p in pools)
 
 
 def seeded(data):

@@ -40,7 +40,9 @@ PLANTS = [
     ("f", "v2p/p2v inverse", lambda a: a.bands["f"].v2p.__setitem__(1, a.bands["f"].v2p[2])),
     ("f", "content", lambda a: a.bands["f"].content.__setitem__(a.bands["f"].v2p[1], 2)),
     ("d", "holes", lambda a: a.bands["d"].holes.append(a.bands["d"].holes[0])),
-    ("d", "span = live + holes", lambda a: a.bands["d"].holes.clear()),
+    ("d", "conservation", lambda a: a.bands["d"].holes.clear()),
+    ("f", "conservation", lambda a: setattr(a.bands["f"], "hi", a.bands["f"].hi + 1)),
+    ("u", "conservation", lambda a: setattr(a.bands["u"], "hi", a.bands["u"].hi + 1)),
     ("u", "eager band has no holes", lambda a: (a.bands["u"].holes.append(6), setattr(a.bands["u"], "hi", 7))),
     ("u", "free ids", lambda a: a.bands["u"].free_ids.pop()),
     ("d", "free ids", lambda a: a.bands["d"].free_ids.append(0)),
@@ -119,3 +121,25 @@ def test_conservation_is_checked_from_the_counters(monkeypatch):
     a.bands["a"].live += 1
     with pytest.raises(AccountingError, match="conservation"):
         a.verify()
+
+
+DRIFTS = [
+    ("f", lambda b: setattr(b, "hi", b.hi + 1)),  # a float's frontier runs ahead of its pages
+    ("u", lambda b: setattr(b, "hi", b.hi + 2)),  # an eager END's watermark runs ahead
+    ("d", lambda b: setattr(b, "lo", b.lo - 1)),  # a lazy END's low frontier runs ahead
+]
+
+
+@pytest.mark.parametrize("pool,drift", DRIFTS, ids=[p for p, _ in DRIFTS])
+def test_conservation_alone_catches_a_drifted_frontier(monkeypatch, pool, drift):
+    """Hardening bug 4: conservation used to telescope to the total once the
+    other rules passed, so it could not fail.  Now it counts each band's
+    pages against its frontiers: a drift that every other rule accepts
+    fails conservation, naming the band."""
+    a = busy()
+    drift(a.bands[pool])
+    with pytest.raises(AccountingError) as e:
+        a.verify()
+    assert (e.value.pool, e.value.rule) == (pool, "conservation")
+    monkeypatch.setattr(Arena, "_conservation", lambda self, opaque: None)
+    a.verify()  # no other rule sees the drift

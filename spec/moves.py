@@ -1,0 +1,105 @@
+"""Move plans: which live pages go where, as pure functions of page lists.
+
+Every relocation in the arena is planned here and applied by
+``Band.move``: a plan is ``(dst, src)``, two ascending lists of physical
+pages paired in order (DESIGN section 4).  A plan reads page numbers only,
+so each one can be read, tested and argued about on its own; the arena
+gathers the inputs and applies the result.
+
+Notation: ``live`` is the ascending list of a band's live pages,
+``holes`` its holes (any order), ``[lo, hi)`` its span and
+``[region_lo, region_hi)`` the float's region between its neighbours.
+"""
+
+
+def flush_plan(grow, live, holes, edge, max_moves=None):
+    """A lazy END's flush: survivors nearest the frontier into the holes
+    furthest from it (DESIGN section 4, lazy END pools).
+
+    ``edge`` is where the packed band would end: ``min_page + live`` for the
+    up END, ``num_pages - live`` for the down END.  A survivor beyond the
+    edge must come in; a hole inside it must be filled, and there are
+    exactly as many of one as of the other.  ``max_moves`` takes the first
+    pairs in frontier order: the survivors nearest the frontier (so the
+    frontier retreats as far as the cap allows) into the holes furthest
+    from it (deepest inside the band).
+    """
+    if grow == "up":
+        src = [p for p in live if p >= edge]
+        dst = sorted(h for h in holes if h < edge)
+    else:
+        src = [p for p in live if p < edge]
+        dst = sorted(h for h in holes if h >= edge)
+    assert len(src) == len(dst)  # one out-of-place survivor per misplaced hole
+    k = len(src) if max_moves is None else min(len(src), max_moves)
+    if grow == "up":  # frontier is high: nearest survivors are the last
+        return dst[:k], src[len(src) - k:]
+    return dst[len(dst) - k:], src[:k]  # frontier is low: nearest survivors first
+
+
+def make_room_plan(side, live, holes, span, region, edge_pages):
+    """``make_room``'s relocation: clear ``edge_pages`` pages at ``side``.
+
+    Two cases (DESIGN section 4, make_room):
+
+    - **leapfrog** (``edge_pages >= len(live)``): every live page packs
+      against the far edge of the region; pages already in the target stay.
+    - **boundary**: only the live pages among the ``edge_pages`` pages at
+      ``side`` move, into the holes beyond them (nearest the cleared edge
+      first), then into the far gap.
+
+    Why the boundary case always has enough destinations (low side; the
+    high side is its mirror).  Say ``s`` of the live pages lie in the cleared
+    pages ``[lo, lo + edge_pages)``.  The holes above them number
+    ``(hi - lo - edge_pages) - (live - s)`` and the far gap ``region_hi - hi``,
+    so the room is ``region_hi - lo - edge_pages - live + s``, which is at
+    least ``s`` exactly when ``lo + edge_pages <= region_hi - live``.  The
+    arena calls this only when a leapfrog would reach the target
+    (``arith.make_room_feasible``), and ``edge_pages`` is the fewest pages
+    that reach it (``arith.make_room_need``), which gives that inequality;
+    ``make_room.destinations_suffice`` proves it.
+    """
+    lo, hi = span
+    region_lo, region_hi = region
+    n = len(live)
+    if edge_pages >= n:  # leapfrog
+        target = range(region_hi - n, region_hi) if side == "low" else range(region_lo, region_lo + n)
+        stay = set(live) & set(target)
+        return [p for p in target if p not in stay], [p for p in live if p not in stay]
+    if side == "low":
+        edge = lo + edge_pages  # clear [lo, edge)
+        src = [p for p in live if p < edge]
+        room = sorted(h for h in holes if h >= edge) + list(range(hi, region_hi))
+        dst = room[:len(src)]
+    else:
+        edge = hi - edge_pages  # clear [edge, hi)
+        src = [p for p in live if p >= edge]
+        room = sorted((h for h in holes if h < edge), reverse=True) + list(range(lo - 1, region_lo - 1, -1))
+        dst = sorted(room[:len(src)])
+    assert len(dst) == len(src)  # the room argument above
+    return dst, src
+
+
+def compact_plan(live, span, retreat_side):
+    """``compact_holes``: pack ``live`` against the edge opposite
+    ``retreat_side``, keeping order; pages already in place stay."""
+    lo, hi = span
+    first = hi - len(live) if retreat_side == "low" else lo
+    pairs = [(first + i, p) for i, p in enumerate(live) if first + i != p]
+    return [d for d, _ in pairs], [s for _, s in pairs]
+
+
+def eager_free_plan(grow, span, freed, is_live):
+    """An eager END's compaction after a free of ``len(freed)`` pages.
+
+    ``span`` is the band *after* its frontier retreated.  The survivors left
+    in the vacated pages move into the freed pages that lie inside the new
+    span; there are as many of each, since the span lost exactly as many
+    pages as were freed.  ``is_live(p)`` says whether page ``p`` is live.
+    """
+    lo, hi = span
+    k = len(freed)
+    vacated = range(hi, hi + k) if grow == "up" else range(lo - k, lo)
+    dst = sorted(p for p in freed if (p < hi if grow == "up" else p >= lo))
+    src = [p for p in vacated if is_live(p)]
+    return dst, src
