@@ -17,7 +17,7 @@ import operator
 
 import torch
 
-from kvarena.spec.geometry import AccountingError, make_layout
+from kvarena.spec.geometry import AccountingError, borrowing, check_policy, lazy_ends, make_layout
 
 from . import capacity as cap
 from .band import I64, Band
@@ -29,27 +29,22 @@ VIEWS = ("available_pages", "schedulable_pages", "gap_bytes")
 
 
 class Arena:
-    def __init__(self, total_bytes, pools, lazy=False, device="cpu"):
+    def __init__(self, total_bytes, pools, lazy=False, policy="anchor", borrow=None, device="cpu"):
+        # Boot-time validation is the spec's (DESIGN section 2): configuration, not an operation.
         layout = make_layout(total_bytes, pools)
-        ends = (layout.chain[0], layout.chain[-1])
-        if isinstance(lazy, bool):
-            lazy_set = set(ends) if lazy else set()
-        elif isinstance(lazy, str):
-            raise ValueError(f"pool {lazy!r}: lazy is a bool or a set of END-pool names, not a string")
-        else:
-            lazy_set = set(lazy)
-            for n in sorted(lazy_set):
-                if n not in layout.chain:
-                    raise ValueError(f"pool {n!r}: lazy names an unknown pool")
-                if n not in ends:
-                    raise ValueError(f"pool {n!r}: only END pools can be lazy; a float is never lazy")
+        lazy_set = lazy_ends(layout, lazy)
+        check_policy(policy)
+        lenders = borrowing(layout, borrow)
+        self.policy = policy
+        self.lenders = lenders
         self.device = torch.device(device)
         self.layout = layout
         self.total_bytes = total_bytes
         self.chain = layout.chain
         self.sink_bytes = layout.sink_bytes
         self.buffer = torch.zeros(total_bytes, dtype=torch.uint8, device=self.device)
-        self.bands = {n: Band(layout.pools[n], layout.geometry[n], n in lazy_set, self.device)
+        self.bands = {n: Band(layout.pools[n], layout.geometry[n], n in lazy_set, self.device,
+                              lenders.get(n), layout.geometry.get(lenders.get(n)))
                       for n in self.chain}
         self._order = list(self.bands.values())
         self._memo = Memo(lambda: sum(b.epoch for b in self._order))
@@ -79,11 +74,19 @@ class Arena:
         return self._band(name).lazy
 
     def live_pages(self, name):
+        """How many pages are allocated (live)."""
         return self._band(name).live
+
+    def lender(self, name):
+        return self._band(name).lender
+
+    def borrowers(self, name):
+        self._band(name)
+        return [n for n, lender in self.lenders.items() if lender == name]
 
     def v2p(self, name):
         b = self._band(name)
-        return b.v2p[: b.geom.num_pages].clone()
+        return b.v2p[: b.id_end].clone()
 
     def p2v(self, name):
         b = self._band(name)
@@ -91,7 +94,7 @@ class Arena:
 
     def free_ids(self, name):
         """The FIFO of unbound virtual ids, front first."""
-        return self._band(name).free_ids.queue()
+        return self._band(name).queued_ids()
 
     def frontiers(self, name):
         return self._band(name).frontiers
@@ -145,12 +148,11 @@ class Arena:
             return 0
         view = self.page_view(b.name)
         view.index_copy_(0, dst, view.index_select(0, src))
-        n = b.geom.num_pages
         v = b.p2v.index_select(0, src)
         alive = v >= 0
         b.p2v.index_fill_(0, src, -1)
         b.p2v.index_copy_(0, dst, v)
-        b.v2p.index_copy_(0, torch.where(alive, v, n), torch.where(alive, dst, -1))
+        b.v2p.index_copy_(0, torch.where(alive, v, b.id_end), torch.where(alive, dst, -1))
         return k
 
     # ------------------------------------------------------- chain walks
@@ -258,26 +260,43 @@ class Arena:
         except TypeError:
             raise ValueError(f"pool {b.name!r}: ids must be ints") from None
 
-    def _checked(self, b, ids, bound):
+    def _checked(self, b, ids, bound, freeing=False):
         """Validate ids for pool ``b``; ``bound``: they must be allocated.
+
+        Binding into a borrower needs each id live in the lender; freeing
+        from a lender (``freeing``) needs it unbound in every borrower.
 
         SYNC: a documented host read of the ids and their v2p rows.
         """
         t = self._as_tensor(b, ids)
         host = t.tolist()  # SYNC: validation reads ids on the host
-        g = b.geom
+        first, end = b.id_range
         if len(set(host)) != len(host):
             raise ValueError(f"pool {b.name!r}: repeated id in {host}")
         for v in host:
             if v == 0:
                 raise ValueError(f"pool {b.name!r}: id 0 is the sink and is never allocated")
-            if not g.min_page <= v < g.num_pages:
-                raise ValueError(f"pool {b.name!r}: id {v} out of range [{g.min_page}, {g.num_pages})")
-        rows = b.v2p.index_select(0, t).tolist() if host else []  # SYNC: table read
-        for v, p in zip(host, rows):
+            if not first <= v < end:
+                raise ValueError(f"pool {b.name!r}: id {v} out of range [{first}, {end})")
+        if not host:
+            return t
+
+        def rows(band):
+            return band.v2p.index_select(0, t).tolist()  # SYNC: table read
+
+        for v, p in zip(host, rows(b)):
             if (p >= 0) != bound:
                 state = "not allocated" if bound else "already allocated"
                 raise ValueError(f"pool {b.name!r}: id {v} is {state}")
+        if b.lender and not bound:
+            for v, p in zip(host, rows(self.bands[b.lender])):
+                if p < 0:
+                    raise ValueError(f"pool {b.name!r}: id {v} is not live in its lender {b.lender!r}")
+        for other in (self.borrowers(b.name) if freeing else ()):
+            for v, p in zip(host, rows(self.bands[other])):
+                if p >= 0:
+                    raise ValueError(f"pool {b.name!r}: id {v} is still bound in its borrower {other!r}; "
+                                     "free it there first")
         return t
 
     def _bound_ids(self, b, ids):
@@ -285,19 +304,23 @@ class Arena:
 
     # -------------------------------------------------------- operations
 
-    def alloc(self, name, n, ids=None):
+    def alloc(self, name, n, ids=None, check=True):
         """``n`` pages as an int64 tensor of virtual ids, or None if short.
 
         Holes first (oldest first), then the frontier extends; ids pair with
-        pages in order.  Without borrowed ids this never syncs: the gate
-        reads host counters.
+        pages in order.  The gate reads host counters, so this never syncs
+        unless it validates given ids: ``check=False`` is the decode path's
+        way to bind ids it knows are valid (a borrower binding its lender's
+        fresh ids), with no host read; bad ids there are undefined behaviour.
         """
         b = self._band(name)
         n = self._count(name, n)
         if ids is not None:
-            ids = self._checked(b, ids, bound=False)
+            ids = self._checked(b, ids, bound=False) if check else self._as_tensor(b, ids)
             if ids.numel() != n:
                 raise ValueError(f"pool {name!r}: {ids.numel()} ids given for n={n}")
+        elif b.lender and n:
+            raise ValueError(f"pool {name!r}: borrows its ids from {b.lender!r}; pass ids=")
         if n == 0:
             return torch.empty(0, dtype=I64, device=self.device)
         if n > self.available_pages(name):
@@ -309,7 +332,7 @@ class Arena:
             pages = torch.cat([pages, self._extend(b, n - k)])
         if ids is None:
             ids = b.free_ids.take(n)
-        else:
+        elif b.free_ids is not None:  # a borrower keeps no queue
             b.free_ids.remove(ids)
         b.v2p.index_copy_(0, ids, pages)
         b.p2v.index_copy_(0, pages, ids)
@@ -346,14 +369,15 @@ class Arena:
         a device-side assert on CUDA; it never reaches the FIFO silently).
         """
         b = self._band(name)
-        ids = self._checked(b, ids, bound=True) if check else self._as_tensor(b, ids)
+        ids = self._checked(b, ids, bound=True, freeing=True) if check else self._as_tensor(b, ids)
         k = ids.numel()
         if k == 0:
             return None
         pages = b.v2p.index_select(0, ids)
         b.v2p.index_fill_(0, ids, -1)
         b.p2v.index_fill_(0, pages, -1)
-        b.free_ids.put(ids)
+        if b.free_ids is not None:
+            b.free_ids.put(ids)
         b.live = b.live - k
         if b.is_end and not b.lazy:
             self._compact_eager(b, pages, k)
@@ -404,7 +428,7 @@ class Arena:
             return 0
         g = b.geom
         # SYNC: the move set depends on which pages are live.
-        live = b.live_pages()
+        live = b.occupied_pages()
         holes = torch.sort(b.holes).values
         if b.grow == "up":
             edge = g.min_page + b.live  # packed band: [min_page, edge)
@@ -418,7 +442,7 @@ class Arena:
         else:
             src, dst = src[:k], dst[dst.numel() - k:]
         moved = self._move(b, dst, src)
-        live = b.live_pages()
+        live = b.occupied_pages()
         if b.grow == "up":
             b.hi = int(live[-1]) + 1 if live.numel() else g.min_page
         else:
@@ -432,7 +456,7 @@ class Arena:
         """Shrink a float's span to its live pages; drop holes left outside.
 
         SYNC: reads the live pages' extent."""
-        live = b.live_pages()
+        live = b.occupied_pages()
         if live.numel() == 0:
             b.park()
             return
@@ -463,7 +487,7 @@ class Arena:
         if not cap.make_room_feasible(side == "low", below, above, lo, hi, b.live, g.epp, min_bytes):
             return 0
         need = cap.make_room_need(band_side, min_bytes, g.epp)
-        live = b.live_pages()  # SYNC: move sets depend on the live pages
+        live = b.occupied_pages()  # SYNC: move sets depend on the live pages
         holes = b.holes
         if need >= b.live:  # leapfrog: pack everything against the far edge
             target = b.pages(hi - b.live, hi) if side == "low" else b.pages(lo, lo + b.live)
@@ -492,7 +516,7 @@ class Arena:
             raise ValueError(f"pool {name!r}: retreat_side must be 'low' or 'high', got {retreat_side!r}")
         if not b.opaque:
             return 0
-        live = b.live_pages()  # SYNC: move set depends on the live pages
+        live = b.occupied_pages()  # SYNC: move set depends on the live pages
         first = b.hi - live.numel() if retreat_side == "low" else b.lo
         target = b.pages(first, first + live.numel())
         off = target != live
@@ -503,14 +527,14 @@ class Arena:
     def translate(self, name, ids, out=None):
         """Physical pages of virtual ids; a tombstone (unbound, -1) maps to 0.
 
-        On a tensor this is sync-free: ids outside ``[0, num_pages)`` index
+        On a tensor this is sync-free: ids outside the id range index
         the ``-1`` sentinel row, so nothing reads out of range, and the
         result is computed into a temporary before ``out`` is written, so
         ``out`` may alias ``ids``.  A host sequence is range-checked like the
         spec (``ValueError``).
         """
         b = self._band(name)
-        n = b.geom.num_pages
+        n = b.id_end
         if not isinstance(ids, torch.Tensor):
             host = self._host_ids(b, ids)
             for v in host:  # host input: checked before it reaches the device
@@ -553,46 +577,45 @@ class Arena:
         return self.make_room(name, "low" if side_is_low else "high", target)
 
     def flush_targets(self, name):
+        """The bands an urgent flush visits for a shortfall in ``name``: the
+        nearest opaque band on each side the band grows toward (an END
+        grows one way, a float both)."""
         b = self._band(name)
-        if b.grow == "up":
-            return [self._neighbour(name, True).name]
-        if b.grow == "down":
-            return [self._neighbour(name, False).name]
-        return [nb.name for nb in (self._neighbour(name, False), self._neighbour(name, True)) if nb]
+        ways = {"up": (True,), "down": (False,), "float": (False, True)}[b.grow]
+        return [nb.name for nb in (self._neighbour(name, up) for up in ways) if nb is not None]
 
     def relieve(self, name, need_pages, evict=None):
         """The shortfall ladder; True once ``need_pages`` fits in ``name``.
 
-        Urgent-flush the flush targets; offer ``{name: need_pages}`` to each
-        float in chain order; then up to 4 rounds of ``evict(shortfall)``,
-        each followed by the same two steps.  Never raises on a shortfall.
+        Each attempt flushes the flush targets, then offers ``{name:
+        need_pages}`` to the floats in chain order while the need is still
+        short; attempts after the first are eviction rounds (at most 4),
+        each opened by ``evict(shortfall)``, and a falsy return ends them.
+        The verdict is read after the last step.  Never raises on a
+        shortfall.
         """
         self._band(name)
-        need_pages = self._count(name, need_pages, "need_pages")
+        need = self._count(name, need_pages, "need_pages")
 
-        def fits():
-            return need_pages <= self.available_pages(name)
+        def short():
+            return need - self.available_pages(name)
 
-        def ladder():
+        attempts = 1 + (MAX_EVICT_ROUNDS if evict is not None else 0)
+        for attempt in range(attempts):
+            if attempt == 0:
+                if short() <= 0:
+                    return True
+            elif not evict(short()):
+                break
             for t in self.flush_targets(name):
                 self.flush(t)
-            if fits():
-                return True
             for f in self.chain[1:-1]:
-                self.open_short_side(f, {name: need_pages})
-                if fits():
-                    return True
-            return False
-
-        if fits() or ladder():
-            return True
-        if evict is not None:
-            for _ in range(MAX_EVICT_ROUNDS):
-                if not evict(need_pages - self.available_pages(name)):
+                if short() <= 0:
                     break
-                if ladder():
-                    return True
-        return False
+                self.open_short_side(f, {name: need})
+            if short() <= 0:
+                return True
+        return short() <= 0
 
     # ------------------------------------------------------------ checks
 
@@ -608,6 +631,13 @@ class Arena:
             if value != fresh:
                 raise AccountingError(pool, "stale memo", f"{view} memo {value}, fresh {fresh}")
         recount = {b.name: self._check_band(b) for b in self._order}
+        for borrower, lender in self.lenders.items():
+            mine = self.bands[borrower].v2p[1:-1] >= 0
+            theirs = self.bands[lender].v2p[1:-1] >= 0
+            stray = torch.nonzero(mine & ~theirs).flatten() + 1  # SYNC: verify is an audit
+            if stray.numel():
+                raise AccountingError(borrower, "borrowed ids live in the lender",
+                                      f"ids {stray.tolist()} are not live in {lender!r}")
         opaque = [b for b in self._order if b.opaque]
         prev_name, prev_high = None, self.sink_bytes
         for b in opaque:
@@ -618,17 +648,27 @@ class Arena:
             prev_name, prev_high = b.name, high
         if prev_high > self.total_bytes:
             raise AccountingError(prev_name, "bounds", f"high frontier {prev_high} > total {self.total_bytes}")
-        # Conservation from the recounted pages, not the frontiers: sink, grid
-        # padding, every band's live pages and holes, and every free gap.
-        covered = opaque[0].frontiers[0]
+        self._conservation(opaque, recount)
+
+    def _conservation(self, opaque, recount):
+        """Bytes accounted from counts, not frontiers: the sink, the padding up
+        to the first band, and for each opaque band its recounted live pages
+        and holes plus the free bytes the chain walk sees above it (clamped
+        at 0) must make the buffer.  A frontier that drifts from its band's
+        count fails here and nowhere else."""
+        covered = self.sink_bytes + max(0, opaque[0].frontiers[0] - self.sink_bytes)
         for b in opaque:
-            covered += (recount[b.name] + b.n_holes) * b.geom.epp + (self.above(b.name) - b.frontiers[1])
+            covered += (recount[b.name] + b.n_holes) * b.geom.epp + max(0, self.above(b.name) - b.frontiers[1])
         if covered != self.total_bytes:
-            raise AccountingError(prev_name, "conservation", f"accounted {covered} of {self.total_bytes} bytes")
+            off = [b for b in opaque if b.hi - b.lo != recount[b.name] + b.n_holes] or opaque[-1:]
+            b = off[0]
+            raise AccountingError(b.name, "conservation",
+                                  f"accounted {covered} of {self.total_bytes} bytes; span {b.hi - b.lo} pages, "
+                                  f"live {recount[b.name]} + holes {b.n_holes}")
 
     def _check_band(self, b):
         """Check one band from its device tables; return its live pages, recounted."""
-        g, name, n = b.geom, b.name, b.geom.num_pages
+        g, name, n, ids_end = b.geom, b.name, b.geom.num_pages, b.id_end
 
         def need(ok, rule, detail=""):
             if not ok:
@@ -642,27 +682,26 @@ class Arena:
             need(hi == n, "bounds", "down END must end at num_pages")
         v2p, p2v = b.v2p.tolist(), b.p2v.tolist()  # SYNC: verify is an audit, never on a hot path
         need(v2p[0] == 0 and p2v[0] == 0, "sink pinned", "page 0 must map to 0")
-        need(v2p[n] == -1 and p2v[n] == -1, "sentinel", "the trailing row must hold -1")
+        need(v2p[ids_end] == -1 and p2v[n] == -1, "sentinel", "the trailing row must hold -1")
         live = [p for p in range(1, n) if p2v[p] >= 0]  # recount from p2v, not the counter
         need(len(live) == live_count, "live count", f"{len(live)} bound, counter {live_count}")
         need(all(p >= g.min_page for p in live), "no page below min_page")
         need(all(lo <= p < hi for p in live), "live page outside span")
+        first_id = b.id_range[0]
         for p in live:
             v = p2v[p]
-            need(0 < v < n and v2p[v] == p, "v2p/p2v inverse", f"page {p}")
-        bound = [v for v in range(1, n) if v2p[v] >= 0]
+            need(first_id <= v < ids_end and v2p[v] == p, "v2p/p2v inverse", f"page {p}")
+        bound = [v for v in range(1, ids_end) if v2p[v] >= 0]
         need(len(bound) == live_count, "v2p/p2v inverse", "stray v2p entries")
         holes = b.holes.tolist()  # SYNC: verify is an audit
         need(len(set(holes)) == len(holes), "holes", "duplicate hole")
         need(all(lo <= h < hi and p2v[h] < 0 for h in holes), "holes", "a hole outside the span or live")
-        need(hi - lo == live_count + len(holes), "span = live + holes",
-             f"span {hi - lo}, live {live_count}, holes {len(holes)}")
         if b.is_end and not b.lazy:
             need(not holes, "eager band has no holes")
         if not b.is_end:
             need(b.opaque or lo == hi == n, "parked float", "a float with no live page must park")
-        queue = b.free_ids.queue().tolist()  # SYNC: verify is an audit
-        expected = set(range(g.min_page, n)) - set(bound)
+        queue = b.queued_ids().tolist()  # SYNC: verify is an audit
+        expected = set() if b.lender else set(range(first_id, ids_end)) - set(bound)
         need(len(queue) == len(set(queue)) and set(queue) == expected,
              "free ids", "the FIFO must hold exactly the unbound ids")
         return len(live)
@@ -681,13 +720,14 @@ class Arena:
                          "grow": b.grow, "kind": b.pool.kind},
                 "geometry": {"epp": g.epp, "num_pages": n, "min_page": g.min_page},
                 "lazy": b.lazy,
+                "lender": b.lender,
                 "span": [b.lo, b.hi],
                 "frontiers": list(b.frontiers),
                 "live": b.live,
-                "v2p": b.v2p[:n].tolist(),
+                "v2p": b.v2p[:b.id_end].tolist(),
                 "p2v": b.p2v[:n].tolist(),
-                "free_ids": b.free_ids.queue().tolist(),
+                "free_ids": b.queued_ids().tolist(),
                 "holes": b.holes.tolist(),
             }
-        return {"total_bytes": self.total_bytes, "sink_bytes": self.sink_bytes,
+        return {"total_bytes": self.total_bytes, "sink_bytes": self.sink_bytes, "policy": self.policy,
                 "chain": list(self.chain), "pools": pools}

@@ -4,6 +4,9 @@ Page tables are int64 tensors of ``num_pages + 1`` rows: row 0 pins the sink
 (virtual 0 <-> physical 0) and the trailing row is a ``-1`` sentinel, so an
 index of ``num_pages`` reads ``-1`` and, clamped, lands on the sink.
 
+A band that borrows its ids (DESIGN section 3) has ``v2p`` rows for its
+lender's ids and no free-id queue.
+
 ``lo``/``hi``/``live``/``holes`` are capacity-bearing ``CapField``s: host
 ints (reading capacity never syncs) and an ordered hole tensor (oldest
 first) that is always rebound, never written in place.
@@ -62,16 +65,19 @@ class Band:
     live = CapField()
     holes = CapField()  # int64 tensor of physical pages, oldest first
 
-    def __init__(self, pool, geom, lazy, device):
+    def __init__(self, pool, geom, lazy, device, lender=None, lender_geom=None):
         self.pool, self.geom, self.lazy, self.device = pool, geom, lazy, device
         self.name, self.grow = pool.name, pool.grow
+        self.lender = lender
         self.epoch = 0
         n = geom.num_pages
-        self.v2p = torch.full((n + 1,), -1, dtype=I64, device=device)
+        ids = lender_geom or geom
+        self.id_range = (ids.min_page, ids.num_pages)
+        self.v2p = torch.full((ids.num_pages + 1,), -1, dtype=I64, device=device)  # last row: sentinel
         self.p2v = torch.full((n + 1,), -1, dtype=I64, device=device)
         self.v2p[0] = 0
         self.p2v[0] = 0
-        self.free_ids = FreeIds(geom.min_page, n, device)
+        self.free_ids = None if lender else FreeIds(ids.min_page, ids.num_pages, device)
         self.holes = torch.empty(0, dtype=I64, device=device)
         self.live = 0
         start = geom.min_page if self.grow == "up" else n  # down END, parked float
@@ -100,7 +106,18 @@ class Band:
     def pages(self, start, stop):
         return torch.arange(start, stop, dtype=I64, device=self.device)
 
-    def live_pages(self):
+    @property
+    def id_end(self):
+        """One past the last id: the index of ``v2p``'s sentinel row."""
+        return self.id_range[1]
+
+    def queued_ids(self):
+        """The free-id queue, front first (empty for a borrower)."""
+        if self.free_ids is None:
+            return torch.empty(0, dtype=I64, device=self.device)
+        return self.free_ids.queue()
+
+    def occupied_pages(self):
         """Live physical pages, ascending.  Host sync (nonzero): only the cold
         paths that compute move sets (flush, make_room, compact) call it."""
         g = self.geom

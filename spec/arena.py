@@ -15,11 +15,10 @@ import operator
 
 from . import arith, moves, policy
 from .bands import Band
-from .geometry import AccountingError, make_layout
+from .geometry import AccountingError, borrowing, check_policy, lazy_ends, make_layout
 
 SIDES = ("low", "high")
 MAX_EVICT_ROUNDS = 4
-POLICIES = ("anchor",)  # the planner (DESIGN section 4b) is a later issue
 
 
 def _index(i):
@@ -27,50 +26,6 @@ def _index(i):
     if isinstance(i, bool):
         raise TypeError
     return operator.index(i)
-
-
-def lazy_ends(layout, lazy):
-    """The set of lazy END pools from ``lazy``: a bool, or a set of END names.
-
-    Anything else (None, 0, 1, a string, a float's name) is a ``ValueError``.
-    """
-    ends = {layout.chain[0], layout.chain[-1]}
-    if isinstance(lazy, bool):
-        return set(ends) if lazy else set()
-    if not isinstance(lazy, (set, frozenset, list, tuple)):
-        raise ValueError(f"arena: lazy is a bool or a set of END-pool names, got {lazy!r}")
-    for n in lazy:
-        if not isinstance(n, str) or n not in layout.pools:
-            raise ValueError(f"pool {n!r}: lazy names an unknown pool")
-        if n not in ends:
-            raise ValueError(f"pool {n!r}: only END pools can be lazy; a float is never lazy")
-    return set(lazy)
-
-
-def borrowing(layout, borrow):
-    """``{borrower: lender}`` from ``borrow`` (DESIGN section 3, borrowing).
-
-    Both must be pools of the arena and distinct; a lender does not itself
-    borrow, and both share a page size, so one token id addresses both.
-    """
-    if borrow is None:
-        return {}
-    if not isinstance(borrow, dict):
-        raise ValueError(f"arena: borrow is a dict {{borrower: lender}}, got {borrow!r}")
-    for borrower, lender in borrow.items():
-        for n in (borrower, lender):
-            if not isinstance(n, str) or n not in layout.pools:
-                raise ValueError(f"pool {n!r}: borrow names an unknown pool")
-        if borrower == lender:
-            raise ValueError(f"pool {borrower!r}: a pool cannot borrow its own ids")
-        if lender in borrow:
-            raise ValueError(f"pool {lender!r}: lends ids to {borrower!r} and borrows its own; "
-                             "a lender mints its ids")
-        ps_b, ps_l = layout.pools[borrower].page_size, layout.pools[lender].page_size
-        if ps_b != ps_l:
-            raise ValueError(f"pool {borrower!r}: borrows ids from {lender!r} but has page_size {ps_b}, "
-                             f"not {ps_l}: one token id must address both")
-    return dict(borrow)
 
 
 class Arena:
@@ -82,8 +37,7 @@ class Arena:
     def __init__(self, total_bytes, pools, lazy=False, policy="anchor", borrow=None):
         layout = make_layout(total_bytes, pools)
         lazy_set = lazy_ends(layout, lazy)
-        if not isinstance(policy, str) or policy not in POLICIES:
-            raise ValueError(f"arena: policy must be one of {POLICIES}, got {policy!r}")
+        check_policy(policy)
         lenders = borrowing(layout, borrow)
         self.layout = layout
         self.total_bytes = total_bytes

@@ -148,7 +148,7 @@ def test_bug9_bug10_sentinel_and_sink_never_freed(lazy, name, bad):
 @pytest.mark.parametrize("bad", [-1, 0])
 @pytest.mark.parametrize("name", ["U", "F", "D"])
 def test_bug9_bug10_planted_missing_validation_is_caught(monkeypatch, name, bad):
-    monkeypatch.setattr(arena_mod.Arena, "_checked", lambda self, b, ids, bound: self._as_tensor(b, ids))
+    monkeypatch.setattr(arena_mod.Arena, "_checked", lambda self, b, ids, bound, freeing=False: self._as_tensor(b, ids))
     a = ends(False)
     a.alloc(name, 3)
     # The plant lets the id through: either the table gather rejects it

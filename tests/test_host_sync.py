@@ -1,4 +1,5 @@
-"""No host sync on the decode path: ``free(check=False)`` and ``translate``.
+"""No host sync on the decode path: ``alloc`` (also binding borrowed ids
+with ``check=False``), ``free(check=False)`` and ``translate``.
 
 Two independent checks: an AST scan of the path's source (every impl helper
 it calls is followed, so a new helper cannot hide a sync), and a run of the
@@ -19,10 +20,11 @@ from kvarena.impl import arena as arena_mod
 from kvarena.impl import band as band_mod
 
 # Entry points of the sync-free path.
-ROOTS = [("Arena", "free"), ("Arena", "translate")]
+ROOTS = [("Arena", "alloc"), ("Arena", "free"), ("Arena", "translate")]
 # Helpers the path may call that do sync, each for a documented reason.
 EXEMPT = {
-    "_checked": "free(check=True) validation: a documented host read, skipped by check=False",
+    "_checked": "alloc/free(check=True) validation: a documented host read, skipped by check=False",
+    "_host_ids": "ids given as a host sequence are on the host already; a tensor never takes this path",
 }
 SYNC_ATTRS = {"item", "tolist", "cpu", "nonzero", "numpy", "unique", "unique_consecutive",
               "masked_select", "any", "all"}
@@ -102,7 +104,8 @@ def scan_path(methods=None):
 
 def test_decode_path_has_no_host_sync():
     offences, seen = scan_path()
-    assert {"free", "translate", "_compact_eager", "_move", "put"} <= seen  # the walk reached the helpers
+    assert {"alloc", "free", "translate", "_compact_eager", "_move", "put", "take", "remove", "_extend",
+            "available_pages"} <= seen  # the walk reached the helpers
     assert not offences, offences
 
 
@@ -168,6 +171,48 @@ def test_decode_path_runs_with_syncs_poisoned(monkeypatch, lazy, name):
     _poison(monkeypatch)
     a.free(name, ids[1::2], check=False)  # the last pages: a float parks here
     monkeypatch.undo()
+    a.verify()
+
+
+def borrowing_arena(device="cpu", lazy=False):
+    """The README's tri-pool geometry with the SWA float on the full END's ids."""
+    return Arena(1 << 16, [SubPool("mamba", 512, 1, "up", "state"), SubPool("swa", 32, 4, "float"),
+                           SubPool("full", 64, 4, "down")], lazy=lazy, borrow={"swa": "full"}, device=device)
+
+
+def decode_step(a):
+    """One decode step's allocator calls: mint full pages, bind the same ids
+    in the borrowing SWA band, translate, and free SWA pages that left the
+    window; every call on the sync-free path."""
+    ids = a.alloc("full", 6)
+    a.alloc("swa", 6, ids=ids, check=False)
+    a.translate("swa", ids)
+    a.free("swa", ids[:3], check=False)
+    return ids
+
+
+@pytest.mark.parametrize("lazy", [False, True])
+def test_borrowed_decode_path_runs_with_syncs_poisoned(monkeypatch, lazy):
+    a = borrowing_arena(lazy=lazy)
+    a.alloc("full", 2)  # the queue is not at its start
+    _poison(monkeypatch)
+    ids = decode_step(a)
+    monkeypatch.undo()
+    a.verify()
+    assert a.v2p("swa")[ids[3:]].ge(0).all() and a.v2p("swa")[ids[:3]].eq(-1).all()
+    assert a.live_pages("swa") == 3 and a.live_pages("full") == 8
+
+
+@pytest.mark.cuda
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="no CUDA device")
+def test_borrowed_decode_path_under_cuda_sync_debug_error():
+    a = borrowing_arena(device="cuda")
+    torch.cuda.synchronize()
+    torch.cuda.set_sync_debug_mode("error")
+    try:
+        decode_step(a)
+    finally:
+        torch.cuda.set_sync_debug_mode(0)
     a.verify()
 
 
