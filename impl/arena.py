@@ -193,8 +193,8 @@ class Arena:
         if b.is_end:
             room = g.num_pages - g.min_page - (b.hi - b.lo)
             return cap.end_available(self._gap(b), g.epp, room, b.n_holes)
-        lo, hi = self.region(b.name)
-        return cap.float_available(not b.opaque, lo, hi, b.lo, b.hi, b.n_holes, b.index_room)
+        region_lo, region_hi = self.region(b.name)
+        return cap.float_available(not b.opaque, region_lo, region_hi, b.lo, b.hi, b.n_holes, b.index_room)
 
     def _schedulable(self, b):
         if not b.is_end:
@@ -347,12 +347,12 @@ class Arena:
         if b.grow == "down":
             b.lo = b.lo - m
             return b.pages(b.lo, b.lo + m)
-        lo, hi = self.region(b.name)
+        region_lo, region_hi = self.region(b.name)
         if not b.opaque:
-            start = cap.park_start(lo, hi, m)
+            start = cap.park_start(region_lo, region_hi, m)
             b.lo, b.hi = start, start + m
             return b.pages(start, start + m)
-        if hi - b.hi >= b.lo - lo:  # toward the larger gap, high wins ties: the
+        if region_hi - b.hi >= b.lo - region_lo:  # toward the larger gap, high wins ties: the
             b.hi = b.hi + m         # side the gate priced, so it fits
             return b.pages(b.hi - m, b.hi)
         b.lo = b.lo - m
@@ -483,26 +483,28 @@ class Arena:
         band_side = low_f - below if side == "low" else above - high_f
         if band_side >= min_bytes:
             return 0
-        lo, hi = self.region(name)
-        if not cap.make_room_feasible(side == "low", below, above, lo, hi, b.live, g.epp, min_bytes):
+        region_lo, region_hi = self.region(name)
+        if not cap.make_room_feasible(side == "low", below, above, region_lo, region_hi, b.live, g.epp,
+                                      min_bytes):
             return 0
-        need = cap.make_room_need(band_side, min_bytes, g.epp)
+        edge_pages = cap.make_room_need(band_side, min_bytes, g.epp)  # pages to clear at ``side``
         live = b.occupied_pages()  # SYNC: move sets depend on the live pages
         holes = b.holes
-        if need >= b.live:  # leapfrog: pack everything against the far edge
-            target = b.pages(hi - b.live, hi) if side == "low" else b.pages(lo, lo + b.live)
+        if edge_pages >= b.live:  # leapfrog: pack everything against the far edge
+            target = (b.pages(region_hi - b.live, region_hi) if side == "low"
+                      else b.pages(region_lo, region_lo + b.live))
             src = live[~torch.isin(live, target)]
             dst = target[~torch.isin(target, live)]
         elif side == "low":
-            edge = b.lo + need  # clear [b.lo, edge): into holes past it, then the high gap
+            edge = b.lo + edge_pages  # clear [b.lo, edge): into holes past it, then the high gap
             src = live[live < edge]
-            room = torch.cat([torch.sort(holes[holes >= edge]).values, b.pages(b.hi, hi)])
+            room = torch.cat([torch.sort(holes[holes >= edge]).values, b.pages(b.hi, region_hi)])
             dst = room[: src.numel()]
         else:
-            edge = b.hi - need  # clear [edge, b.hi): into holes below it, then the low gap
+            edge = b.hi - edge_pages  # clear [edge, b.hi): into holes below it, then the low gap
             src = live[live >= edge]
             near = torch.sort(holes[holes < edge], descending=True).values
-            room = torch.cat([near, torch.flip(b.pages(lo, b.lo), (0,))])
+            room = torch.cat([near, torch.flip(b.pages(region_lo, b.lo), (0,))])
             dst = torch.sort(room[: src.numel()]).values
         moved = self._move(b, dst, src)
         self._refit(b)

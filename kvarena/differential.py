@@ -242,6 +242,8 @@ class DiffMachine(RuleBasedStateMachine):
             assert isinstance(r_impl, torch.Tensor) and r_impl.dtype == torch.int64
             assert r_spec == r_impl.tolist()
             self.stamp(name, r_spec)
+            if r_spec and name in self.lender:
+                note("borrowed bind")
         return n, r_spec
 
     # ------------------------------------------------------------ rules
@@ -337,10 +339,11 @@ class DiffMachine(RuleBasedStateMachine):
             if unbound:
                 bad.append([live[0], unbound[-1]])
         held = sorted(set(live) - set(self.freeable(name)))
-        if held:
-            bad.append([held[0]])  # still bound in a borrower
+        if held and data.draw(st.booleans()):
+            ids = [held[0]]  # still bound in a borrower
             note("lender free refused")
-        ids = data.draw(st.sampled_from(bad))
+        else:
+            ids = data.draw(st.sampled_from(bad))
         before = self.I.snapshot()
         for a in (self.S, self.I):
             with raises_value_error(name):

@@ -180,6 +180,36 @@ def scenario_relieve_evicts():
     return f"{len(calls)} eviction round(s)"
 
 
+def scenario_relieve_judges_after_the_last_step():
+    a = tri_pool()
+    full = a.alloc("full", a.available_pages("full"))
+
+    def evict(short):  # frees what is asked, but reports nothing
+        a.free("full", full[:short * 4])
+        return 0
+
+    _expect(a.relieve("mamba", a.available_pages("mamba") + 2, evict), True,
+            "the fit an evictor made counts even when it returns 0")
+    return "verdict after the last step"
+
+
+def scenario_borrowing():
+    a = Arena(8192, [SubPool("mamba", 64, 1, "up", "state"), SubPool("swa", 8, 4, "float"),
+                     SubPool("full", 16, 4, "down")], borrow={"swa": "full"})
+    ids = a.alloc("full", 4)
+    _expect(a.alloc("swa", 4, ids=ids), ids, "the borrower binds the lender's ids")
+    a.free("swa", ids[:2])
+    for call in (lambda: a.alloc("swa", 1), lambda: a.free("full", [ids[2]])):
+        try:
+            call()
+        except ValueError:
+            pass
+        else:
+            raise AssertionError("a borrower minted an id, or a lender freed a borrowed one")
+    a.free("full", ids[:2])
+    return "bind, refuse, free borrower first"
+
+
 def scenario_bad_input():
     a = tri_pool()
     ids = a.alloc("full", 3)
@@ -218,7 +248,7 @@ def random_walk(seed, steps=300, contracts=False):
     """Random operations on a random geometry, ``verify()`` after each step."""
     rng = random.Random(seed)
     total, pools, lazy = random_geometry(rng)
-    a = Arena(total, pools, lazy=lazy)
+    a = Arena(total, pools, lazy=lazy)  # borrowing has its own scenario and the differential machine
     live = {n: [] for n in a.chain}
     floats = list(a.chain[1:-1])
 

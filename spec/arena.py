@@ -174,8 +174,8 @@ class Arena:
         if b.is_end:
             room = g.num_pages - g.min_page - b.span
             return arith.end_available(self.gap_bytes(name), g.epp, room, len(b.holes))
-        lo, hi = self.region(name)
-        return arith.float_available(not b.opaque, lo, hi, b.lo, b.hi, len(b.holes), b.index_room)
+        region_lo, region_hi = self.region(name)
+        return arith.float_available(not b.opaque, region_lo, region_hi, b.lo, b.hi, len(b.holes), b.index_room)
 
     def available_size(self, name):
         """Tokens (slots) ``alloc`` hands out now.

@@ -25,7 +25,27 @@ from .arith import ite, max_
 
 def short_side_decision(sides_low: int, sides_high: int, band_low: int, band_high: int, float_bytes: int,
                         slack: int) -> tuple:
-    """Decide one float's move for a demand vector.
+    """Decide one float's move for a demand vector (DESIGN section 4, step 7).
+
+    With ``surplus[s] = band[s] - sides[s]`` (step 4), the plain decision:
+
+    ============================  ======  ==========  =========================================
+    case                          act     side        target (bytes on that side)
+    ============================  ======  ==========  =========================================
+    both sides short              no      --          -- (relocation is zero-sum: evict)
+    low side short only           if the  low         ``sides_low + max(0, float_bytes -
+                                  target                max(0, surplus_high)) + slack``
+                                  exceeds
+                                  band_low
+    high side short only          same    high        the mirror image
+    no side short, float short    yes     larger      ``sides[s] + float_bytes + slack``
+    (``float_bytes >                      surplus
+    max(surplus)``)                       (low wins
+                                          ties)
+    nobody short                  no      --          --
+    ============================  ======  ==========  =========================================
+
+    The code below is that table over the shim's ``ite``, so z3 can read it.
 
     pre: sides_low >= 0 and sides_high >= 0 and band_low >= 0 and band_high >= 0
     pre: float_bytes >= 0 and slack >= 0
