@@ -327,7 +327,9 @@ class DiffMachine(RuleBasedStateMachine):
 
     @rule(data=st.data())
     def free_bad(self, data):
-        name = data.draw(st.sampled_from(self.S.chain))
+        lenders = sorted(set(self.lender.values()))
+        pools = lenders if lenders and data.draw(st.booleans()) else self.S.chain
+        name = data.draw(st.sampled_from(pools))
         g = self.S.geometry(name)
         live = self.live_ids(name)
         unbound = self.S.bands[name].free_ids

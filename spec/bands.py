@@ -66,7 +66,9 @@ class Band:
 
     @property
     def index_room(self):
-        """Virtual ids not yet handed out."""
+        """Pages of this pool's grid not yet bound (for a pool that mints its
+        ids, also the ids not yet handed out; a borrower's ids are its
+        lender's, so its room is counted on its own grid, like its pages)."""
         return self.geom.num_pages - self.geom.min_page - self.live
 
     def occupied_pages(self):
