@@ -1,7 +1,8 @@
 """``kvarena prove [--only NAME] [--json PATH] [--no-crosshair] [--jobs N]``.
 
-Runs every z3 obligation (with its vacuity check) and the CrossHair runs,
-prints a table of each with its result and time, and a one-line total.
+Runs every z3 obligation (with its vacuity and tautology checks) and the
+CrossHair runs, prints a table of each with its result and time, and a
+one-line total.
 Exits non-zero on any failure.  ``run_all`` returns the rows for
 ``kvarena verify``.
 """
@@ -40,6 +41,8 @@ def _detail(r):
     bits = [r.get("result", "")]
     if r.get("vacuity") not in (None, "n/a"):
         bits.append(f"vacuity {r['vacuity']}")
+    if r.get("tautology") not in (None, "n/a", "none"):
+        bits.append(f"tautology {r['tautology']}")
     if r.get("expect") == "counterexample":
         bits.append("refutation (finding)")
     if r.get("reason"):
@@ -62,8 +65,8 @@ def run_all(only=None, crosshair=True, jobs=2):
     """Every obligation (and, with ``crosshair``, every CrossHair run) as result dicts.
 
     Each dict has ``name``, ``group``, ``kind``, ``statement``, ``result``,
-    ``ok``, ``time_s``, ``limit_s``, ``vacuity`` and, for ``kvarena verify``'s
-    table, ``seconds`` and ``detail``.
+    ``ok``, ``time_s``, ``limit_s``, ``vacuity``, ``tautology`` (z3 rows)
+    and, for ``kvarena verify``'s table, ``seconds`` and ``detail``.
     """
     results = run_z3(only, jobs)
     if crosshair:
@@ -87,6 +90,7 @@ def _print(results, wall):
     t.add_column("obligation", no_wrap=True)
     t.add_column("result")
     t.add_column("vacuity")
+    t.add_column("taut")
     t.add_column("s", justify="right")
     t.add_column("limit", justify="right")
     t.add_column("statement / detail", overflow="fold")
@@ -99,16 +103,19 @@ def _print(results, wall):
         if not r["ok"] or r["result"] == "counterexample":
             detail += " | " + _detail(r)
         t.add_row(str(k), r["name"], f"[{colour}]{res}[/{colour}]", str(r.get("vacuity", "")),
+                  str(r.get("tautology", "")),
                   f"{r.get('time_s', 0):.2f}", str(r.get("limit_s", "")), detail)
     console.print(t)
     failed = [r for r in results if not r["ok"]]
     z3n = sum(1 for r in results if r.get("kind") == "z3")
     proved = sum(1 for r in results if r.get("kind") == "z3" and r["result"] == "proved" and r["ok"])
     refuted = sum(1 for r in results if r.get("kind") == "z3" and r.get("expect") == "counterexample" and r["ok"])
+    taut = sum(1 for r in results if r.get("tautology") == "goal")
     ch = [r for r in results if r.get("kind", "").startswith("crosshair")]
     colour = "red" if failed else "green"
     console.print(f"[{colour}]kvarena prove: {len(results) - len(failed)}/{len(results)} ok, {len(failed)} failed "
-                  f"-- z3: {z3n} obligations ({proved} proved, {refuted} refuted as documented findings); "
+                  f"-- z3: {z3n} obligations ({proved} proved, {refuted} refuted as documented findings, "
+                  f"{taut} valid with no hypotheses by construction); "
                   f"crosshair: {len(ch)} checks "
                   f"({sum(1 for r in ch if r['result'] == 'skipped')} skipped) -- {wall:.1f}s wall[/{colour}]")
 

@@ -12,6 +12,27 @@ listed witness set, e.g. each variant of an operation) must be satisfiable,
 or the proof would be empty.  A *refutation* obligation (``expect =
 "counterexample"``) states a property we claim is false; it passes when z3
 finds the counterexample, which is a documented finding.
+
+Every obligation also gets a cheap **tautology check** (a short budget,
+``TAUTOLOGY_S`` by default): is its goal, or any top-level conjunct of it,
+valid with *no* hypotheses at all?  A goal that is valid alone proves
+nothing about the state (DESIGN section 7: a telescoping sum is not
+conservation).  The result is reported as ``tautology``:
+
+- ``"none"``      neither the goal nor any conjunct is valid alone;
+- ``"conjuncts"`` some top-level conjuncts are valid alone (listed, at most
+  a few, in ``tautological_conjuncts``): facts that hold by construction,
+  e.g. ``max_(x, m) >= m``;
+- ``"goal"``      the whole goal is valid alone (for a case split: every
+  case's goal is; a single case's goal valid alone counts as a conjunct);
+- ``"unknown"``   the budget ran out before every query was decided;
+- ``"n/a"``       a refutation, or an encoding error.
+
+``Obligation.tautology`` says what is allowed: ``"conjuncts"`` (the
+default: a conjunct may hold by construction, the goal may not), ``"none"``
+(no conjunct either: the invariants, each of whose conjuncts must be able to
+fail) or ``"any"`` (a lemma of arithmetic, valid by design).  A verdict
+beyond what is allowed fails the obligation; ``unknown`` never does.
 """
 
 import time
@@ -46,25 +67,28 @@ class Obligation:
     build: Callable[[], Built]
     timeout_s: float = 20.0
     expect: str = "proved"  # or "counterexample" for a refutation (a finding)
+    tautology: str = "conjuncts"  # what may be valid with no hypotheses: "none" | "conjuncts" | "any"
 
 
 REGISTRY = {}
+TAUTOLOGY_S = 2.0  # seconds per obligation for the tautology check, all its queries together
+_TAUT_ALLOWED = {"none": ("none",), "conjuncts": ("none", "conjuncts"), "any": ("none", "conjuncts", "goal")}
 
 
-def register(name, group, statement, timeout_s=20.0, expect="proved"):
+def register(name, group, statement, timeout_s=20.0, expect="proved", tautology="conjuncts"):
     def deco(fn):
-        if name in REGISTRY:
-            raise ValueError(f"obligation {name!r} registered twice")
-        REGISTRY[name] = Obligation(name, group, statement, fn, timeout_s, expect)
+        add(name, group, statement, fn, timeout_s, expect, tautology)
         return fn
 
     return deco
 
 
-def add(name, group, statement, build, timeout_s=20.0, expect="proved"):
+def add(name, group, statement, build, timeout_s=20.0, expect="proved", tautology="conjuncts"):
     if name in REGISTRY:
         raise ValueError(f"obligation {name!r} registered twice")
-    REGISTRY[name] = Obligation(name, group, statement, build, timeout_s, expect)
+    if tautology not in _TAUT_ALLOWED:
+        raise ValueError(f"obligation {name!r}: tautology must be one of {tuple(_TAUT_ALLOWED)}")
+    REGISTRY[name] = Obligation(name, group, statement, build, timeout_s, expect, tautology)
 
 
 class Fresh:
@@ -113,7 +137,69 @@ def _check(constraints, timeout_ms):
     return r, (s.model() if r == z3.sat else None), s.reason_unknown() if r == z3.unknown else ""
 
 
-def run_obligation(ob):
+def conjuncts(goal):
+    """The top-level conjuncts of ``goal`` (nested ``And`` flattened)."""
+    g = _as_bool(goal)
+    if z3.is_and(g):
+        return [c for a in g.children() for c in conjuncts(a)]
+    return [g]
+
+
+def tautology_check(goals, budget_s=TAUTOLOGY_S):
+    """Which of ``goals`` (one per case), and which of their top-level
+    conjuncts, are valid with no hypotheses.
+
+    Returns ``(verdict, examples)``: ``verdict`` as in the module docstring,
+    ``examples`` a few of the valid goals or conjuncts, as text.  All the
+    queries share ``budget_s``; one still open when it runs out makes the
+    verdict ``unknown`` (unless something valid was already found).
+    """
+    deadline = time.perf_counter() + budget_s
+    seen, valid_conj, decided = set(), [], True
+    whole = []  # per distinct goal: valid alone?
+
+    def valid(e):
+        nonlocal decided
+        left = deadline - time.perf_counter()
+        if left <= 0.01:
+            decided = False
+            return False
+        r, _, _ = _check([z3.Not(e)], left * 1000)
+        if r == z3.unknown:
+            decided = False
+        return r == z3.unsat
+
+    for goal in goals:
+        g = _as_bool(goal)
+        key = g.sexpr()
+        if key in seen:
+            continue
+        seen.add(key)
+        whole.append(valid(g))
+        if whole[-1]:
+            valid_conj.append(g)
+            continue
+        cs = conjuncts(g)
+        if len(cs) < 2:
+            continue
+        for c in cs:
+            ck = c.sexpr()
+            if ck in seen:
+                continue
+            seen.add(ck)
+            if valid(c):
+                valid_conj.append(c)
+    if whole and all(whole):
+        verdict = "goal"
+    elif valid_conj:
+        verdict = "conjuncts"
+    else:
+        verdict = "none" if decided else "unknown"
+    examples = [" ".join(str(c).split())[:80] for c in valid_conj[:3]]
+    return verdict, examples
+
+
+def run_obligation(ob, tautology_s=None):
     """Run one obligation; returns a JSON-able result dict."""
     t0 = time.perf_counter()
     res = {"name": ob.name, "group": ob.group, "kind": "z3", "statement": ob.statement,
@@ -170,12 +256,22 @@ def run_obligation(ob):
                 vac = "unsat" if vr == z3.unsat else "unknown"
                 break
         res["vacuity"] = vac
+        # tautology: does a goal (or a conjunct of one) hold with no hypotheses at all?
+        if ob.expect == "counterexample":
+            res["tautology"] = "n/a"
+        else:
+            verdict, examples = tautology_check(goals, TAUTOLOGY_S if tautology_s is None else tautology_s)
+            res["tautology"] = verdict
+            if examples:
+                res["tautological_conjuncts"] = examples
         res["cases"] = len(cases)
         res["witnesses"] = len(cases) + len(built.witnesses)
     except Exception as e:  # an encoding error is a failure, not a crash
         res["result"] = "error"
         res["reason"] = f"{type(e).__name__}: {e}"
         res["vacuity"] = "n/a"
+        res["tautology"] = "n/a"
     res["time_s"] = round(time.perf_counter() - t0, 3)
-    res["ok"] = res["result"] == ob.expect and res.get("vacuity") == "sat"
+    taut_ok = res["tautology"] in ("unknown", "n/a") or res["tautology"] in _TAUT_ALLOWED[ob.tautology]
+    res["ok"] = res["result"] == ob.expect and res.get("vacuity") == "sat" and taut_ok
     return res

@@ -2,6 +2,10 @@
 (layout facts and every invariant and the operation's precondition)
 implies the invariant afterwards.
 
+Each is registered with ``tautology="none"``: no conjunct of an invariant
+may hold with no hypotheses at all (the runner checks it), so every
+conjunct is something an operation could get wrong.
+
 The state is a chain of 2, 3 or 4 pools (``up, [f1, [f2,]] down``) with
 every frontier, count, ``epp``, ``num_pages``, ``min_page``, ``lazy`` flag
 and ``total`` symbolic: ``inv.OP.INV`` is the 4-pool obligation,
@@ -70,7 +74,9 @@ OPERATIONS = {
 
 STATEMENTS = {
     "order": "frontier order along the chain; opaque bands disjoint and within [sink, total]",
-    "conservation": "span = live + holes, eager END hole-free, live <= ids, bands+gaps+sink = total",
+    "conservation": "span = live + holes, eager END hole-free, live <= ids, and verify()'s byte equation: "
+                    "sink + per opaque band (gap since the previous high, clamped at 0, + (live+holes)*epp) "
+                    "+ tail clamped at 0 = total",
     "grid": "page-aligned spans on each grid, no page below min_page, ENDs anchored, empty float parked",
 }
 
@@ -84,7 +90,7 @@ def _make(op, inv, N):
         s = A.symbolic_state(f, "s_", n=N)
         t = A.symbolic_state(f, "t_", like=s)
         vs = _variants(op, s, t, f)
-        hyps = [A.layout_ok(s), A.inv_all(s)]
+        hyps = [A.layout_ok(s, first_pages=False), A.inv_all(s)]
         return Built(hyps, A.INVARIANTS[inv](t), cases=[[v] for v in vs],
                      hints=A.layout_hint(s))
 
@@ -97,4 +103,44 @@ for _n in (4, 3, 2):
             continue
         for _inv, _st in STATEMENTS.items():
             add(f"inv.{_op}.{_inv}" + ("" if _n == 4 else f".n{_n}"), "invariants",
-                f"{_n} pools: {_what} preserves {_inv}: {_st}", _make(_op, _inv, _n), timeout_s=30.0)
+                f"{_n} pools: {_what} preserves {_inv}: {_st}", _make(_op, _inv, _n), timeout_s=30.0,
+                tautology="none")
+
+
+# ------------------------------------------- conservation can fail, and where
+
+
+def _drift_build(n, single):
+    """Order and grid hold, counts are non-negative; ``single``: exactly one
+    opaque band drifts (span != live + holes) => the byte equation fails.
+    Otherwise (refuted): the byte equation alone implies every band's
+    span = live + holes."""
+
+    def build():
+        f = Fresh()
+        s = A.symbolic_state(f, "s_", n=n)
+        base = [A.layout_ok(s, first_pages=False), A.inv_order(s), A.inv_grid(s)]
+        for b in s.bands:
+            base += [b.live >= 0, b.holes >= 0]
+        drift = [b.hi - b.lo != b.live + b.holes for b in s.bands]
+        if not single:
+            goal = A.and_(*[A.not_(d) for d in drift])
+            return Built(base + [A.cons_bytes(s)], goal, hints=A.layout_hint(s))
+        cases = []
+        for i in range(n):
+            cases.append([A.opaque(s, i), drift[i]] + [A.not_(d) for j, d in enumerate(drift) if j != i])
+        return Built(base, A.not_(A.cons_bytes(s)), cases=cases, hints=A.layout_hint(s))
+
+    return build
+
+
+for _n in (4, 3, 2):
+    _sfx = "" if _n == 4 else f".n{_n}"
+    add(f"inv.conservation.single_drift_detected{_sfx}", "invariants",
+        f"{_n} pools: order and grid hold and exactly one opaque band's span != live + holes "
+        "=> verify()'s byte equation fails (conservation can fail, for each band)",
+        _drift_build(_n, True), timeout_s=30.0)
+add("inv.conservation.bytes_localize_drift", "invariants",
+    "REFUTED (finding): 2 pools, with order and grid, verify()'s byte equation implies span = live + holes "
+    "for both ENDs (two drifts that cancel in bytes pass it)",
+    _drift_build(2, False), timeout_s=30.0, expect="counterexample")

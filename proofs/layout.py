@@ -2,8 +2,12 @@
 
 ``layout_terms`` mirrors ``spec.geometry.make_layout``'s arithmetic over the
 shim (sink = max of epp over the pools in the order given, then
-``arith.num_pages`` and ``arith.min_page`` per pool); ``tests/test_proofs``
-checks it against ``make_layout`` on concrete configurations.
+``arith.num_pages`` and ``arith.min_page`` per pool), and ``_valid`` its
+acceptance test: ``arith.first_pages`` on the grids in chain order, the
+very function make_layout calls; ``tests/test_proofs_fidelity`` checks both
+against ``make_layout`` on concrete configurations.  The pools of a
+symbolic configuration are given in chain order (pool 0 the up END, the
+last the down END, floats between).
 
 Entry sizes and ``total_bytes`` are symbolic; each page size is a symbolic
 member of {1, 2, 4, 8, 16, 32, 64} (so every size in the set, for every pool
@@ -44,9 +48,11 @@ def _config(f, n):
 
 
 def _valid(total, sink, geo):
-    """make_layout's acceptance conditions: a page above the sink for everyone."""
+    """make_layout's acceptance conditions, with ``geo`` in chain order (up
+    END first, down END last): a page above the sink for everyone, and every
+    ``fits`` of ``arith.first_pages`` -- the function make_layout calls."""
     cs = [g[1] > g[2] for g in geo]
-    cs.append(sink + sum(g[0] for g in geo) <= total)
+    cs += [fits for _, fits in arith.first_pages([tuple(g) for g in geo])]
     return cs
 
 
@@ -121,7 +127,63 @@ for _n in (2, 3, 4):
         add(f"layout.{_fact}.n{_n}", "layout",
             f"{_n} pools, symbolic total/entry sizes, page sizes in {{1..64}}: {_st}",
             _build(_n, _fn, valid=_fact != "num_pages_by_epp"),
-            timeout_s=60.0 if _fact == "order_independent" else 30.0)
+            timeout_s=60.0 if _fact == "order_independent" else 30.0,
+            # the same sink and grids in any order holds by construction of
+            # layout_terms (max is commutative; each grid is its own pool's)
+            tautology="any" if _fact == "order_independent" else "conjuncts")
+
+
+# ------------------------------------------------- every pool allocates
+
+
+def _galois_cdiv(x, b, e):
+    """x*e >= b  <=>  x >= cdiv(b, e), for e > 0 (proved: capacity.lemma.cdiv_galois)."""
+    return z3.Implies(e > 0, (x * e >= b) == (x >= arith.cdiv(b, e)))
+
+
+def _galois_fdiv(x, a, e):
+    """x*e <= a  <=>  x <= fdiv(a, e), for e > 0 (proved: capacity.lemma.fdiv_galois)."""
+    return z3.Implies(e > 0, (x * e <= a) == (x <= arith.fdiv(a, e)))
+
+
+def _allocates_build(n):
+    """``layout_ok`` -- which holds every ``fits`` of ``arith.first_pages``
+    -- implies ``available(boot, i) >= 1`` for every pool ``i``: one query
+    per pool, each with the lemma instances that chain the packed first
+    pages (``page_k * epp_k >= high_{k-1}``) and price the boot region."""
+
+    def build():
+        f = Fresh()
+        s = A.symbolic_state(f, "s_", n=n)
+        boot = A.boot_state(s)
+        grids = A.grids(s)
+        firsts = arith.first_pages(grids)
+        lem = []
+        high = (grids[0][2] + 1) * grids[0][0]  # the up END's first page's high frontier
+        for (e, _, m), (page, _) in list(zip(grids, firsts))[1:-1]:
+            lem.append(_galois_cdiv(page, high, e))
+            high = (page + 1) * e
+        cases, goals = [], []
+        for i in range(n):
+            p = boot.pools[i]
+            if p.grow == "float":
+                extra = [_galois_cdiv(firsts[i][0], A.below(boot, i), p.epp),
+                         _galois_fdiv(firsts[i][0] + 1, A.above(boot, i), p.epp)]
+            else:
+                extra = [_galois_fdiv(1, A.gap(boot, i), p.epp)]
+            cases.append(lem + extra)
+            goals.append(A.available(boot, i) >= 1)
+        return Built([A.layout_ok(s)], None, cases=cases, case_goals=goals, hints=A.layout_hint(s))
+
+    return build
+
+
+for _n in (2, 3, 4):
+    add(f"layout.every_pool_allocates.n{_n}", "layout",
+        f"{_n} pools, symbolic layout numbers: a valid layout (make_layout's conditions, every "
+        "arith.first_pages fits) gives every pool available_pages >= 1 in the boot state (up END empty "
+        "at min_page, floats parked, down END empty at num_pages); one query per pool",
+        _allocates_build(_n), timeout_s=30.0)
 
 
 # ---------------------------------------------------------- float regions
@@ -143,7 +205,7 @@ def _region_build(n):
                      z3.Or(hi + 1 > p.num_pages, (hi + 1) * p.epp > ab),
                      # an opaque float's own span lies in its region
                      z3.Implies(b.live > 0, z3.And(lo <= b.lo, b.hi <= hi))]
-        return Built([A.layout_ok(s), A.inv_all(s)], z3.And(*goal), hints=A.layout_hint(s))
+        return Built([A.layout_ok(s, first_pages=False), A.inv_all(s)], z3.And(*goal), hints=A.layout_hint(s))
 
     return build
 

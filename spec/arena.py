@@ -593,7 +593,13 @@ class Arena:
         (live + holes, not read off its frontiers), and the free bytes
         before, between and after the bands, each clamped at 0, add up to the
         buffer.  A frontier that drifts from its band's count fails here, and
-        only here (``tests/test_spec_verify.py`` plants one)."""
+        only here (``tests/test_spec_verify.py`` plants one).
+
+        The sum sees a band whose span holds more pages than it counts.  The
+        other direction cannot hide in it: a span with fewer pages than its
+        live pages and holes leaves one of them outside the span, which
+        ``Band.check`` reports, so two drifts that cancel in the sum (proof
+        finding 6) are still caught."""
         covered, prev_high = self.sink_bytes, self.sink_bytes
         for name in opaque:
             b = self.bands[name]

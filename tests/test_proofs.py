@@ -29,8 +29,16 @@ def test_registry_covers_the_issue():
                "make_room_boundary", "make_room_leapfrog", "compact_holes"):
         for inv in ("order", "conservation", "grid"):
             assert f"inv.{op}.{inv}" in REG
+    for n in (2, 3, 4):
+        assert f"layout.every_pool_allocates.n{n}" in REG
+    for sfx in ("", ".n3", ".n2"):
+        assert f"inv.conservation.single_drift_detected{sfx}" in REG
+    assert REG["inv.conservation.bytes_localize_drift"].expect == "counterexample"
     for ob in REG.values():
         assert ob.statement and ob.timeout_s > 0 and ob.expect in ("proved", "counterexample")
+        assert ob.tautology in ("none", "conjuncts", "any")
+        if ob.group == "invariants" and ob.name.split(".")[1] != "conservation":
+            assert ob.tautology == "none", ob.name  # every conjunct of an invariant must be able to fail
 
 
 @pytest.mark.parametrize("name", list(REG))
@@ -40,7 +48,21 @@ def test_obligation(results, name):
     assert r["result"] == ob.expect, r
     assert r["vacuity"] == "sat", r  # the hypotheses are satisfiable: not a vacuous proof
     assert r["time_s"] <= ob.timeout_s * 1.6 + 5, r  # proof + vacuity within the stated limit
+    if ob.expect == "proved":  # the goal does not hold with no hypotheses, unless declared so
+        allowed = {"none": {"none"}, "conjuncts": {"none", "conjuncts"}, "any": {"none", "conjuncts", "goal"}}
+        assert r["tautology"] in allowed[ob.tautology] | {"unknown"}, r
     assert r["ok"]
+
+
+def test_tautology_verdicts(results):
+    """The invariants decide their tautology check (no conjunct holds alone);
+    the by-construction obligations are the declared ones."""
+    for name, r in results.items():
+        if name.startswith("inv.") and REG[name].expect == "proved":
+            assert r["tautology"] == "none", r
+    goal = {n for n, r in results.items() if r["tautology"] == "goal"}
+    assert goal <= {n for n, ob in REG.items() if ob.tautology == "any"}
+    assert "capacity.lemma.cdiv_galois" in goal
 
 
 def test_refutations_carry_concrete_counterexamples(results):
@@ -86,6 +108,56 @@ def test_cli_exits_nonzero_on_failure(monkeypatch, capsys):
     assert "counterexample" in out and "1 failed" in out
 
 
+def test_runner_reports_tautologies():
+    """A goal valid with no hypotheses fails the obligation unless declared
+    (``tautology="any"``); a conjunct valid alone fails only ``"none"``."""
+    x, y = z3.Ints("x y")
+    taut = Obligation("t.taut", "t", "x + y - y == x", lambda: Built([x > 0], x + y - y == x))
+    r = run_obligation(taut)
+    assert r["result"] == "proved" and r["vacuity"] == "sat" and r["tautology"] == "goal" and not r["ok"]
+    ok = run_obligation(Obligation("t.lemma", "t", "lemma", taut.build, tautology="any"))
+    assert ok["tautology"] == "goal" and ok["ok"]
+    part = lambda: Built([x > 0], z3.And(x > -1, z3.Or(y <= y, x == x)))  # noqa: E731
+    r = run_obligation(Obligation("t.conj", "t", "a conjunct holds alone", part))
+    assert r["tautology"] == "conjuncts" and r["tautological_conjuncts"] and r["ok"]
+    r = run_obligation(Obligation("t.conj0", "t", "no conjunct may hold alone", part, tautology="none"))
+    assert r["tautology"] == "conjuncts" and not r["ok"]
+    clean = run_obligation(Obligation("t.clean", "t", "needs its hypothesis", lambda: Built([x > 0], x > -1)))
+    assert clean["tautology"] == "none" and clean["ok"]
+    assert run_obligation(Obligation("t.ref", "t", "refuted", lambda: Built([x > 0], x > 1),
+                                     expect="counterexample"))["tautology"] == "n/a"
+
+
+def _telescoping(s):
+    """The conservation sum before this issue: gap + (high - low) per opaque band."""
+    from kvarena.proofs import abstract as A
+
+    prev = covered = s.sink
+    for i in range(s.n):
+        o = A.opaque(s, i)
+        covered = arith.ite(o, covered + (A.low_f(s, i) - prev) + (A.high_f(s, i) - A.low_f(s, i)), covered)
+        prev = arith.ite(o, A.high_f(s, i), prev)
+    return covered + (s.total - prev)
+
+
+@pytest.mark.parametrize("n", [2, 3, 4])
+def test_conservation_goal_is_not_a_tautology(n):
+    """DESIGN section 7: conservation must be able to fail.  With no
+    hypotheses at all z3 finds a state that breaks verify()'s byte equation
+    (and the whole invariant); the old telescoping sum held for every state."""
+    from kvarena.proofs import abstract as A
+    from kvarena.proofs.core import Fresh, _check, tautology_check
+
+    s = A.symbolic_state(Fresh(), "t_", n=n)
+    r, model, _ = _check([z3.Not(A.cons_bytes(s))], 2000)
+    assert r == z3.sat and model is not None  # a counterexample state
+    assert _check([z3.Not(A.inv_cons(s))], 2000)[0] == z3.sat
+    assert tautology_check([A.inv_cons(s)]) == ("none", [])
+    # teeth: the old sum is valid alone, and the check says so
+    assert _check([z3.Not(_telescoping(s) == s.total)], 2000)[0] == z3.unsat
+    assert tautology_check([z3.And(A.inv_cons(s), _telescoping(s) == s.total)])[0] == "conjuncts"
+
+
 # ---------------------------------------------------------------- mutation
 
 
@@ -98,7 +170,9 @@ def test_mutation_ceil_to_floor_in_float_region(monkeypatch):
     assert _run("layout.float_region.n3")["result"] == "proved"
     monkeypatch.setattr(arith, "cdiv", arith.fdiv)
     assert _run("layout.float_region.n3")["result"] == "counterexample"
-    assert _run("inv.alloc_float_parked.order")["result"] == "counterexample"
+    # 3 pools: with conservation's clamped byte equation among the hypotheses the
+    # 4-pool counterexample takes z3 10+ s under load (the 3-pool one about 2 s)
+    assert _run("inv.alloc_float_parked.order.n3")["result"] == "counterexample"
 
 
 def test_mutation_end_available_ceil(monkeypatch):
@@ -216,6 +290,29 @@ def test_finding_far_float_moves_in_vain():
     assert a.available_pages("up") == before  # nothing gained for the END that asked
 
 
+def test_finding_conservation_does_not_localize_drift():
+    """inv.conservation.bytes_localize_drift is refuted: verify()'s byte
+    equation catches one drifted band (single_drift_detected, proved) but
+    not two drifts that cancel in bytes.  Replayed on the real spec."""
+    from kvarena.spec import AccountingError
+
+    e = SubPool
+    a = Arena(400, [e("u", 4, 1, "up"), e("d", 4, 1, "down")])
+    a.alloc("u", 5)
+    a.alloc("d", 5)
+    a.verify()
+    opaque = list(a.chain)
+    a.bands["u"].hi += 1  # one page too many in u's span ...
+    with pytest.raises(AccountingError, match="conservation"):
+        a._conservation(opaque)  # a single drift is caught
+    a.bands["d"].lo += 1  # ... and one too few in d's: the bytes cancel
+    a._conservation(opaque)  # not caught by the byte equation
+    spans = [a.bands[n].hi - a.bands[n].lo - a.bands[n].live - len(a.bands[n].holes) for n in opaque]
+    assert spans == [1, -1]
+    with pytest.raises(AccountingError, match="outside span"):
+        a.verify()  # here another per-band rule of verify() catches it; not proved in general
+
+
 def test_anchor_bug_raw_bytes_overpromise_example():
     """capacity.float.raw_bytes_overpromise, concretely: off-grid frontiers."""
     below, above, epp = 5, 11, 3
@@ -257,6 +354,29 @@ def test_source_mutation_floor_to_ceil_in_end_available(monkeypatch):
                        "return min_(cdiv(gap, epp), index_room) + holes")
     monkeypatch.setattr(arith, "end_available", m.end_available)
     assert _run("capacity.end_down.sound")["result"] == "counterexample"
+
+
+def test_source_mutation_first_pages_raw_bytes(monkeypatch):
+    """``cdiv(high, epp)`` turned into ``fdiv`` in ``arith.first_pages``: a
+    float's first page may then overlap the page below it, the layout check
+    accepts a float that can never allocate, and every_pool_allocates fails."""
+    assert _run("layout.every_pool_allocates.n3")["result"] == "proved"
+    real = arith.first_pages
+    m = _mutant_module(arith, "page = max_(cdiv(high, epp), m)", "page = max_(fdiv(high, epp), m)")
+    monkeypatch.setattr(arith, "first_pages", m.first_pages)
+    r = _run("layout.every_pool_allocates.n3")
+    assert r["result"] == "counterexample", r
+    # the DESIGN example, concretely: the mutant accepts F, whose region is empty
+    grids = [(10, 8, 4), (33, 2, 1), (10, 8, 4)]
+    assert all(f for _, f in m.first_pages(grids)) and not all(f for _, f in real(grids))
+
+
+def test_mutation_first_pages_dropped(monkeypatch):
+    """Without the packing (only a page above the sink for everyone) a pool
+    may never allocate: the obligation needs the first_pages hypotheses."""
+    monkeypatch.setattr(arith, "first_pages", lambda grids: [(0, True) for _ in grids])
+    for n in (2, 3):
+        assert _run(f"layout.every_pool_allocates.n{n}")["result"] == "counterexample"
 
 
 def test_source_mutation_region_ceil_to_floor(monkeypatch):

@@ -97,6 +97,83 @@ def test_layout_terms_match_make_layout(total, cfg):
         assert npg == arith.fdiv(total, epp)  # layout.num_pages_by_epp, concretely
 
 
+@settings(max_examples=200, deadline=None)
+@given(st.lists(st.tuples(st.integers(1, 60), st.integers(1, 40), st.integers(0, 12)), min_size=2, max_size=5))
+def test_first_pages_z3_matches_python(raw):
+    """``arith.first_pages`` on z3 terms, substituted and simplified, equals
+    the Python result: the layout obligations reason about the code that runs."""
+    grids = [(e, m + 1 + k, m) for e, k, m in raw]
+    flat = [x for g in grids for x in g]
+
+    def fn(*xs):
+        out = arith.first_pages([tuple(xs[i:i + 3]) for i in range(0, len(xs), 3)])
+        return tuple(x for pf in out for x in pf)
+
+    want = tuple(x for pf in arith.first_pages(grids) for x in pf)
+    assert z3_eval(fn, *flat) == want
+
+
+def _chain_pools(cfg):
+    grows = ["up"] + ["float"] * (len(cfg) - 2) + ["down"]
+    return [SubPool(f"p{i}", e, ps, g) for i, ((e, ps), g) in enumerate(zip(cfg, grows))]
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.integers(1, 3000), st.lists(st.tuples(st.integers(1, 40), st.sampled_from([1, 2, 4, 8])),
+                                      min_size=2, max_size=5), st.randoms(use_true_random=False))
+def test_make_layout_accepts_exactly_first_pages(total, cfg, rnd):
+    """make_layout accepts iff every pool has a page above the sink and every
+    ``first_pages`` fits holds (in chain order, whatever order the pools are
+    given); an accepted layout lets every pool allocate in the empty arena
+    (``layout.every_pool_allocates``, concretely), and the abstract boot state
+    is the real one."""
+    pools = _chain_pools(cfg)
+    sink = max(p.epp for p in pools)
+    grids = [(p.epp, arith.num_pages(total, p.entry_bytes, p.page_size), arith.min_page(sink, p.epp))
+             for p in pools]
+    fits = [f for _, f in arith.first_pages(grids)]
+    expect = all(n > m for _, n, m in grids) and all(fits)
+    given_order = list(pools)
+    if len(pools) == 2 or rnd.random() < 0.5:  # ENDs anywhere; floats keep their order
+        ends, floats = [pools[0], pools[-1]], pools[1:-1]
+        rnd.shuffle(ends)
+        given_order = [ends[0], *floats, ends[1]] if rnd.random() < 0.5 else [*floats, *ends]
+    try:
+        a = Arena(total, given_order)
+    except ValueError as e:
+        assert not expect, e
+        bad = [p.name for p, (_, n, m), f in zip(pools, grids, fits) if not (n > m and f)]
+        assert any(repr(b) in str(e) for b in bad), (e, bad)
+        return
+    assert expect, (total, cfg)
+    assert a.chain == tuple(p.name for p in pools)
+    for p in pools:
+        assert a.available_pages(p.name) >= 1, p.name
+    s = A.from_arena(a)
+    assert A.boot_state(s) == s and A.layout_ok(s) is True
+
+
+def test_design_example_float_never_gets_a_page():
+    """DESIGN section 3: F's only page would overlap the up END's first page."""
+    pools = [SubPool("U", 10, 1, "up"), SubPool("F", 33, 1, "float"), SubPool("D", 10, 1, "down")]
+    try:
+        make_layout(86, pools)
+    except ValueError as e:
+        assert "'F'" in str(e)
+    else:
+        raise AssertionError("make_layout accepted a float that can never allocate")
+    try:
+        Arena(86, pools)
+    except ValueError as e:
+        assert "'F'" in str(e)
+    else:
+        raise AssertionError("Arena accepted a float that can never allocate")
+    grids = [(10, 8, 4), (33, 2, 1), (10, 8, 4)]
+    assert [f for _, f in arith.first_pages(grids)] == [True, False, False]  # D packs above F
+    # the old raw-byte check (sink + sum of epp <= total) accepted it
+    assert 33 + 10 + 33 + 10 <= 86
+
+
 # ------------------------------------------------- abstract vs spec.Arena
 
 
@@ -228,6 +305,28 @@ def test_abstract_transitions_match_spec(a, ops, seed):
         assert ok is True, (kind, s, A.from_arena(a))
         a.verify()
     _check_views(a, A.from_arena(a))
+
+
+@settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow, HealthCheck.filter_too_much])
+@given(arenas(), st.lists(st.sampled_from(OPS), min_size=0, max_size=15), st.integers(0, 2 ** 32),
+       st.lists(st.tuples(st.integers(0, 3), st.sampled_from(["lo", "hi"]), st.integers(-2, 2)), max_size=2))
+def test_conservation_matches_spec(a, ops, seed, drifts):
+    """``abstract.cons_bytes`` is ``Arena._conservation``: on reachable states
+    both hold, and after planting frontier drifts both reject or both accept."""
+    rng = random.Random(seed)
+    for op in ops:
+        _apply(a, rng, op)
+    assert A.cons_bytes(A.from_arena(a)) is True
+    for k, field, d in drifts:
+        b = a.bands[a.chain[k % len(a.chain)]]
+        setattr(b, field, getattr(b, field) + d)
+    opaque = [n for n in a.chain if a.bands[n].opaque]
+    try:
+        a._conservation(opaque)
+        spec_ok = True
+    except AssertionError:
+        spec_ok = False
+    assert A.cons_bytes(A.from_arena(a)) is spec_ok
 
 
 def test_fidelity_run_reaches_every_variant():
