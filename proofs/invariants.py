@@ -19,6 +19,11 @@ disjunct, and each must be satisfiable on its own (the vacuity witnesses).
 from . import abstract as A
 from .core import Built, Fresh, add
 
+# The slowest inv.* query (compact_holes.conservation, 4 pools) takes about
+# 20 s on an idle 2-core machine since the byte equation counts pages: a
+# 60 s limit keeps a loaded CI machine from turning it into "unknown".
+INV_TIMEOUT_S = 60.0
+
 def _variants(op, s, t, f):
     N = s.n
     FLOATS = tuple(range(1, N - 1))
@@ -103,7 +108,7 @@ for _n in (4, 3, 2):
             continue
         for _inv, _st in STATEMENTS.items():
             add(f"inv.{_op}.{_inv}" + ("" if _n == 4 else f".n{_n}"), "invariants",
-                f"{_n} pools: {_what} preserves {_inv}: {_st}", _make(_op, _inv, _n), timeout_s=30.0,
+                f"{_n} pools: {_what} preserves {_inv}: {_st}", _make(_op, _inv, _n), timeout_s=INV_TIMEOUT_S,
                 tautology="none")
 
 
@@ -139,7 +144,7 @@ for _n in (4, 3, 2):
     add(f"inv.conservation.single_drift_detected{_sfx}", "invariants",
         f"{_n} pools: order and grid hold and exactly one opaque band's span != live + holes "
         "=> verify()'s byte equation fails (conservation can fail, for each band)",
-        _drift_build(_n, True), timeout_s=30.0)
+        _drift_build(_n, True), timeout_s=INV_TIMEOUT_S)
 add("inv.conservation.bytes_localize_drift", "invariants",
     "REFUTED (finding): 2 pools, with order and grid, verify()'s byte equation implies span = live + holes "
     "for both ENDs (two drifts that cancel in bytes pass it)",

@@ -9,12 +9,14 @@ Modules, in reading order:
 - ``geometry``  sub-pools, page grids, the sink, the chain;
 - ``bands``     one band: span, page tables, holes, content model;
 - ``policy``    the demand-vector decision for sliding a float;
-- ``arena``     the chain, capacity views, operations, relieve, verify.
+- ``arena``     the chain, capacity views, operations, relieve, verify;
+- ``composites`` the token-level composites over one arena (DESIGN section 6).
 """
 
 from .arena import Arena, MAX_EVICT_ROUNDS
+from .composites import HybridSWA, MambaHybrid, TriPool, swa_window_end
 from .geometry import AccountingError, Geometry, Layout, SubPool, make_layout
 from .policy import short_side_decision
 
 __all__ = ["Arena", "AccountingError", "Geometry", "Layout", "SubPool", "make_layout",
-           "short_side_decision", "MAX_EVICT_ROUNDS"]
+           "short_side_decision", "MAX_EVICT_ROUNDS", "HybridSWA", "MambaHybrid", "TriPool", "swa_window_end"]

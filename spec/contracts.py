@@ -14,9 +14,9 @@ import copy
 import functools
 import inspect
 
-from . import arena, arith, geometry, policy
+from . import arena, arith, composites, geometry, policy
 
-MODULES = (arith, policy, geometry, arena)
+MODULES = (arith, policy, geometry, arena, composites)
 NAMES = {m.__name__ for m in MODULES}
 
 
@@ -114,13 +114,25 @@ def checking():
                     if w is not obj:
                         saved.append((mod, name, obj))
                         setattr(mod, name, w)
-        cls = arena.Arena
-        inv = conditions(cls.__doc__)["inv"]
-        for name, obj in list(vars(cls).items()):
-            if inspect.isfunction(obj) and not name.startswith("_") and name != "verify":
-                saved.append((cls, name, obj))
-                setattr(cls, name, checked(obj, inv, outermost=True))
+        # Every class with an ``inv:`` (the arena, each composite): its public
+        # methods, inherited ones included, checked with that invariant.
+        for mod in MODULES:
+            for cls in [c for c in vars(mod).values() if inspect.isclass(c) and c.__module__ == mod.__name__]:
+                inv = conditions(cls.__doc__)["inv"]
+                if not inv:
+                    continue
+                for name in dir(cls):
+                    obj = getattr(cls, name)
+                    if inspect.isfunction(obj) and not name.startswith("_") and name != "verify" \
+                            and obj.__module__ in NAMES and not hasattr(obj, "__wrapped_contract__"):
+                        saved.append((cls, name, vars(cls).get(name)))
+                        # only the outermost call: a composite's operation passes
+                        # through arena states (and trial copies) of its own
+                        setattr(cls, name, checked(obj, inv, outermost=True))
         yield
     finally:
         for owner, name, obj in reversed(saved):
-            setattr(owner, name, obj)
+            if obj is None:
+                delattr(owner, name)  # it was inherited: uncover the base's
+            else:
+                setattr(owner, name, obj)

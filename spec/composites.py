@@ -1,0 +1,655 @@
+"""The token-level composites: ``HybridSWA``, ``MambaHybrid``, ``TriPool``.
+
+DESIGN section 6.  Serving engines allocate tokens, not pages; a composite
+wraps one ``Arena`` with fixed roles and speaks the paged-allocator
+interface that engines already call (ANCHOR section 1):
+
+=============  =========================================  =====================
+composite      chain (low bytes -> high)                  ids
+=============  =========================================  =====================
+``HybridSWA``  swa (up END) . full (down END)             swa borrows full's
+``MambaHybrid`` state (up END, page_size 1) . full (down)  state slots: own ids
+``TriPool``    state (up END) . swa (float) . full (down)  swa borrows full's
+=============  =========================================  =====================
+
+Vocabulary.  ``ps`` is the page size of the KV pools.  A **token id** is
+``vpage*ps + offset`` in full's virtual id space; the SWA band borrows
+those ids (``borrow={"swa": "full"}``), so one token id addresses both.  A
+**state slot** is a virtual id of the state pool (page size 1).
+
+Every call validates its whole input first: bad input is a ``ValueError``
+that names the problem, raised before any state changes.  A shortfall is
+never an exception: it returns ``None`` (allocations) or ``False``
+(``relieve``, ``fits``).
+
+The one coupled operation (``_bind``): a batch that needs ``n`` new pages
+takes ``n`` virtual ids from full's FIFO (``arena.alloc("full", n)``), then
+binds the *same* ids in swa (``arena.alloc("swa", n, ids=...)``), full
+first.  Whether that succeeds is always decided on a deep copy of the
+arena first, so a refusal changes nothing at all: the anchor's static SWA
+allocator ran both sides with no pre-check and leaked the side that
+succeeded (ANCHOR section 2); this one cannot.
+
+Methods a composite does not have are absent, not stubs: ``HybridSWA`` has
+no ``alloc_state``/``free_state``/``state_available_size``/
+``state_slot_token_cost``, and ``MambaHybrid`` no ``free_swa``/
+``swa_available_size``.  A ``pool=`` or ``state_slots=`` argument that
+names what the composite lacks is a ``ValueError``.
+"""
+
+import copy
+import operator
+
+from . import arith
+from .arena import MAX_EVICT_ROUNDS, Arena
+from .geometry import AccountingError, SubPool
+
+FULL, SWA, STATE = "full", "swa", "state"
+
+
+# ------------------------------------------------------------- arguments
+
+
+def _int(what, v):
+    """``v`` as an int; a bool or a non-integer is a ``ValueError``."""
+    try:
+        if isinstance(v, bool):
+            raise TypeError
+        return operator.index(v)
+    except TypeError:
+        raise ValueError(f"{what} must be an int, got {v!r}") from None
+
+
+def _ints(what, seq):
+    """A list or tuple of ints, as a list."""
+    if not isinstance(seq, (list, tuple)):
+        raise ValueError(f"{what} must be a list or tuple of ints, got {type(seq).__name__}")
+    return [_int(f"{what}[{i}]", v) for i, v in enumerate(seq)]
+
+
+def _count(what, v):
+    v = _int(what, v)
+    if v < 0:
+        raise ValueError(f"{what} must be >= 0, got {v}")
+    return v
+
+
+# ------------------------------------------------------- the window rule
+
+
+def swa_window_end(seq_len: int, window: int, page_size: int) -> int:
+    """Token position below which a request's SWA pages may be freed.
+
+    ANCHOR section 2: a request's SWA pages below
+    ``floor_to_page(seq_len - window - page_size)`` have left the window,
+    clamped at 0.  ``window`` is the *engine's* window, the model's
+    ``sliding_window - 1`` (gpt-oss: 127; Gemma 3: 1023).  The extra page
+    keeps the page that the window's oldest token sits in.  A scheduler
+    calls, each step, ``free_swa(tokens[done:end], start_pos=done)`` with
+    ``end = swa_window_end(...)`` whenever ``end > done``; both ends are
+    page-aligned, as ``free_swa`` requires.
+
+    post: __return__ % page_size == 0
+    post: 0 <= __return__ <= max(0, seq_len - window - page_size)
+    post: __return__ == 0 or seq_len - window - page_size - __return__ < page_size
+    raises: ValueError
+    """
+    seq_len = _count("swa_window_end: seq_len", seq_len)
+    window = _count("swa_window_end: window", window)
+    page_size = _int("swa_window_end: page_size", page_size)
+    if page_size < 1:
+        raise ValueError(f"swa_window_end: page_size must be >= 1, got {page_size}")
+    edge = seq_len - window - page_size
+    return max(0, edge // page_size * page_size)
+
+
+# ------------------------------------------------------------ the common part
+
+
+class _Composite:
+    """What every composite shares: token allocation, free, views, relief.
+
+    inv: self.verify() is None
+    """
+
+    CHAIN = ()  # the pool names, low bytes first (set by each composite)
+    BORROW = {}  # borrower -> lender
+
+    def __init__(self, total_bytes, pools, page_size, lazy, policy):
+        self.arena = Arena(total_bytes, pools, lazy=lazy, policy=policy, borrow=dict(self.BORROW) or None)
+        self.page_size = page_size
+        self.verify()
+
+    # ----------------------------------------------------------- facts
+
+    def _has(self, name):
+        return name in self.CHAIN
+
+    def _floats(self):
+        return list(self.CHAIN[1:-1])
+
+    def _token_page(self, v2p, t, what):
+        """The virtual page of token ``t``; it must be live in ``v2p``.
+
+        ``-1``, a negative token, a token of page 0 (the sink), an id past
+        the id space, and a token whose page is not allocated are errors.
+        """
+        if t < 0:
+            raise ValueError(f"{what} {t} names no token (-1 is the empty-prefix sentinel)")
+        page = t // self.page_size
+        if page == 0:
+            raise ValueError(f"{what} {t} lies in page 0, the sink, which is never allocated")
+        if page >= len(v2p):
+            raise ValueError(f"{what} {t} is out of range: page {page} >= {len(v2p)} pages")
+        if v2p[page] < 0:
+            raise ValueError(f"{what} {t} is not allocated (page {page} is unknown or already freed)")
+        return page
+
+    # ---------------------------------------------------- the coupled step
+
+    def _bind(self, arena, n):
+        """Bind ``n`` new pages on ``arena``: ids from full's FIFO, the same
+        ids in swa where present, full first.  Returns the ids, or None.
+
+        On the composite's own arena this is only called after the same
+        call succeeded on a copy: a half-done bind never happens there.
+        """
+        ids = arena.alloc(FULL, n)
+        if ids is None:
+            return None
+        if self._has(SWA) and arena.alloc(SWA, n, ids=ids) is None:
+            return None
+        return ids
+
+    def _fits_on(self, arena, tokens, state_slots):
+        """On a copy of ``arena``: ``state_slots`` slots, then one request of
+        ``tokens`` new tokens (empty prefix), both without relief?"""
+        trial = copy.deepcopy(arena)
+        if state_slots and trial.alloc(STATE, state_slots) is None:
+            return False
+        return self._bind(trial, arith.cdiv(tokens, self.page_size)) is not None
+
+    def _joint_pages(self, arena):
+        """The largest ``P`` whose coupled bind succeeds on ``arena`` now.
+
+        Binary search over ``P`` in ``[0, available_pages(full)]``.  The
+        predicate is monotone (true for ``P`` implies true for ``P-1``):
+        full's bind succeeds iff ``P <= available_pages(full)``; it takes
+        holes first and then lowers full's low frontier by
+        ``max(0, P - holes)`` pages, so the bytes left below full only
+        shrink as ``P`` grows, and swa's gate (its gap as an up END, or its
+        grid-aware region as a float, DESIGN section 3) is a non-increasing
+        function of those bytes, asked for more pages.
+        """
+        lo, hi = 0, arena.available_pages(FULL)  # fits(lo); nothing above hi fits
+        while lo < hi:
+            mid = (lo + hi + 1) // 2
+            if self._bind(copy.deepcopy(arena), mid) is not None:
+                lo = mid
+            else:
+                hi = mid - 1
+        return lo
+
+    def _take_pages(self, n):
+        """The gate of one batch that needs ``n`` new pages (DESIGN section 6).
+
+        Decided on a copy; on a shortfall the relief ladder runs without
+        eviction (flush, slide) and the gate is asked once more.  None
+        means no id was allocated on any side (relief moves may have
+        happened).
+        """
+        if n == 0:
+            return []
+        if not self._fits_on(self.arena, n * self.page_size, 0):
+            self.relieve(tokens=n * self.page_size)
+            if not self._fits_on(self.arena, n * self.page_size, 0):
+                return None
+        ids = self._bind(self.arena, n)
+        assert ids is not None, "the copy said the coupled bind fits"
+        return ids
+
+    # ------------------------------------------------------ allocation
+
+    def _requests(self, what, prefix, seq, last):
+        """Validate a batch; return ``[(prefix, seq, last_loc), ...]``.
+
+        ``last_loc`` is ``-1`` exactly when the prefix is empty; otherwise
+        it is the slot of position ``prefix - 1``: a token live in full
+        whose offset in its page is ``(prefix - 1) % ps``.  Its page need
+        not be live in swa (a window free may have released it); tokens
+        continuing that page then have no swa entry.  Two requests may not
+        continue the same partly filled page (they would be given the same
+        slots).
+        """
+        ps = self.page_size
+        if not len(prefix) == len(seq) == len(last):
+            raise ValueError(f"{what}: length mismatch: {len(prefix)} prefix_lens, {len(seq)} seq_lens, "
+                             f"{len(last)} last_loc")
+        full = self.arena.v2p(FULL)
+        continued = {}
+        for i, (p, s, loc) in enumerate(zip(prefix, seq, last)):
+            if p < 0:
+                raise ValueError(f"{what}: request {i}: prefix_len {p} < 0")
+            if s < p:
+                raise ValueError(f"{what}: request {i}: seq_len {s} < prefix_len {p}")
+            if p == 0:
+                if loc != -1:
+                    raise ValueError(f"{what}: request {i}: empty prefix needs last_loc -1, got {loc}")
+                continue
+            page = self._token_page(full, loc, f"{what}: request {i}: last_loc")
+            if loc % ps != (p - 1) % ps:
+                raise ValueError(f"{what}: request {i}: last_loc {loc} is at offset {loc % ps} of its page, "
+                                 f"but position {p - 1} belongs at offset {(p - 1) % ps}")
+            if p % ps and s > p:
+                if page in continued:
+                    raise ValueError(f"{what}: requests {continued[page]} and {i} both continue page {page}")
+                continued[page] = i
+        return list(zip(prefix, seq, last))
+
+    def _alloc(self, reqs):
+        """ANCHOR section 1, to the slot.
+
+        Request ``i`` needs ``ceil(seq/ps) - ceil(prefix/ps)`` new pages;
+        the batch takes them in one coupled bind, and requests take them in
+        batch order, each its share in the order the FIFO handed them out.
+        Each request's slots, in position order, come in three parts:
+        (1) ``last_loc+1, last_loc+2, ...`` continuing the partly filled
+        page, for ``min(seq, ceil(prefix/ps)*ps) - prefix`` tokens; (2) its
+        whole new pages; (3) a partly filled new page for the tail.  A slot
+        on a new page is ``page*ps + position % ps``.
+        """
+        ps = self.page_size
+        counts = [arith.cdiv(s, ps) - arith.cdiv(p, ps) for p, s, _ in reqs]
+        pages = self._take_pages(sum(counts))
+        if pages is None:
+            return None
+        out, k = [], 0
+        for (p, s, loc), m in zip(reqs, counts):
+            cont = min(s, arith.cdiv(p, ps) * ps) - p  # part (1)
+            out += [loc + 1 + j for j in range(cont)]
+            start = p + cont  # page-aligned whenever a new page follows
+            out += [pages[k + (pos - start) // ps] * ps + pos % ps for pos in range(start, s)]  # (2), (3)
+            k += m
+        return out
+
+    def alloc_extend(self, prefix_lens, seq_lens, last_loc):
+        """Slots for positions ``[prefix_i, seq_i)`` of each request, flat and
+        request-major, or None (DESIGN section 6; ANCHOR section 1).
+
+        See ``_alloc`` for the rule and ``_requests`` for what is checked.
+        A shortfall runs ``relieve(tokens=n*ps)`` without eviction (``n``
+        the batch's new pages) and asks again; None then means no id was
+        allocated on any side, though the relief's flushes and slides may
+        have moved pages (never a caller-visible id).
+
+        post: __return__ is None or len(__return__) == sum(seq_lens) - sum(prefix_lens)
+        post: __return__ is None or len(set(__return__)) == len(__return__)
+        post: __return__ is not None or self.arena.live_pages("full") == __old__.self.arena.live_pages("full")
+        raises: ValueError
+        """
+        what = "alloc_extend"
+        reqs = self._requests(what, _ints(f"{what}: prefix_lens", prefix_lens),
+                              _ints(f"{what}: seq_lens", seq_lens), _ints(f"{what}: last_loc", last_loc))
+        return self._alloc(reqs)
+
+    def alloc_decode(self, seq_lens, last_loc):
+        """One slot per request, for position ``seq_i - 1``, or None.
+
+        This is ``alloc_extend`` with ``prefix = seq - 1``: a new page is
+        taken iff position ``seq - 1`` starts a page, i.e. ``seq % ps == 1``
+        (for ``ps = 1``: always); otherwise the slot is ``last_loc + 1``.
+        ``seq_lens`` are >= 1.  Shortfalls as in ``alloc_extend``.
+
+        post: __return__ is None or len(__return__) == len(seq_lens)
+        post: __return__ is not None or self.arena.live_pages("full") == __old__.self.arena.live_pages("full")
+        raises: ValueError
+        """
+        what = "alloc_decode"
+        seq = _ints(f"{what}: seq_lens", seq_lens)
+        last = _ints(f"{what}: last_loc", last_loc)
+        for i, s in enumerate(seq):
+            if s < 1:
+                raise ValueError(f"{what}: request {i}: seq_len must be >= 1, got {s}")
+        return self._alloc(self._requests(what, [s - 1 for s in seq], seq, last))
+
+    # ------------------------------------------------------------ free
+
+    def free(self, token_ids):
+        """Free the pages of these tokens (DESIGN section 6; ANCHOR section 1).
+
+        The pages are ``sorted(set(t // ps))``.  Every token must be live
+        in full: ``-1``, a token of page 0, a token out of range, an
+        unknown or already-freed token and a repeated token are each a
+        ``ValueError``, with nothing changed.  The swa entries of those
+        pages that are still live are freed first (a borrowed id must leave
+        its borrower before its lender), then the full pages, both in
+        ascending page order.
+
+        post: all(p == 0 for p in self.translate(token_ids))
+        raises: ValueError
+        """
+        toks = _ints("free: token_ids", token_ids)
+        seen = set()
+        for t in toks:
+            if t in seen:
+                raise ValueError(f"free: token {t} is repeated")
+            seen.add(t)
+        full = self.arena.v2p(FULL)
+        pages = sorted({self._token_page(full, t, "free: token") for t in toks})
+        if self._has(SWA):
+            swa = self.arena.v2p(SWA)
+            self.arena.free(SWA, [p for p in pages if swa[p] > 0])
+        self.arena.free(FULL, pages)
+
+    # ------------------------------------------------------------ views
+
+    def available_size(self):
+        """The joint view, in tokens (DESIGN section 6; anchor bug 7).
+
+        The largest ``n`` for which ``alloc_extend([0], [n], [-1])``
+        succeeds now, without relief: ``P*ps`` for the largest ``P`` whose
+        coupled bind succeeds on a copy (``_joint_pages``, which says why
+        the search is sound).  It can be smaller than the ``min`` of the
+        per-component views: each of those assumes it has the shared bytes
+        to itself.
+
+        post: __return__ % self.page_size == 0
+        post: self.fits(__return__)
+        post: not self.fits(__return__ + self.page_size)
+        """
+        return self._joint_pages(self.arena) * self.page_size
+
+    def full_available_size(self):
+        """Tokens full alone could take now (``arena.available_size("full")``;
+        DESIGN sections 5 and 6).  Not the gate: see ``available_size``."""
+        return self.arena.available_size(FULL)
+
+    def fits(self, tokens=0, state_slots=0):
+        """Would ``state_slots`` state slots and then one request of
+        ``tokens`` new tokens (empty prefix) both succeed now, without
+        relief?  Decided on a copy: nothing changes.  This is ``relieve``'s
+        verdict and the gate of every allocation.
+
+        raises: ValueError
+        """
+        tokens, state_slots = self._demand_args("fits", tokens, state_slots)
+        return self._fits_on(self.arena, tokens, state_slots)
+
+    def _demand_args(self, what, tokens, state_slots):
+        tokens = _count(f"{what}: tokens", tokens)
+        state_slots = _count(f"{what}: state_slots", state_slots)
+        if state_slots and not self._has(STATE):
+            raise ValueError(f"{what}: state_slots={state_slots}, but {type(self).__name__} has no state pool")
+        return tokens, state_slots
+
+    # ----------------------------------------------------------- relief
+
+    def _flush_members(self):
+        """Rung 1: flush every member, floats first, then the ENDs in chain
+        order (DESIGN section 4, a composite's flush targets)."""
+        for name in self._floats() + [self.CHAIN[0], self.CHAIN[-1]]:
+            self.arena.flush(name)
+
+    def _shortfall(self, tokens, state_slots):
+        """What ``evict`` is asked for, in tokens.
+
+        ``max(0, tokens - available_size())`` plus, for state slots short,
+        ``short_slots * state_slot_token_cost()``.  When that is 0 but the
+        demand still does not fit (tokens and slots each fit alone, not
+        together: they share the gap), it is what the tokens lack once the
+        slots are taken: ``tokens - (joint view after taking them)``, which
+        is then at least 1.
+        """
+        short = max(0, tokens - self.available_size())
+        if state_slots:
+            short += max(0, state_slots - self.state_available_size()) * self.state_slot_token_cost()
+        if short == 0 and state_slots:
+            trial = copy.deepcopy(self.arena)
+            assert trial.alloc(STATE, state_slots) is not None
+            short = tokens - self._joint_pages(trial) * self.page_size
+        return short
+
+    def relieve(self, tokens=0, state_slots=0, evict=None):
+        """The shortfall ladder for a demand; True once it fits.
+
+        DESIGN sections 4 (relieve) and 6.  The demand vector is
+        ``{full: ceil(tokens/ps), swa: the same (where present), state:
+        state_slots (where present)}``; "fits" is ``self.fits(tokens,
+        state_slots)``.  Unless it fits at once:
+
+        1. flush every member (floats first, then the ENDs in chain order),
+           recheck;
+        2. for each float in chain order, ``arena.open_short_side(float,
+           demand)``, rechecking after each;
+        3. with ``evict``, up to ``MAX_EVICT_ROUNDS`` (4) rounds of
+           ``evict(shortfall_tokens)`` (see ``_shortfall``), each followed
+           by rungs 1 and 2; a falsy return ends the rounds.
+
+        The verdict is judged after the last step that ran.  Never raises
+        on a shortfall; an exception from ``evict`` is the caller's.  A
+        demand that fits at once runs nothing (no flush).  With the
+        ``"anchor"`` policy one run is not all the ladder can do (README,
+        findings 1 and 6): a second identical call can succeed where the
+        first failed (``tests/test_spec_composites.py`` pins a case).
+
+        post: __return__ == self.fits(tokens, state_slots)
+        raises: ValueError
+        """
+        tokens, state_slots = self._demand_args("relieve", tokens, state_slots)
+        if evict is not None and not callable(evict):
+            raise ValueError(f"relieve: evict must be callable or None, got {evict!r}")
+        pages = arith.cdiv(tokens, self.page_size)
+        demand = {FULL: pages}
+        if self._has(SWA):
+            demand[SWA] = pages
+        if self._has(STATE):
+            demand[STATE] = state_slots
+
+        def fits():
+            return self._fits_on(self.arena, tokens, state_slots)
+
+        def rungs():
+            self._flush_members()
+            if fits():
+                return True
+            for f in self._floats():
+                self.arena.open_short_side(f, demand)
+                if fits():
+                    return True
+            return False
+
+        if fits() or rungs():
+            return True
+        if evict is not None:
+            for _ in range(MAX_EVICT_ROUNDS):
+                if not evict(self._shortfall(tokens, state_slots)):
+                    break
+                if rungs():
+                    return True
+        return fits()  # after the last step that ran, whatever evict returned
+
+    # -------------------------------------------------------- translate
+
+    def translate(self, token_ids, pool="full"):
+        """Physical slots: ``v2p[t // ps] * ps + t % ps`` (DESIGN section 6).
+
+        ``pool`` is ``"full"``, ``"swa"`` (token ids; where present) or
+        ``"state"`` (state slots, page size 1; where present).  A token
+        whose page is a tombstone, a token of page 0 (the sink), and ``-1``
+        all translate to slot 0 itself, never to an offset inside page 0.
+        Below ``-1`` or past the id space is a ``ValueError``.
+
+        post: len(__return__) == len(token_ids)
+        raises: ValueError
+        """
+        if not isinstance(pool, str) or not self._has(pool):
+            raise ValueError(f"translate: pool {pool!r}: {type(self).__name__} has pools {', '.join(self.CHAIN)}")
+        toks = _ints("translate: token_ids", token_ids)
+        ps = 1 if pool == STATE else self.page_size
+        n_ids = len(self.arena.v2p(pool))
+        for t in toks:
+            if t < -1 or t // ps >= n_ids:
+                raise ValueError(f"translate: pool {pool!r}: token {t} out of range [-1, {n_ids * ps})")
+        pages = self.arena.translate(pool, [t // ps if t >= 0 else -1 for t in toks])
+        return [p * ps + t % ps if p > 0 else 0 for t, p in zip(toks, pages)]
+
+    # ----------------------------------------------------------- checks
+
+    def verify(self):
+        """DESIGN sections 5 and 6: ``arena.verify()`` (which already checks
+        that every live swa id is live in full, DESIGN section 3), plus the
+        composite's roles: the chain and the borrowing are the ones this
+        composite was built with.  Nothing else is composite state: every
+        token and slot lives in the arena's tables.
+
+        post: __return__ is None
+        raises: AccountingError
+        """
+        self.arena.verify()
+        if tuple(self.arena.chain) != self.CHAIN:
+            raise AccountingError(self.CHAIN[0], "composite roles",
+                                  f"chain {self.arena.chain}, expected {self.CHAIN}")
+        if self.arena.lenders != self.BORROW:
+            raise AccountingError(SWA, "composite roles", f"borrow {self.arena.lenders}, expected {self.BORROW}")
+
+    def snapshot(self):
+        """The whole state as JSON-able data, the arena's snapshot included
+        (DESIGN section 10)."""
+        return {"composite": type(self).__name__, "page_size": self.page_size, "arena": self.arena.snapshot()}
+
+
+class _WithSWA:
+    """The calls of a composite with an SWA band (``HybridSWA``, ``TriPool``)."""
+
+    def free_swa(self, token_ids, start_pos):
+        """The per-step window free (DESIGN section 6; ANCHOR section 1,
+        ``free_segment``).
+
+        ``start_pos`` (the position of ``token_ids[0]`` in its request)
+        must be a multiple of ``ps``, else ``ValueError``; the page
+        representatives are ``token_ids[::ps]``, and only they are read: a
+        representative below ``-1`` or past the id space is a
+        ``ValueError``.  Only swa entries that are live (``v2p > 0``,
+        strictly) are freed, in ascending page order; ``-1``, page 0 and
+        entries already freed are skipped silently.  Full keeps its pages.
+
+        post: self.arena.live_pages("full") == __old__.self.arena.live_pages("full")
+        raises: ValueError
+        """
+        ps = self.page_size
+        toks = _ints("free_swa: token_ids", token_ids)
+        start = _int("free_swa: start_pos", start_pos)
+        if start < 0 or start % ps:
+            raise ValueError(f"free_swa: start_pos {start} must be a non-negative multiple of page_size {ps}")
+        swa = self.arena.v2p(SWA)
+        reps = toks[::ps]
+        for t in reps:
+            if t < -1 or t // ps >= len(swa):
+                raise ValueError(f"free_swa: token {t} out of range [-1, {len(swa) * ps})")
+        self.arena.free(SWA, sorted({t // ps for t in reps if t >= ps and swa[t // ps] > 0}))
+
+    def swa_available_size(self):
+        """Tokens swa alone could take now (``arena.available_size("swa")``;
+        DESIGN sections 5 and 6).  Binding them also needs full ids and
+        full's bytes: the gate is ``available_size``."""
+        return self.arena.available_size(SWA)
+
+
+class _WithState:
+    """The calls of a composite with a state pool (``MambaHybrid``, ``TriPool``)."""
+
+    def alloc_state(self, n=1):
+        """``n`` state slots (state-pool virtual ids, FIFO), or None
+        (DESIGN sections 6 and 9, bug 6; ANCHOR section 2: slots from the
+        first page above the sink, and None rather than an assertion).
+
+        On a shortfall, ``relieve(state_slots=n)`` without eviction, then
+        one more try: the other side gives ground (flush, slide) before any
+        eviction is considered (anchor bug 6).  None means no slot was
+        taken; relief moves may have happened.
+
+        post: __return__ is None or len(__return__) == n
+        raises: ValueError
+        """
+        n = _count("alloc_state: n", n)
+        ids = self.arena.alloc(STATE, n)
+        if ids is None and self.relieve(state_slots=n):
+            ids = self.arena.alloc(STATE, n)
+        return ids
+
+    def free_state(self, slots):
+        """Free state slots (DESIGN section 6); an unknown, freed, repeated,
+        sink (0) or out-of-range slot is a ``ValueError``, with nothing
+        changed.  The state END frees as any END does (DESIGN section 4:
+        an eager one compacts, a lazy one leaves holes).
+
+        post: all(p == 0 for p in self.translate(slots, "state"))
+        raises: ValueError
+        """
+        slots = _ints("free_state: slots", slots)
+        try:
+            self.arena.free(STATE, slots)  # validates every slot before it changes anything
+        except ValueError as e:
+            raise ValueError(f"free_state: {e}") from None
+
+    def state_available_size(self):
+        """Slots the state pool could take now, without relief
+        (``arena.available_size("state")``; DESIGN section 6)."""
+        return self.arena.available_size(STATE)
+
+    def state_slot_token_cost(self):
+        """Tokens one state slot displaces (DESIGN section 6; ANCHOR section 3):
+        ``ceil(state_bytes / per-token bytes of the KV a token takes)``."""
+        return arith.cdiv(self.state_bytes, self._token_entry_bytes)
+
+
+# -------------------------------------------------------------- composites
+
+
+class HybridSWA(_WithSWA, _Composite):
+    """Full + SWA KV: swa (up END) . full (down END), swa borrows full's ids.
+
+    inv: self.verify() is None
+    """
+
+    CHAIN = (SWA, FULL)
+    BORROW = {SWA: FULL}
+
+    def __init__(self, total_bytes, full_entry_bytes, swa_entry_bytes, page_size=1, lazy=False, policy="anchor"):
+        pools = [SubPool(SWA, swa_entry_bytes, page_size, "up"), SubPool(FULL, full_entry_bytes, page_size, "down")]
+        super().__init__(total_bytes, pools, page_size, lazy, policy)
+
+
+class MambaHybrid(_WithState, _Composite):
+    """Mamba state + full KV: state (up END, page_size 1) . full (down END).
+
+    inv: self.verify() is None
+    """
+
+    CHAIN = (STATE, FULL)
+
+    def __init__(self, total_bytes, full_entry_bytes, state_bytes, page_size=1, lazy=False, policy="anchor"):
+        pools = [SubPool(STATE, state_bytes, 1, "up", "state"), SubPool(FULL, full_entry_bytes, page_size, "down")]
+        super().__init__(total_bytes, pools, page_size, lazy, policy)
+        self.state_bytes = state_bytes
+        self._token_entry_bytes = full_entry_bytes
+
+
+class TriPool(_WithSWA, _WithState, _Composite):
+    """The seed's headline case: state (up END) . swa (float) . full (down END),
+    swa borrows full's ids.  With its float empty it behaves exactly as the
+    ``MambaHybrid`` of the same sizes (the golden identity).
+
+    inv: self.verify() is None
+    """
+
+    CHAIN = (STATE, SWA, FULL)
+    BORROW = {SWA: FULL}
+
+    def __init__(self, total_bytes, full_entry_bytes, swa_entry_bytes, state_bytes, page_size=1, lazy=False,
+                 policy="anchor"):
+        pools = [SubPool(STATE, state_bytes, 1, "up", "state"), SubPool(SWA, swa_entry_bytes, page_size, "float"),
+                 SubPool(FULL, full_entry_bytes, page_size, "down")]
+        super().__init__(total_bytes, pools, page_size, lazy, policy)
+        self.state_bytes = state_bytes
+        self._token_entry_bytes = full_entry_bytes + swa_entry_bytes
