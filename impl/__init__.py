@@ -4,11 +4,14 @@ Behaves page for page like ``kvarena.spec.Arena``; see ``docs/impl.md``.
 
 Modules: ``capacity`` (torch-free scalar arithmetic), ``memo`` (epoch
 fields and the capacity memo), ``band`` (one pool's device tables),
-``arena`` (chain walks, operations, relieve, verify, bytes).
+``arena`` (chain walks, operations, relieve, verify, bytes), ``composites``
+(the token-level HybridSWA, MambaHybrid, TriPool; DESIGN section 6).
 """
 
 from kvarena.spec.geometry import AccountingError, SubPool
 
 from .arena import MAX_EVICT_ROUNDS, Arena
+from .composites import HybridSWA, MambaHybrid, TriPool, swa_window_end
 
-__all__ = ["Arena", "AccountingError", "SubPool", "MAX_EVICT_ROUNDS"]
+__all__ = ["Arena", "AccountingError", "SubPool", "MAX_EVICT_ROUNDS", "HybridSWA", "MambaHybrid", "TriPool",
+           "swa_window_end"]

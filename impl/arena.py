@@ -47,8 +47,12 @@ class Arena:
                               lenders.get(n), layout.geometry.get(lenders.get(n)))
                       for n in self.chain}
         self._order = list(self.bands.values())
-        self._memo = Memo(lambda: sum(b.epoch for b in self._order))
+        self._memo = Memo(self._epoch_key)  # a bound method: a deep copy keys on its own bands
         self.verify()
+
+    def _epoch_key(self):
+        """The memo key: the sum of the chain's epochs (``impl/memo.py``)."""
+        return sum(b.epoch for b in self._order)
 
     # ------------------------------------------------------------ access
 

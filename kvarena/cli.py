@@ -90,7 +90,9 @@ def cmd_verify(args):
         rows += proofs
     if not args.skip_fuzz:
         fuzz = _optional_rows("fuzz", "kvarena.differential", "run_differential", examples=args.fuzz_examples)
-        _table("differential fuzz (impl vs spec)", fuzz)
+        fuzz += _optional_rows("fuzz", "kvarena.differential_composites", "run_differential",
+                               examples=args.fuzz_examples)
+        _table("differential fuzz (impl vs spec: arena, composites)", fuzz)
         rows += fuzz
     failed = [r for r in rows if not r["ok"]]
     if args.json:

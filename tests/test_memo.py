@@ -100,3 +100,18 @@ def test_verify_compares_every_view_after_ops():
         for v in VIEWS:
             assert a._view(v, n) == a.fresh_view(v, n)
     a.verify()
+
+
+def test_a_deep_copy_keys_its_memo_on_its_own_bands():
+    """The memo key used to be a lambda over the original arena's bands, so a
+    deep copy read stale views after its first change (found by the
+    composites' work, which deep-copies arenas)."""
+    import copy
+
+    a = arena()
+    before = a.available_pages("U")  # fills the memo
+    b = copy.deepcopy(a)
+    b.alloc("U", 3)
+    b.verify()  # no "stale memo"
+    a.verify()
+    assert a.available_pages("U") == before and b.available_pages("U") == before - 3

@@ -1,0 +1,698 @@
+"""The token-level composites on torch: ``HybridSWA``, ``MambaHybrid``, ``TriPool``.
+
+DESIGN section 6; ANCHOR sections 1-3.  Same behaviour as
+``kvarena.spec.composites`` token for token and page for page (the
+differential tests hold the two equal), written independently over tensors:
+this module never imports the spec's composites.
+
+=============  =========================================  =====================
+composite      chain (low bytes -> high)                  ids
+=============  =========================================  =====================
+``HybridSWA``  swa (up END) . full (down END)             swa borrows full's
+``MambaHybrid`` state (up END, page_size 1) . full (down)  state slots: own ids
+``TriPool``    state (up END) . swa (float) . full (down)  swa borrows full's
+=============  =========================================  =====================
+
+A **token id** is ``vpage*ps + offset`` in full's id space; swa borrows those
+ids (``borrow={"swa": "full"}``).  A batch that needs ``n`` new pages takes
+``n`` ids from full's FIFO (``arena.alloc("full", n)``) and binds the *same*
+ids in swa (``arena.alloc("swa", n, ids=ids, check=False)``), full first.
+The gate decides beforehand, from host counters, whether both binds succeed
+(the joint view below), so a refusal never leaves one side allocated.
+
+**Host syncs.**  The per-step path is ``alloc_decode`` + ``free_swa`` +
+``translate``.  ``translate`` on a tensor is sync-free.  ``alloc_extend``,
+``alloc_decode`` and ``free_swa`` each make exactly one documented host read
+per call (``_host_read``, marked ``# SYNC:``): a handful of ints stacked into
+one small tensor, holding the count the call needs on the host (the batch's
+new-page count, which sizes the allocation; for ``alloc_extend`` also the
+output length; for ``free_swa`` the number of live swa entries to free,
+which sizes the hole list) and the count of invalid inputs, so validation
+costs no extra round trip.  Only an error (which raises) reads more, to name
+the bad input, and only a shortfall does more (the relief ladder's flushes
+and slides are the arena's cold paths, which read the tables).  ``free``, ``free_state``, ``relieve`` and ``verify`` are
+cold paths and read the host freely.
+
+**The joint view** (``available_size``) is the largest ``P`` (pages) whose
+coupled bind succeeds now without relief, from host ints only:
+
+* ``MambaHybrid``: full's own view (``end_available`` against the state
+  END's high frontier); binding tokens touches only full.
+* ``HybridSWA``: a closed form over the two ENDs sharing one gap; see
+  ``_joint_two_ends``.
+* ``TriPool``: a binary search over a monotone O(1) predicate that mirrors
+  both gates; see ``_joint_tri``.
+
+It is memoised on the sum of the chain's epochs (the arena's memo key), in
+the composite's own ``Memo`` (the arena's ``verify`` recomputes every entry
+of *its* memo by view name, and knows no composite view); ``verify`` checks
+the composite memo against a fresh computation.
+"""
+
+import operator
+
+import torch
+
+from kvarena.spec.geometry import AccountingError, SubPool
+
+from . import capacity as cap
+from .arena import MAX_EVICT_ROUNDS, Arena
+from .band import I64
+from .memo import Memo
+
+FULL, SWA, STATE = "full", "swa", "state"
+
+__all__ = ["HybridSWA", "MambaHybrid", "TriPool", "swa_window_end"]
+
+
+def _cdiv(a, b):
+    return -((-a) // b)
+
+
+def _host_read(t):
+    """The one documented host read of a call: a small int64 tensor to a list.
+
+    SYNC: every hot-path call funnels its single device-to-host read through
+    here (``tests/test_impl_composites.py`` counts the calls)."""
+    return t.tolist()  # SYNC: the one documented read per call
+
+
+# ------------------------------------------------------------- arguments
+
+
+def _int(what, v):
+    try:
+        if isinstance(v, bool):
+            raise TypeError
+        return operator.index(v)
+    except TypeError:
+        raise ValueError(f"{what} must be an int, got {v!r}") from None
+
+
+def _count(what, v):
+    v = _int(what, v)
+    if v < 0:
+        raise ValueError(f"{what} must be >= 0, got {v}")
+    return v
+
+
+def swa_window_end(seq_len: int, window: int, page_size: int) -> int:
+    """Token position below which a request's SWA pages may be freed.
+
+    The anchor's rule (ANCHOR section 2): ``floor_to_page(seq_len - window -
+    page_size)``, clamped at 0.  ``window`` is the engine's window (the
+    model's ``sliding_window - 1``).  Each step a scheduler calls
+    ``free_swa(tokens[done:end], start_pos=done)`` with ``end =
+    swa_window_end(...)`` whenever ``end > done``; both ends are page-aligned.
+    """
+    seq_len = _count("swa_window_end: seq_len", seq_len)
+    window = _count("swa_window_end: window", window)
+    page_size = _int("swa_window_end: page_size", page_size)
+    if page_size < 1:
+        raise ValueError(f"swa_window_end: page_size must be >= 1, got {page_size}")
+    edge = seq_len - window - page_size
+    return edge // page_size * page_size if edge > 0 else 0
+
+
+# ------------------------------------------------------------ the common part
+
+
+class _Composite:
+    """What every composite shares: token allocation, free, views, relief."""
+
+    CHAIN = ()
+    BORROW = {}
+
+    def __init__(self, total_bytes, pools, page_size, lazy, policy, device):
+        self.arena = Arena(total_bytes, pools, lazy=lazy, policy=policy, borrow=dict(self.BORROW) or None,
+                           device=device)
+        self.page_size = page_size
+        self.device = self.arena.device
+        self._memo = Memo(self._epoch_key)  # a bound method: a deep copy keys on its own arena
+        self.verify()
+
+    def _epoch_key(self):
+        """The arena's memo key: the sum of the chain's epochs."""
+        return sum(b.epoch for b in self.arena._order)
+
+    def _has(self, name):
+        return name in self.CHAIN
+
+    def _floats(self):
+        return list(self.CHAIN[1:-1])
+
+    # ------------------------------------------------------ input tensors
+
+    def _vec(self, what, x):
+        """A 1-D int64 tensor on the arena's device (a tensor or a list/tuple of ints)."""
+        if isinstance(x, torch.Tensor):
+            if x.dtype.is_floating_point or x.dtype.is_complex or x.dtype == torch.bool:
+                raise ValueError(f"{what} must hold ints, got dtype {x.dtype}")
+            return x.reshape(-1).to(self.device, I64)
+        if not isinstance(x, (list, tuple)):
+            raise ValueError(f"{what} must be a tensor, list or tuple of ints, got {type(x).__name__}")
+        vals = [_int(f"{what}[{i}]", v) for i, v in enumerate(x)]
+        try:
+            return torch.tensor(vals, dtype=I64, device=self.device)
+        except (OverflowError, RuntimeError):
+            raise ValueError(f"{what}: value out of int64 range") from None
+
+    # --------------------------------------------------- the joint view
+
+    @staticmethod
+    def _end_room(b):
+        g = b.geom
+        return g.num_pages - g.min_page - (b.hi - b.lo)
+
+    def _joint_pages(self, state_ext=0):
+        """The largest ``P`` whose coupled bind succeeds now, without relief,
+        with the state END's frontier first advanced by ``state_ext`` pages."""
+        raise NotImplementedError
+
+    def joint_pages(self):
+        """The joint view in pages (memoised on the chain epoch)."""
+        return self._memo.get("joint_pages", type(self).__name__, lambda: self._joint_pages(0))
+
+    def available_size(self):
+        """The joint view, in tokens (DESIGN section 6; anchor bug 7): the
+        largest ``n`` for which ``alloc_extend([0], [n], [-1])`` succeeds now
+        without relief.  It can be below the ``min`` of the per-component
+        views: each of those assumes the shared gap is its own."""
+        return self.joint_pages() * self.page_size
+
+    def full_available_size(self):
+        return self.arena.available_size(FULL)
+
+    def fits(self, tokens=0, state_slots=0):
+        """Would ``state_slots`` slots and then one request of ``tokens`` new
+        tokens (empty prefix) both succeed now, without relief?  Host ints
+        only, nothing changes."""
+        tokens, state_slots = self._demand_args("fits", tokens, state_slots)
+        return self._fits(tokens, state_slots)
+
+    def _fits(self, tokens, state_slots):
+        need = _cdiv(tokens, self.page_size)
+        if not state_slots:
+            return need <= self.joint_pages()
+        st = self.arena.bands[STATE]
+        if state_slots > self.arena.available_pages(STATE):
+            return False
+        return need <= self._joint_pages(max(0, state_slots - st.n_holes))
+
+    def _demand_args(self, what, tokens, state_slots):
+        tokens = _count(f"{what}: tokens", tokens)
+        state_slots = _count(f"{what}: state_slots", state_slots)
+        if state_slots and not self._has(STATE):
+            raise ValueError(f"{what}: state_slots={state_slots}, but {type(self).__name__} has no state pool")
+        return tokens, state_slots
+
+    # ------------------------------------------------------ the coupled bind
+
+    def _take_pages(self, n):
+        """Gate and bind ``n`` new pages: an int64 id tensor, or None with no
+        id allocated on any side (relief moves may have happened)."""
+        if n == 0:
+            return torch.empty(0, dtype=I64, device=self.device)
+        if n > self.joint_pages():
+            self.relieve(tokens=n * self.page_size)
+            if n > self.joint_pages():
+                return None
+        ids = self.arena.alloc(FULL, n)
+        if ids is None:  # the joint gate priced this bind: unreachable
+            raise AccountingError(FULL, "joint gate", f"full refused {n} pages the joint view allowed")
+        if self._has(SWA) and self.arena.alloc(SWA, n, ids=ids, check=False) is None:
+            raise AccountingError(SWA, "joint gate", f"swa refused {n} pages the joint view allowed")
+        return ids
+
+    # ----------------------------------------------------- allocation
+
+    def _request_flags(self, prefix, seq, loc):
+        """How many requests are invalid, as a 0-dim int64 tensor (sync-free): the
+        checks of ``_explain``, vectorised; ``_explain`` names the first."""
+        ps = self.page_size
+        full = self.arena.bands[FULL]
+        end = full.id_end
+        page = torch.div(loc, ps, rounding_mode="floor")
+        ok_idx = (loc >= 0) & (page >= 1) & (page < end)
+        row = full.v2p.index_select(0, torch.where(ok_idx, page, end))
+        live = ok_idx & (row >= 0)
+        empty = prefix == 0
+        aligned = torch.remainder(loc, ps) == torch.remainder(prefix - 1, ps)
+        good = (prefix >= 0) & (seq >= prefix) & torch.where(empty, loc == -1, live & aligned)
+        bad = (~good).to(I64)
+        # Two requests may not continue the same partly filled page.
+        cont = (~empty) & (torch.remainder(prefix, ps) != 0) & (seq > prefix) & live
+        idx = torch.arange(prefix.numel(), dtype=I64, device=self.device)
+        key = torch.sort(torch.where(cont, page, -1 - idx)).values
+        dup = (key[1:] == key[:-1]) & (key[1:] > 0)
+        return bad.sum() + dup.to(I64).sum()
+
+    def _explain(self, what, prefix, seq, loc):
+        """Error path only: name the first bad request (host reads)."""
+        ps = self.page_size
+        if what == "alloc_decode":
+            for i, s in enumerate(seq.tolist()):
+                if s < 1:
+                    raise ValueError(f"{what}: request {i}: seq_len must be >= 1, got {s}")
+        v2p = self.arena.v2p(FULL).tolist()
+        continued = {}
+        for i, (p, s, l) in enumerate(zip(prefix.tolist(), seq.tolist(), loc.tolist())):
+            if p < 0:
+                raise ValueError(f"{what}: request {i}: prefix_len {p} < 0")
+            if s < p:
+                raise ValueError(f"{what}: request {i}: seq_len {s} < prefix_len {p}")
+            if p == 0:
+                if l != -1:
+                    raise ValueError(f"{what}: request {i}: empty prefix needs last_loc -1, got {l}")
+                continue
+            if l < 0 or l // ps == 0 or l // ps >= len(v2p) or v2p[l // ps] < 0:
+                raise ValueError(f"{what}: request {i}: last_loc {l} is not a live token of pool 'full'")
+            if l % ps != (p - 1) % ps:
+                raise ValueError(f"{what}: request {i}: last_loc {l} is at offset {l % ps} of its page, "
+                                 f"but position {p - 1} belongs at offset {(p - 1) % ps}")
+            if p % ps and s > p:
+                if l // ps in continued:
+                    raise ValueError(f"{what}: requests {continued[l // ps]} and {i} both continue "
+                                     f"page {l // ps}")
+                continued[l // ps] = i
+        raise ValueError(f"{what}: invalid batch")
+
+    def _new_pages(self, what, prefix, seq, loc):
+        """Check the batch's lengths agree; new pages per request (sync-free)."""
+        if not prefix.numel() == seq.numel() == loc.numel():
+            raise ValueError(f"{what}: length mismatch: {prefix.numel()} prefix_lens, {seq.numel()} seq_lens, "
+                             f"{loc.numel()} last_loc")
+        return _cdiv_t(seq, self.page_size) - _cdiv_t(prefix, self.page_size)
+
+    def alloc_extend(self, prefix_lens, seq_lens, last_loc):
+        """Slots for positions ``[prefix_i, seq_i)`` of each request, flat and
+        request-major (int64 tensor), or None.  ANCHOR section 1 to the slot:
+        request ``i`` takes ``ceil(seq/ps) - ceil(prefix/ps)`` new pages, in
+        batch order from one coupled bind; its slots are (1) ``last_loc+1,
+        ...`` continuing its partly filled page for ``min(seq,
+        ceil(prefix/ps)*ps) - prefix`` tokens, then (2) whole new pages and
+        (3) a partly filled tail page, slot ``page*ps + pos % ps``.
+        A shortfall runs ``relieve(tokens=n*ps)`` (no eviction) and asks
+        again; None then means no id was allocated on any side."""
+        what = "alloc_extend"
+        prefix = self._vec(f"{what}: prefix_lens", prefix_lens)
+        seq = self._vec(f"{what}: seq_lens", seq_lens)
+        loc = self._vec(f"{what}: last_loc", last_loc)
+        new = self._new_pages(what, prefix, seq, loc)
+        lens = seq - prefix
+        bad = self._request_flags(prefix, seq, loc)
+        # SYNC: the one documented read: pages to bind, tokens out, bad requests.
+        n, total, n_bad = _host_read(torch.stack([new.sum(), lens.sum(), bad]))
+        if n_bad:
+            self._explain(what, prefix, seq, loc)
+        ids = self._take_pages(n)
+        if ids is None:
+            return None
+        return self._slots(prefix, seq, loc, new, lens, ids, total)
+
+    def _slots(self, prefix, seq, loc, new, lens, ids, total):
+        """Request-major slots of a bound batch, vectorised (no loop)."""
+        ps, dev = self.page_size, self.device
+        nreq = prefix.numel()
+        req = torch.repeat_interleave(torch.arange(nreq, dtype=I64, device=dev), lens, output_size=total)
+        first = torch.cumsum(lens, 0) - lens  # output offset of each request
+        base = torch.cumsum(new, 0) - new  # first new page of each request, in ``ids``
+        cont = torch.minimum(seq, _cdiv_t(prefix, ps) * ps) - prefix  # part (1) lengths
+        j = torch.arange(total, dtype=I64, device=dev) - first.index_select(0, req)
+        pos = prefix.index_select(0, req) + j
+        c = cont.index_select(0, req)
+        in_cont = j < c
+        k = ids.numel()
+        q = base.index_select(0, req) + torch.div(j - c, ps, rounding_mode="floor")
+        q = torch.where(in_cont, k, q)  # continuing tokens index a dummy row
+        pages = torch.cat([ids, ids.new_zeros(1)]).index_select(0, q)
+        return torch.where(in_cont, loc.index_select(0, req) + 1 + j, pages * ps + torch.remainder(pos, ps))
+
+    def alloc_decode(self, seq_lens, last_loc):
+        """One slot per request, for position ``seq_i - 1`` (int64 tensor), or
+        None: a new page iff ``seq % ps == 1`` (ps = 1: always), else
+        ``last_loc + 1``.  ``seq_lens`` >= 1.  Shortfalls as ``alloc_extend``."""
+        what = "alloc_decode"
+        seq = self._vec(f"{what}: seq_lens", seq_lens)
+        loc = self._vec(f"{what}: last_loc", last_loc)
+        prefix = seq - 1
+        new = self._new_pages(what, prefix, seq, loc)
+        bad = self._request_flags(prefix, seq, loc) + (seq < 1).to(I64).sum()
+        # SYNC: the one documented read: pages to bind and bad requests.
+        n, n_bad = _host_read(torch.stack([new.sum(), bad]))
+        if n_bad:
+            self._explain(what, prefix, seq, loc)
+        ids = self._take_pages(n)
+        if ids is None:
+            return None
+        ps = self.page_size
+        base = torch.cumsum(new, 0) - new
+        q = torch.where(new > 0, base, ids.numel())
+        pages = torch.cat([ids, ids.new_zeros(1)]).index_select(0, q)
+        return torch.where(new > 0, pages * ps + torch.remainder(prefix, ps), loc + 1)
+
+    # ------------------------------------------------------------ free
+
+    def free(self, token_ids):
+        """Free the pages of these tokens: their swa entries still live, then
+        the full pages, both in ascending page order.  Every token must be
+        live in full (``-1``, page 0, out of range, unknown, freed or
+        repeated: ``ValueError``, nothing changed).  A cold path: it
+        validates on the host."""
+        toks = self._vec("free: token_ids", token_ids).tolist()  # SYNC: validation (cold path)
+        ps = self.page_size
+        if len(set(toks)) != len(toks):
+            raise ValueError(f"free: pool 'full': a token is repeated in {toks}")
+        v2p = self.arena.v2p(FULL).tolist()  # SYNC: validation
+        pages = set()
+        for t in toks:
+            if t < 0:
+                raise ValueError(f"free: pool 'full': token {t} names no token (-1 is the empty-prefix sentinel)")
+            p = t // ps
+            if p == 0:
+                raise ValueError(f"free: pool 'full': token {t} lies in page 0, the sink")
+            if p >= len(v2p):
+                raise ValueError(f"free: pool 'full': token {t} is out of range")
+            if v2p[p] < 0:
+                raise ValueError(f"free: pool 'full': token {t} is not allocated (page {p} unknown or freed)")
+            pages.add(p)
+        pages = sorted(pages)
+        if not pages:
+            return None
+        ids = torch.tensor(pages, dtype=I64, device=self.device)
+        if self._has(SWA):
+            swa = self.arena.bands[SWA].v2p.index_select(0, ids).tolist()  # SYNC: cold path
+            live = [p for p, s in zip(pages, swa) if s > 0]
+            if live:
+                self.arena.free(SWA, torch.tensor(live, dtype=I64, device=self.device), check=False)
+        self.arena.free(FULL, ids, check=False)
+        return None
+
+    # --------------------------------------------------------- relief
+
+    def _flush_members(self):
+        for name in self._floats() + [self.CHAIN[0], self.CHAIN[-1]]:
+            self.arena.flush(name)
+
+    def _shortfall(self, tokens, state_slots):
+        """Tokens ``evict`` is asked for: the joint token shortfall plus, for
+        state slots short, ``slots * state_slot_token_cost()``; when that is
+        0 the tokens fit alone but not after the slots: what they then lack."""
+        short = max(0, tokens - self.available_size())
+        if state_slots:
+            short += max(0, state_slots - self.state_available_size()) * self.state_slot_token_cost()
+        if short == 0 and state_slots:
+            st = self.arena.bands[STATE]
+            short = tokens - self._joint_pages(max(0, state_slots - st.n_holes)) * self.page_size
+        return short
+
+    def relieve(self, tokens=0, state_slots=0, evict=None):
+        """The shortfall ladder for a demand; True once it fits (DESIGN 4, 6).
+
+        Demand vector ``{full: ceil(tokens/ps), swa: same (where present),
+        state: state_slots (where present)}``.  Unless it fits at once:
+        flush every member (floats first, then the ENDs in chain order),
+        recheck; ``open_short_side`` on each float in chain order, rechecking
+        after each; then with ``evict`` up to 4 rounds of
+        ``evict(shortfall_tokens)``, each followed by those two rungs, a
+        falsy return ending the rounds.  The verdict is judged after the
+        last step that ran."""
+        tokens, state_slots = self._demand_args("relieve", tokens, state_slots)
+        if evict is not None and not callable(evict):
+            raise ValueError(f"relieve: evict must be callable or None, got {evict!r}")
+        pages = _cdiv(tokens, self.page_size)
+        demand = {FULL: pages}
+        if self._has(SWA):
+            demand[SWA] = pages
+        if self._has(STATE):
+            demand[STATE] = state_slots
+
+        # Written as attempts (not the spec's nested rungs): attempt 0 is the
+        # ladder alone, each later one an eviction round opened by evict.
+        attempts = 1 + (MAX_EVICT_ROUNDS if evict is not None else 0)
+        for attempt in range(attempts):
+            if attempt == 0:
+                if self._fits(tokens, state_slots):
+                    return True
+            elif not evict(self._shortfall(tokens, state_slots)):
+                break
+            self._flush_members()
+            for f in self._floats():
+                if self._fits(tokens, state_slots):
+                    break
+                self.arena.open_short_side(f, demand)
+            if self._fits(tokens, state_slots):
+                return True
+        return self._fits(tokens, state_slots)  # after the last step, whatever evict returned
+
+    # ------------------------------------------------------- translate
+
+    def translate(self, token_ids, pool="full"):
+        """Physical slots ``v2p[t // ps] * ps + t % ps`` (int64 tensor).  A
+        tombstoned page, page 0 and ``-1`` give slot 0 itself.  Sync-free on
+        a tensor (out-of-range ids also give 0 there); a host sequence is
+        range-checked (``ValueError``)."""
+        if not isinstance(pool, str) or not self._has(pool):
+            raise ValueError(f"translate: pool {pool!r}: {type(self).__name__} has pools {', '.join(self.CHAIN)}")
+        ps = 1 if pool == STATE else self.page_size
+        band = self.arena.bands[pool]
+        n_ids = band.id_end
+        toks = self._vec("translate: token_ids", token_ids)
+        if not isinstance(token_ids, torch.Tensor):  # a host sequence: range-checked on the host
+            for t in token_ids:
+                if t < -1 or t // ps >= n_ids:
+                    raise ValueError(f"translate: pool {pool!r}: token {t} out of range [-1, {n_ids * ps})")
+        page = torch.div(toks, ps, rounding_mode="floor")
+        idx = torch.where((toks >= 0) & (page < n_ids), page, n_ids)
+        phys = band.v2p.index_select(0, idx)
+        return torch.where(phys > 0, phys * ps + torch.remainder(toks, ps), torch.zeros_like(phys))
+
+    # ---------------------------------------------------------- checks
+
+    def verify(self):
+        """``arena.verify()`` (which checks swa's live ids are live in full),
+        the composite's roles, and its joint-view memo against a fresh
+        computation (first, as the arena does, so a write around a
+        ``CapField`` is reported as a stale memo)."""
+        for view, _, value in self._memo.entries():
+            fresh = self._joint_pages(0)
+            if value != fresh:
+                raise AccountingError(FULL, "stale memo", f"{view} memo {value}, fresh {fresh}")
+        self.arena.verify()
+        if tuple(self.arena.chain) != self.CHAIN:
+            raise AccountingError(self.CHAIN[0], "composite roles",
+                                  f"chain {self.arena.chain}, expected {self.CHAIN}")
+        if self.arena.lenders != self.BORROW:
+            raise AccountingError(SWA, "composite roles", f"borrow {self.arena.lenders}, expected {self.BORROW}")
+
+    def snapshot(self):
+        return {"composite": type(self).__name__, "page_size": self.page_size, "arena": self.arena.snapshot()}
+
+
+def _cdiv_t(x, d):
+    return torch.div(x + (d - 1), d, rounding_mode="floor")
+
+
+class _WithSWA:
+    """Calls of a composite with an SWA band (``HybridSWA``, ``TriPool``)."""
+
+    def free_swa(self, token_ids, start_pos):
+        """The per-step window free (ANCHOR section 1, ``free_segment``).
+
+        ``start_pos`` must be a non-negative multiple of ``ps`` (else
+        ``ValueError``); the page representatives are ``token_ids[::ps]``.
+        Only swa entries live with ``v2p > 0`` are freed, ascending and once
+        each; ``-1``, page 0 and freed entries are skipped.  A representative
+        below ``-1`` or past the id space is a ``ValueError`` (nothing
+        changed).  Full keeps its pages.
+
+        One documented host read (``_host_read``): how many entries to free
+        (it sizes the hole list, a host-side count) and how many
+        representatives are out of range.  The set itself is chosen on the
+        device: sort the live pages first (dead ones keyed past the end),
+        knock out repeats, sort again; the first ``count`` are the pages.
+        """
+        ps = self.page_size
+        start = _int("free_swa: start_pos", start_pos)
+        if start < 0 or start % ps:
+            raise ValueError(f"free_swa: start_pos {start} must be a non-negative multiple of page_size {ps}")
+        toks = self._vec("free_swa: token_ids", token_ids)
+        band = self.arena.bands[SWA]
+        end = band.id_end
+        reps = toks[::ps]
+        page = torch.div(reps, ps, rounding_mode="floor")
+        bad = ((reps < -1) | (page >= end)).to(I64).sum()
+        inside = (page >= 1) & (page < end)
+        rows = band.v2p.index_select(0, torch.where(inside, page, end))
+        live = inside & (rows > 0)
+        key = torch.sort(torch.where(live, page, end)).values
+        repeat = torch.cat([key.new_zeros(1, dtype=torch.bool), key[1:] == key[:-1]])
+        key = torch.sort(torch.where(repeat, end, key)).values
+        count_t = (key < end).to(I64).sum()
+        # SYNC: the one documented read: entries to free, and bad representatives.
+        count, n_bad = _host_read(torch.stack([count_t, bad]))
+        if n_bad:
+            self._explain_reps(reps, end)
+        if count:
+            self.arena.free(SWA, key[:count], check=False)
+        return None
+
+    def _explain_reps(self, reps, end):
+        """Error path only: name the first out-of-range representative."""
+        ps = self.page_size
+        first = next(t for t in reps.tolist() if t < -1 or t // ps >= end)
+        raise ValueError(f"free_swa: pool 'swa': token {first} out of range [-1, {end * ps})")
+
+    def swa_available_size(self):
+        return self.arena.available_size(SWA)
+
+
+class _WithState:
+    """Calls of a composite with a state pool (``MambaHybrid``, ``TriPool``)."""
+
+    def alloc_state(self, n=1):
+        """``n`` state slots (int64 tensor, FIFO), or None.  On a shortfall
+        ``relieve(state_slots=n)`` without eviction, then one more try: the
+        other side gives ground before any eviction (anchor bug 6)."""
+        n = _count("alloc_state: n", n)
+        ids = self.arena.alloc(STATE, n)
+        if ids is None and self.relieve(state_slots=n):
+            ids = self.arena.alloc(STATE, n)
+        return ids
+
+    def free_state(self, slots):
+        """Free state slots; unknown, freed, repeated, 0 or out of range:
+        ``ValueError``, nothing changed."""
+        slots = self._vec("free_state: slots", slots)
+        try:
+            self.arena.free(STATE, slots)  # validates every slot first
+        except ValueError as e:
+            raise ValueError(f"free_state: {e}") from None
+
+    def state_available_size(self):
+        return self.arena.available_size(STATE)
+
+    def state_slot_token_cost(self):
+        return _cdiv(self.state_bytes, self._token_entry_bytes)
+
+
+# -------------------------------------------------------------- composites
+
+
+class HybridSWA(_WithSWA, _Composite):
+    """Full + SWA KV: swa (up END) . full (down END); swa borrows full's ids."""
+
+    CHAIN = (SWA, FULL)
+    BORROW = {SWA: FULL}
+
+    def __init__(self, total_bytes, full_entry_bytes, swa_entry_bytes, page_size=1, lazy=False, policy="anchor",
+                 device="cpu"):
+        pools = [SubPool(SWA, swa_entry_bytes, page_size, "up"), SubPool(FULL, full_entry_bytes, page_size, "down")]
+        super().__init__(total_bytes, pools, page_size, lazy, policy, device)
+
+    def _joint_pages(self, state_ext=0):
+        """Closed form for two ENDs sharing one gap.
+
+        A bind of ``P`` pages takes ``min(P, H)`` lazy holes on each side
+        (``H_f``, ``H_s``; 0 when eager) and extends full down by ``m_f =
+        max(0, P - H_f)`` and swa up by ``m_s = max(0, P - H_s)``; full goes
+        first, and swa's gap is then what full left.  With ``G`` the gap
+        between the two frontiers, both gates pass iff
+        ``m_f*e_f + m_s*e_s <= G`` (swa's gate; it implies full's,
+        ``m_f*e_f <= G``), ``m_f <= room_f`` and ``m_s <= room_s``.  Each
+        constraint is monotone in ``P``, so the answer is the min of three
+        maxima.  The cost ``f(P) = m_f*e_f + m_s*e_s`` is piecewise linear:
+        0 up to ``a = min(H_f, H_s)``; slope ``e_x`` (the epp of the side
+        with fewer holes, the only one extending) up to ``b = max(H_f,
+        H_s)``; slope ``e_f + e_s`` after.  So the largest ``P`` with
+        ``f(P) <= G`` is ``a + G // e_x`` when ``G < (b - a)*e_x``, else
+        ``b + (G - (b - a)*e_x) // (e_f + e_s)``.  The room caps are
+        ``H + room`` per side (for full, its free ids)."""
+        fu, sw = self.arena.bands[FULL], self.arena.bands[SWA]
+        e_f, e_s = fu.geom.epp, sw.geom.epp
+        gap = max(0, fu.lo * e_f - sw.hi * e_s)
+        h_f, h_s = fu.n_holes, sw.n_holes
+        a, b = min(h_f, h_s), max(h_f, h_s)
+        e_x = e_f if h_f < h_s else e_s
+        if gap < (b - a) * e_x:
+            p = a + gap // e_x
+        else:
+            p = b + (gap - (b - a) * e_x) // (e_f + e_s)
+        return min(p, h_f + self._end_room(fu), h_s + self._end_room(sw))
+
+
+class MambaHybrid(_WithState, _Composite):
+    """Mamba state + full KV: state (up END, page_size 1) . full (down END)."""
+
+    CHAIN = (STATE, FULL)
+
+    def __init__(self, total_bytes, full_entry_bytes, state_bytes, page_size=1, lazy=False, policy="anchor",
+                 device="cpu"):
+        pools = [SubPool(STATE, state_bytes, 1, "up", "state"), SubPool(FULL, full_entry_bytes, page_size, "down")]
+        super().__init__(total_bytes, pools, page_size, lazy, policy, device)
+        self.state_bytes = state_bytes
+        self._token_entry_bytes = full_entry_bytes
+
+    def _joint_pages(self, state_ext=0):
+        """A token bind touches only full: full's own view, against the state
+        END's high frontier advanced by ``state_ext`` pages."""
+        fu, st = self.arena.bands[FULL], self.arena.bands[STATE]
+        gap = max(0, fu.lo * fu.geom.epp - (st.hi + state_ext) * st.geom.epp)
+        return cap.end_available(gap, fu.geom.epp, self._end_room(fu), fu.n_holes)
+
+
+class TriPool(_WithSWA, _WithState, _Composite):
+    """state (up END) . swa (float) . full (down END); swa borrows full's ids."""
+
+    CHAIN = (STATE, SWA, FULL)
+    BORROW = {SWA: FULL}
+
+    def __init__(self, total_bytes, full_entry_bytes, swa_entry_bytes, state_bytes, page_size=1, lazy=False,
+                 policy="anchor", device="cpu"):
+        pools = [SubPool(STATE, state_bytes, 1, "up", "state"), SubPool(SWA, swa_entry_bytes, page_size, "float"),
+                 SubPool(FULL, full_entry_bytes, page_size, "down")]
+        super().__init__(total_bytes, pools, page_size, lazy, policy, device)
+        self.state_bytes = state_bytes
+        self._token_entry_bytes = full_entry_bytes + swa_entry_bytes
+
+    def _joint_pages(self, state_ext=0):
+        """Binary search over ``P`` in ``[0, full's view]`` on ``feasible(P)``,
+        which mirrors the two gates of the bind exactly (O(1), host ints):
+
+        1. full's gate: ``P <= end_available(gap_f, ...)``, the gap between
+           full and the first opaque band below it (swa if opaque, else the
+           state END); the search range is exactly this.
+        2. full takes ``min(P, H_f)`` holes and lowers its low frontier by
+           ``m_f = max(0, P - H_f)`` pages; swa's gate is then
+           ``P <= float_available(...)`` over its grid-aware region between
+           the state END's high frontier and full's new low frontier (holes
+           plus the larger free side, or the whole region when parked; capped
+           by index room).
+
+        Monotone (``feasible(P)`` implies ``feasible(P-1)``): gate 1 is a
+        bound on ``P``; in gate 2, full's new frontier only falls as ``P``
+        grows, the region's high edge ``floor(above/e)`` is non-decreasing in
+        ``above``, so swa's available pages are non-increasing in ``P``
+        while the demand ``P`` increases.  Relocation is not priced in
+        (relief runs when demand exceeds this)."""
+        st, sw, fu = self.arena.bands[STATE], self.arena.bands[SWA], self.arena.bands[FULL]
+        e_st, e_s, e_f = st.geom.epp, sw.geom.epp, fu.geom.epp
+        state_high = (st.hi + state_ext) * e_st
+        below_full = sw.hi * e_s if sw.opaque else state_high
+        avail_f = cap.end_available(max(0, fu.lo * e_f - below_full), e_f, self._end_room(fu), fu.n_holes)
+        h_f, g = fu.n_holes, sw.geom
+        parked, room = not sw.opaque, sw.index_room
+
+        def feasible(p):
+            above = (fu.lo - max(0, p - h_f)) * e_f
+            lo, hi = cap.float_region(state_high, above, e_s, g.min_page, g.num_pages)
+            return p <= cap.float_available(parked, lo, hi, sw.lo, sw.hi, sw.n_holes, room)
+
+        lo, hi = 0, avail_f
+        while lo < hi:
+            mid = (lo + hi + 1) // 2
+            if feasible(mid):
+                lo = mid
+            else:
+                hi = mid - 1
+        return lo
