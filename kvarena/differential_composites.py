@@ -144,9 +144,24 @@ class CompositeMachine(RuleBasedStateMachine):
         if parts > joint:
             self.admit_one(data.draw(st.integers(joint + 1, parts)))
 
-    def admit_one(self, prompt):
+    @rule(data=st.data())
+    def starve_state(self, data):
+        """Fill the buffer with KV until no state slot fits, retire one
+        request, then admit: the state allocation must take ground from the
+        other side (flush, slide) before any eviction (anchor bug 6)."""
+        if not self.has_state:
+            return
+        for _ in range(4):
+            if self.S.state_available_size() == 0 or self.S.available_size() == 0:
+                break
+            self.admit_one(self.S.available_size(), with_state=False)
+        if self.S.state_available_size() == 0 and self.reqs:
+            self.finish(data)
+        self.admit_one(data.draw(st.integers(1, self.ps)))
+
+    def admit_one(self, prompt, with_state=True):
         slot = None
-        if self.has_state:
+        if self.has_state and with_state:
             starving = self.S.state_available_size() == 0
             slot = self.both(lambda c: c.alloc_state(1))
             if slot is None:
