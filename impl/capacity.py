@@ -91,3 +91,36 @@ def short_side_decision(sides_low: int, sides_high: int, band_low: int, band_hig
     target = (sides_low if open_low else sides_high) + float_bytes + slack
     best = surplus_low if surplus_low >= surplus_high else surplus_high
     return float_bytes > best, open_low, target
+
+
+def two_end_joint_pages(gap: int, epp_a: int, holes_a: int, room_a: int, epp_b: int, holes_b: int,
+                        room_b: int) -> int:
+    """Largest ``P`` whose coupled bind fits on two ENDs sharing ``gap`` bytes
+    (``a`` binds first, then ``b`` in what ``a`` left): ``HybridSWA``'s joint
+    view, with ``a`` = full and ``b`` = swa.
+
+    A bind of ``P`` takes ``min(P, holes)`` holes on each side and extends
+    ``m_a = max(0, P - holes_a)`` and ``m_b = max(0, P - holes_b)`` pages.
+    Both gates pass iff ``m_a*epp_a + m_b*epp_b <= gap`` (b's gate; it
+    implies a's), ``m_a <= room_a`` and ``m_b <= room_b``.  The cost is 0 up
+    to ``lo = min(holes)``, grows by ``e_x`` (the epp of the side with fewer
+    holes, the only one extending) per page up to ``hi = max(holes)``, and
+    by ``epp_a + epp_b`` after; so the largest ``P`` within the gap is
+    ``lo + gap // e_x`` when ``gap < (hi - lo)*e_x``, else ``hi + (gap -
+    (hi - lo)*e_x) // (epp_a + epp_b)``.  The room caps are ``holes +
+    room`` per side.  Bad sizes are a ``ValueError``."""
+    if gap < 0 or epp_a <= 0 or epp_b <= 0 or holes_a < 0 or room_a < 0 or holes_b < 0 or room_b < 0:
+        raise ValueError("two_end_joint_pages: sizes must be >= 0 and epps > 0")
+    lo, hi = (holes_a, holes_b) if holes_a <= holes_b else (holes_b, holes_a)
+    e_x = epp_a if holes_a < holes_b else epp_b
+    solo = (hi - lo) * e_x
+    if gap < solo:
+        p = lo + _floor(gap, e_x)
+    else:
+        p = hi + _floor(gap - solo, epp_a + epp_b)
+    cap_a, cap_b = holes_a + room_a, holes_b + room_b
+    if cap_a < p:
+        p = cap_a
+    if cap_b < p:
+        p = cap_b
+    return p

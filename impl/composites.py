@@ -607,18 +607,13 @@ class HybridSWA(_WithSWA, _Composite):
         H_s)``; slope ``e_f + e_s`` after.  So the largest ``P`` with
         ``f(P) <= G`` is ``a + G // e_x`` when ``G < (b - a)*e_x``, else
         ``b + (G - (b - a)*e_x) // (e_f + e_s)``.  The room caps are
-        ``H + room`` per side (for full, its free ids)."""
+        ``H + room`` per side (for full, its free ids).  Computed by
+        ``capacity.two_end_joint_pages`` (a = full, b = swa)."""
         fu, sw = self.arena.bands[FULL], self.arena.bands[SWA]
         e_f, e_s = fu.geom.epp, sw.geom.epp
         gap = max(0, fu.lo * e_f - sw.hi * e_s)
-        h_f, h_s = fu.n_holes, sw.n_holes
-        a, b = min(h_f, h_s), max(h_f, h_s)
-        e_x = e_f if h_f < h_s else e_s
-        if gap < (b - a) * e_x:
-            p = a + gap // e_x
-        else:
-            p = b + (gap - (b - a) * e_x) // (e_f + e_s)
-        return min(p, h_f + self._end_room(fu), h_s + self._end_room(sw))
+        return cap.two_end_joint_pages(gap, e_f, fu.n_holes, self._end_room(fu), e_s, sw.n_holes,
+                                       self._end_room(sw))
 
 
 class MambaHybrid(_WithState, _Composite):

@@ -205,3 +205,72 @@ def make_room_need(band_side: int, min_bytes: int, epp: int) -> int:
     post: band_side + __return__ * epp >= min_bytes
     """
     return cdiv(min_bytes - band_side, epp)
+
+
+# ------------------------------------------------- two ENDs, one gap
+
+
+def two_end_fits(pages: int, gap: int, epp_a: int, holes_a: int, room_a: int, epp_b: int, holes_b: int,
+                 room_b: int) -> bool:
+    """Do both END gates pass for a coupled bind of ``pages`` pages?
+
+    Two ENDs share one gap of ``gap`` bytes.  END ``a`` binds first: it
+    takes ``min(pages, holes_a)`` holes and extends ``m_a = max(0, pages -
+    holes_a)`` pages, gated by ``end_available``; then END ``b`` does the
+    same in what ``a`` left of the gap, ``gap - m_a*epp_a``.  This is the
+    gate sequence of a composite's ``_bind`` (full first, then swa), stated
+    gate by gate: ``two_end_joint_pages`` is the largest ``pages`` for which
+    it holds.
+
+    pre: pages >= 0 and gap >= 0 and epp_a > 0 and epp_b > 0
+    pre: holes_a >= 0 and room_a >= 0 and holes_b >= 0 and room_b >= 0
+    """
+    first = pages <= end_available(gap, epp_a, room_a, holes_a)
+    left = max_(0, gap - max_(0, pages - holes_a) * epp_a)  # what a left; a's gate keeps it >= 0
+    second = pages <= end_available(left, epp_b, room_b, holes_b)
+    return ite(first, second, False)
+
+
+def two_end_joint_pages(gap: int, epp_a: int, holes_a: int, room_a: int, epp_b: int, holes_b: int,
+                        room_b: int) -> int:
+    """The largest ``P`` for which a coupled bind of ``P`` pages on two ENDs
+    sharing one gap succeeds (``two_end_fits``): the closed form of
+    ``HybridSWA``'s joint view (a = full, b = swa).
+
+    Argument.  A bind of ``P`` pages extends ``m_a = max(0, P - holes_a)``
+    pages of ``a`` and ``m_b = max(0, P - holes_b)`` of ``b``.  Both gates
+    pass iff (1) ``m_a <= room_a``, (2) ``m_b <= room_b`` and (3) ``f(P) =
+    m_a*epp_a + m_b*epp_b <= gap``: ``b``'s gate ``m_b <= (gap -
+    m_a*epp_a) // epp_b`` is (3) (floor division by a positive divisor is
+    a Galois connection), and (3) implies ``a``'s own ``m_a <= gap //
+    epp_a`` since ``m_b*epp_b >= 0``.  (1) and (2) read ``P <= holes + room``.
+    ``f`` is piecewise linear in ``P`` with slopes 0 (both sides on holes,
+    up to ``lo = min(holes)``), ``e1`` (only the side with fewer holes,
+    whose epp is ``e1``, extends; up to ``hi = max(holes)``) and ``epp_a +
+    epp_b`` (both extend).  The slopes increase, so ``f`` is convex and is
+    the max of its three linear pieces: ``f(P) = max(0, (P - lo)*e1, (hi -
+    lo)*e1 + (P - hi)*(epp_a + epp_b))``.  Hence ``f(P) <= gap`` iff every
+    piece is, and each piece gives one floor-division bound on ``P``.
+    Every constraint is down-closed in ``P``, so the answer is the min of
+    the four bounds; it is at least ``0`` (``P = 0`` always fits).  Proved
+    on the abstract arena as ``composite.hybrid.joint_sound`` and
+    ``joint_tight``.
+
+    A negative size or a non-positive epp is a ``ValueError`` on ints (the
+    implementation's twin raises the same, so ``crosshair diffbehavior``
+    compares the two on the valid domain only).
+
+    pre: gap >= 0 and epp_a > 0 and epp_b > 0
+    pre: holes_a >= 0 and room_a >= 0 and holes_b >= 0 and room_b >= 0
+    post: __return__ >= 0
+    post: two_end_fits(__return__, gap, epp_a, holes_a, room_a, epp_b, holes_b, room_b)
+    post: not two_end_fits(__return__ + 1, gap, epp_a, holes_a, room_a, epp_b, holes_b, room_b)
+    """
+    if _concrete(gap, epp_a, holes_a, room_a, epp_b, holes_b, room_b) and not (
+            gap >= 0 and epp_a > 0 and epp_b > 0 and min(holes_a, room_a, holes_b, room_b) >= 0):
+        raise ValueError("two_end_joint_pages: sizes must be >= 0 and epps > 0")
+    lo, hi = min_(holes_a, holes_b), max_(holes_a, holes_b)
+    e1 = ite(holes_a < holes_b, epp_a, epp_b)  # the side that runs out of holes first (a tie: hi == lo)
+    one_side = lo + fdiv(gap, e1)  # (P - lo)*e1 <= gap
+    both = hi + fdiv(gap - (hi - lo) * e1, epp_a + epp_b)  # (hi - lo)*e1 + (P - hi)*(epp_a + epp_b) <= gap
+    return min_(min_(one_side, both), min_(holes_a + room_a, holes_b + room_b))

@@ -12,7 +12,7 @@ from kvarena.proofs.core import Built, Obligation, run_obligation
 from kvarena.spec import Arena, SubPool, arith
 
 REG = cli.registry()
-GROUPS = {"layout", "golden", "invariants", "capacity", "policy"}
+GROUPS = {"layout", "golden", "invariants", "capacity", "policy", "composite"}
 
 
 @pytest.fixture(scope="module")
@@ -34,6 +34,10 @@ def test_registry_covers_the_issue():
     for sfx in ("", ".n3", ".n2"):
         assert f"inv.conservation.single_drift_detected{sfx}" in REG
     assert REG["inv.conservation.bytes_localize_drift"].expect == "counterexample"
+    for name in ("composite.hybrid.joint_sound", "composite.hybrid.joint_tight", "composite.mamba.joint_tight",
+                 "golden.tripool_empty_float", "golden.tripool_empty_float.within_one_page"):
+        assert REG[name].expect == "proved", name
+    assert REG["golden.tripool_empty_float.exact_off_grid"].expect == "counterexample"
     for ob in REG.values():
         assert ob.statement and ob.timeout_s > 0 and ob.expect in ("proved", "counterexample")
         assert ob.tautology in ("none", "conjuncts", "any")

@@ -19,7 +19,7 @@ def test_check_reports_every_contracted_arith_function():
     rs = C.check_module("kvarena.spec.arith", per_condition_s=1.0, wall_s=120)
     names = {r["name"].rsplit(".", 1)[1] for r in rs}
     assert {"fdiv", "cdiv", "float_region", "end_available", "float_available", "park_start",
-            "make_room_need", "num_pages", "min_page"} <= names
+            "make_room_need", "num_pages", "min_page", "two_end_joint_pages", "two_end_fits"} <= names
     assert all(r["ok"] for r in rs), [r for r in rs if not r["ok"]]
 
 
@@ -28,7 +28,8 @@ def test_finding_annotations_keep_crosshair_on_ints():
     spec formulas and reported TypeErrors as counterexamples; the annotations
     (added to spec/arith.py and spec/policy.py) keep the search on ints."""
     for fn in (arith.fdiv, arith.cdiv, arith.float_region, arith.end_available, arith.float_available,
-               arith.park_start, arith.make_room_need, arith.make_room_feasible, policy.short_side_decision):
+               arith.park_start, arith.make_room_need, arith.make_room_feasible, policy.short_side_decision,
+               arith.two_end_joint_pages, arith.two_end_fits):
         params = inspect.signature(fn).parameters.values()
         assert all(p.annotation in (int, bool) for p in params), fn.__name__
 
@@ -57,6 +58,32 @@ def test_diffbehavior_pair_agrees():
     assert r["ok"] and r["result"] in ("confirmed", "no_counterexample"), r
 
 
+def test_diffbehavior_two_end_joint_pages_agrees():
+    """The HybridSWA closed form: spec (min of the convex cost's linear
+    pieces) and impl (branch on the one-sided stretch) twins agree."""
+    if not C.impl_available():
+        pytest.skip("kvarena.impl.capacity missing")
+    r = C.diff_pair("kvarena.spec.arith.two_end_joint_pages", "kvarena.impl.capacity.two_end_joint_pages",
+                    per_condition_s=4.0, wall_s=90)
+    assert r["ok"] and r["result"] in ("confirmed", "no_counterexample"), r
+
+
+def test_diffbehavior_finds_a_two_end_difference(tmp_path, monkeypatch):
+    """A twin that forgets b's holes in its room cap is caught."""
+    mod = tmp_path / "kv_mutant_two_end.py"
+    mod.write_text(textwrap.dedent('''
+        from kvarena.impl.capacity import two_end_joint_pages as real
+
+        def two_end_joint_pages(gap: int, epp_a: int, holes_a: int, room_a: int, epp_b: int, holes_b: int,
+                                room_b: int) -> int:
+            return min(real(gap, epp_a, holes_a, room_a, epp_b, holes_b, room_b), room_b)
+    '''))
+    monkeypatch.setenv("PYTHONPATH", str(tmp_path))
+    r = C.diff_pair("kvarena.spec.arith.two_end_joint_pages", "kv_mutant_two_end.two_end_joint_pages",
+                    per_condition_s=4.0, wall_s=90)
+    assert r["result"] == "counterexample" and not r["ok"], r
+
+
 def test_diffbehavior_finds_a_difference(tmp_path, monkeypatch):
     """A floor where the spec has a ceiling (anchor bug 1) is caught."""
     mod = tmp_path / "kv_mutant_capacity.py"
@@ -81,6 +108,6 @@ def test_diff_pairs_skip_only_when_impl_missing(monkeypatch):
 def test_every_required_pair_is_listed():
     fns = {a.rsplit(".", 1)[1] for a, _ in C.DIFF_PAIRS}
     assert {"end_available", "float_available", "float_region", "park_start", "make_room_need",
-            "make_room_feasible", "short_side_decision"} == fns
+            "make_room_feasible", "short_side_decision", "two_end_joint_pages"} == fns
     for a, b in C.DIFF_PAIRS:
         assert b.startswith(C.IMPL_MODULE + ".") and a.rsplit(".", 1)[1] == b.rsplit(".", 1)[1]
