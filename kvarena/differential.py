@@ -229,12 +229,10 @@ class DiffMachine(RuleBasedStateMachine):
     def alloc_both(self, name, n, data=None):
         """``alloc`` on both arenas; a borrower binds lender ids drawn from ``data``."""
         ids = None
-        if name in self.lender:
+        if name in self.lender:  # at most as many pages as the lender has ids to lend
             pool = self.bindable(name)
-            if n > len(pool) or data is None:
-                n = min(n, len(pool))
-            ids = data.draw(st.permutations(pool))[:n] if data is not None and pool else pool[:n]
-            n = len(ids)
+            n = min(n, len(pool))
+            ids = data.draw(st.permutations(pool))[:n] if data is not None else pool[:n]
         r_spec = self.S.alloc(name, n, ids=ids)
         r_impl = self.I.alloc(name, n, ids=ids)
         assert (r_spec is None) == (r_impl is None), (name, n, r_spec, r_impl)
