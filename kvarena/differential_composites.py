@@ -12,9 +12,9 @@ request.  The spec's contracts are checked on every call.
 
 After every step the two agree on the arena snapshots (page tables,
 frontiers, holes, FIFOs), every view (the joint one included), the
-translation of every live token, and the bytes of every live page, each
-stamped with a pattern when it was allocated and read back after whatever
-relocation relief did.
+translation of every live token, and the bytes of every live token, each
+page stamped with a pattern when it was allocated and every token's entry
+read back through ``translate`` after whatever relocation relief did.
 """
 
 import os
@@ -295,12 +295,21 @@ class CompositeMachine(RuleBasedStateMachine):
         if live:
             for pool in self.pools:
                 assert host(S.translate(live, pool)) == host(I.translate(torch.tensor(live), pool)), pool
+        ps = self.ps
         for pool, pages in self.expected.items():
-            if pages:
-                ids = sorted(pages)
-                want = pattern(self.pools.index(pool), ids, [pages[v] for v in ids],
-                               S.arena.geometry(pool).epp)
-                assert torch.equal(I.arena.read_pages(pool, ids).cpu(), want), pool
+            if not pages:
+                continue
+            # every live token's bytes, read back through the composite's translate
+            toks = [t for t in live if t // ps in pages]
+            if not toks:
+                continue
+            entry = S.arena.pool(pool).entry_bytes
+            want = pattern(self.pools.index(pool), [t // ps for t in toks], [pages[t // ps] for t in toks],
+                           S.arena.geometry(pool).epp).view(len(toks), ps, entry)
+            want = want[torch.arange(len(toks)), torch.tensor([t % ps for t in toks])]
+            slots = I.translate(torch.tensor(toks, device=I.arena.device), pool)
+            got = I.arena.kv_view(pool).reshape(-1, entry).index_select(0, slots).cpu()
+            assert torch.equal(got, want), pool
 
 
 def machine_for(device):
