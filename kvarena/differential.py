@@ -560,26 +560,30 @@ def run_machine(device="cpu", **overrides):
         run_state_machine_as_test(machine_for(device), settings=settings(**opts))
 
 
-def run_differential(examples=100, steps=40):
-    """``kvarena verify``'s fuzz part: a derandomized run on every device here.
+def fuzz_rows(label, run, cases, required, examples, steps):
+    """Rows for ``kvarena verify``: a derandomized ``run`` on every device here.
 
-    Returns one row per device, with the case counts as the detail; a row
-    fails on a disagreement or when a required case was never reached.
+    One row per device, with the case counts as the detail; a row fails on a
+    disagreement or when a ``required`` case was never reached.
     """
     rows = []
-    devices = ["cpu"] + (["cuda"] if torch.cuda.is_available() else [])
-    for device in devices:
-        CASES.clear()
+    for device in ["cpu"] + (["cuda"] if torch.cuda.is_available() else []):
+        cases.clear()
         t = time.perf_counter()
         try:
-            run_machine(device, max_examples=examples, stateful_step_count=steps, derandomize=True,
-                        phases=NO_SHRINK, database=None)
-            missing = [c for c in REQUIRED if CASES[c] == 0]
+            run(device, max_examples=examples, stateful_step_count=steps, derandomize=True,
+                phases=NO_SHRINK, database=None)
+            missing = [c for c in required if cases[c] == 0]
             ok = not missing
-            detail = f"{examples} runs x {steps} steps; cases {dict(CASES)}" + (
+            detail = f"{examples} runs x {steps} steps; cases {dict(cases)}" + (
                 f"; never reached: {missing}" if missing else "")
         except Exception as e:  # the row reports the disagreement
             ok, detail = False, f"{type(e).__name__}: {str(e)[:300]}"
-        rows.append({"name": f"differential impl vs spec on {device}", "ok": ok, "detail": detail,
+        rows.append({"name": f"{label} on {device}", "ok": ok, "detail": detail,
                      "seconds": time.perf_counter() - t})
     return rows
+
+
+def run_differential(examples=100, steps=40):
+    """``kvarena verify``'s arena fuzz rows (``fuzz_rows``)."""
+    return fuzz_rows("differential impl vs spec", run_machine, CASES, REQUIRED, examples, steps)

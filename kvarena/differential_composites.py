@@ -18,7 +18,6 @@ read back through ``translate`` after whatever relocation relief did.
 """
 
 import os
-import time
 from collections import Counter
 
 import torch
@@ -27,7 +26,7 @@ from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, rule, run_state_machine_as_test
 
 from kvarena import impl, spec
-from kvarena.differential import COMMON, NO_SHRINK, pattern
+from kvarena.differential import COMMON, NO_SHRINK, fuzz_rows, pattern
 from kvarena.spec.contracts import checking, unchecked
 
 PROFILES = {
@@ -323,20 +322,5 @@ def run_machine(device="cpu", **overrides):
 
 
 def run_differential(examples=60, steps=30):
-    """``kvarena verify``'s composite fuzz rows: a derandomized run per device."""
-    rows = []
-    for device in ["cpu"] + (["cuda"] if torch.cuda.is_available() else []):
-        CASES.clear()
-        t = time.perf_counter()
-        try:
-            run_machine(device, max_examples=examples, stateful_step_count=steps, derandomize=True,
-                        phases=NO_SHRINK, database=None)
-            missing = [c for c in REQUIRED if CASES[c] == 0]
-            ok = not missing
-            detail = f"{examples} runs x {steps} steps; cases {dict(CASES)}" + (
-                f"; never reached: {missing}" if missing else "")
-        except Exception as e:  # the row reports the disagreement
-            ok, detail = False, f"{type(e).__name__}: {str(e)[:300]}"
-        rows.append({"name": f"composites impl vs spec on {device}", "ok": ok, "detail": detail,
-                     "seconds": time.perf_counter() - t})
-    return rows
+    """``kvarena verify``'s composite fuzz rows (``differential.fuzz_rows``)."""
+    return fuzz_rows("composites impl vs spec", run_machine, CASES, REQUIRED, examples, steps)
