@@ -7,11 +7,8 @@ verify`` runs it too.  Profiles: the default is sized for CI;
 
 import pytest
 import torch
-from hypothesis import settings
-from hypothesis.stateful import run_state_machine_as_test
 
-from kvarena.differential import (CASES, COMMON, NO_SHRINK, REQUIRED, machine_for, run_differential,
-                                  run_machine)
+from kvarena.differential import CASES, NO_SHRINK, REQUIRED, run_differential, run_machine
 
 DEVICES = ["cpu", pytest.param("cuda", marks=[pytest.mark.cuda, pytest.mark.skipif(
     not torch.cuda.is_available(), reason="no CUDA device")])]
