@@ -144,13 +144,14 @@ class _Composite:
     # ------------------------------------------------------ input tensors
 
     def _vec(self, what, x):
-        """A 1-D int64 tensor on the arena's device (a tensor or a list/tuple of ints)."""
+        """A 1-D int64 tensor on the arena's device (a tensor, or any ordered
+        sequence of ints: list, tuple, range, array; not a string, set or mapping)."""
         if isinstance(x, torch.Tensor):
             if x.dtype.is_floating_point or x.dtype.is_complex or x.dtype == torch.bool:
                 raise ValueError(f"{what} must hold ints, got dtype {x.dtype}")
             return x.reshape(-1).to(self.device, I64)
-        if not isinstance(x, (list, tuple)):
-            raise ValueError(f"{what} must be a tensor, list or tuple of ints, got {type(x).__name__}")
+        if isinstance(x, (str, bytes, set, frozenset, dict)) or not hasattr(x, "__len__"):
+            raise ValueError(f"{what} must be a tensor or a sequence of ints, got {type(x).__name__}")
         vals = [_int(f"{what}[{i}]", v) for i, v in enumerate(x)]
         try:
             return torch.tensor(vals, dtype=I64, device=self.device)
@@ -238,7 +239,9 @@ class _Composite:
         live = ok_idx & (row >= 0)
         empty = prefix == 0
         aligned = torch.remainder(loc, ps) == torch.remainder(prefix - 1, ps)
-        good = (prefix >= 0) & (seq >= prefix) & torch.where(empty, loc == -1, live & aligned)
+        g = full.geom
+        fits_ever = seq <= (g.num_pages - g.min_page) * ps  # before any sum can overflow
+        good = (prefix >= 0) & (seq >= prefix) & fits_ever & torch.where(empty, loc == -1, live & aligned)
         bad = (~good).to(I64)
         # Two requests may not continue the same partly filled page.
         cont = (~empty) & (torch.remainder(prefix, ps) != 0) & (seq > prefix) & live
@@ -261,6 +264,10 @@ class _Composite:
                 raise ValueError(f"{what}: request {i}: prefix_len {p} < 0")
             if s < p:
                 raise ValueError(f"{what}: request {i}: seq_len {s} < prefix_len {p}")
+            g = self.arena.geometry(FULL)
+            if s > (g.num_pages - g.min_page) * ps:
+                raise ValueError(f"{what}: request {i}: seq_len {s} is more than the "
+                                 f"{(g.num_pages - g.min_page) * ps} tokens this arena could ever hold")
             if p == 0:
                 if l != -1:
                     raise ValueError(f"{what}: request {i}: empty prefix needs last_loc -1, got {l}")

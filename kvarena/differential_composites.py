@@ -86,6 +86,8 @@ class CompositeMachine(RuleBasedStateMachine):
         self.S = build(spec, kind, total, full, swa, state, ps, lazy, {})
         self.I = build(impl, kind, total, full, swa, state, ps, lazy, {"device": self.device})
         self.has_swa, self.has_state = kind != "mamba", kind != "hybrid"
+        g = self.S.arena.geometry("full")
+        self.most = (g.num_pages - g.min_page) * ps  # longer requests are bad input, not shortfalls
         self.pools = ["full"] + (["swa"] if self.has_swa else [])
         self.reqs = {}  # request id -> {"tokens", "slot", "freed"} (freed: SWA positions released)
         self.next_rid = 0
@@ -130,7 +132,7 @@ class CompositeMachine(RuleBasedStateMachine):
 
     @rule(data=st.data())
     def admit(self, data):
-        self.admit_one(data.draw(st.integers(1, 5 * self.ps + 2)))
+        self.admit_one(min(self.most, data.draw(st.integers(1, 5 * self.ps + 2))))
 
     @rule(data=st.data())
     def admit_past_the_joint_view(self, data):
@@ -186,7 +188,9 @@ class CompositeMachine(RuleBasedStateMachine):
             return
         rid = data.draw(st.sampled_from(sorted(self.reqs)))
         seq = len(self.reqs[rid]["tokens"])
-        k = data.draw(st.integers(1, 4 * self.ps + 1))
+        k = min(self.most - seq, data.draw(st.integers(1, 4 * self.ps + 1)))
+        if k <= 0:
+            return
         new = self.both(lambda c: c.alloc_extend([seq], [seq + k], [self.last(rid)]))
         if new is not None:
             if (seq - 1) // self.ps != (seq + k - 1) // self.ps:
@@ -198,7 +202,10 @@ class CompositeMachine(RuleBasedStateMachine):
     def decode(self, data):
         if not self.reqs:
             return
-        rids = data.draw(st.lists(st.sampled_from(sorted(self.reqs)), min_size=1, max_size=4, unique=True))
+        growing = sorted(r for r, q in self.reqs.items() if len(q["tokens"]) < self.most)
+        if not growing:
+            return
+        rids = data.draw(st.lists(st.sampled_from(growing), min_size=1, max_size=4, unique=True))
         seqs = [len(self.reqs[r]["tokens"]) + 1 for r in rids]
         new = self.both(lambda c: c.alloc_decode(seqs, [self.last(r) for r in rids]))
         if new is None:
@@ -234,6 +241,19 @@ class CompositeMachine(RuleBasedStateMachine):
             if r["slot"] is not None:
                 c.free_state(r["slot"])
         self.forget_dead()
+
+    @rule(data=st.data())
+    def too_long(self, data):
+        """A request no arena of this size could ever hold is bad input in
+        both twins, and changes nothing."""
+        before = self.S.arena.snapshot()
+        for c in (self.S, self.I):
+            try:
+                c.alloc_extend([0], [self.most + data.draw(st.integers(1, 2 ** 62))], [-1])
+            except ValueError:
+                continue
+            raise AssertionError("a request longer than the arena was accepted")
+        assert self.S.arena.snapshot() == before == self.I.arena.snapshot()
 
     @rule(data=st.data())
     def relieve(self, data):

@@ -61,9 +61,10 @@ def _int(what, v):
 
 
 def _ints(what, seq):
-    """A list or tuple of ints, as a list."""
-    if not isinstance(seq, (list, tuple)):
-        raise ValueError(f"{what} must be a list or tuple of ints, got {type(seq).__name__}")
+    """Any ordered sequence of ints (a list, tuple, range, array), as a list;
+    a string, set or mapping is not one."""
+    if isinstance(seq, (str, bytes, set, frozenset, dict)) or not hasattr(seq, "__len__"):
+        raise ValueError(f"{what} must be a sequence of ints, got {type(seq).__name__}")
     return [_int(f"{what}[{i}]", v) for i, v in enumerate(seq)]
 
 
@@ -213,7 +214,9 @@ class _Composite:
     def _requests(self, what, prefix, seq, last):
         """Validate a batch; return ``[(prefix, seq, last_loc), ...]``.
 
-        ``last_loc`` is ``-1`` exactly when the prefix is empty; otherwise
+        A ``seq_len`` longer than full's whole grid can hold is bad input,
+        not a shortfall (no relief could ever meet it).  ``last_loc`` is
+        ``-1`` exactly when the prefix is empty; otherwise
         it is the slot of position ``prefix - 1``: a token live in full
         whose offset in its page is ``(prefix - 1) % ps``.  Its page need
         not be live in swa (a window free may have released it); tokens
@@ -226,10 +229,15 @@ class _Composite:
             raise ValueError(f"{what}: length mismatch: {len(prefix)} prefix_lens, {len(seq)} seq_lens, "
                              f"{len(last)} last_loc")
         full = self.arena.v2p(FULL)
+        g = self.arena.geometry(FULL)
+        most = (g.num_pages - g.min_page) * ps  # tokens full could ever hold
         continued = {}
         for i, (p, s, loc) in enumerate(zip(prefix, seq, last)):
             if p < 0:
                 raise ValueError(f"{what}: request {i}: prefix_len {p} < 0")
+            if s > most:
+                raise ValueError(f"{what}: request {i}: seq_len {s} is more than the {most} tokens "
+                                 "this arena could ever hold")
             if s < p:
                 raise ValueError(f"{what}: request {i}: seq_len {s} < prefix_len {p}")
             if p == 0:
