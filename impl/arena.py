@@ -640,10 +640,10 @@ class Arena:
         for borrower, lender in self.lenders.items():
             mine = self.bands[borrower].v2p[1:-1] >= 0
             theirs = self.bands[lender].v2p[1:-1] >= 0
-            stray = torch.nonzero(mine & ~theirs).flatten() + 1  # SYNC: verify is an audit
-            if stray.numel():
+            stray = (torch.nonzero(mine & ~theirs).flatten() + 1).tolist()  # SYNC: verify is an audit
+            if stray:
                 raise AccountingError(borrower, "borrowed ids live in the lender",
-                                      f"ids {stray.tolist()} are not live in {lender!r}")
+                                      f"ids {stray} are not live in {lender!r}")
         opaque = [b for b in self._order if b.opaque]
         prev_name, prev_high = None, self.sink_bytes
         for b in opaque:
