@@ -8,6 +8,7 @@ Modules, in reading order:
 - ``arith``     integer formulas, written once for ints and z3 terms;
 - ``geometry``  sub-pools, page grids, the sink, the chain;
 - ``bands``     one band: span, page tables, holes, content model;
+- ``moves``     relocation plans: which live pages go where, and why they fit;
 - ``policy``    the demand-vector decision for sliding a float;
 - ``arena``     the chain, capacity views, operations, relieve, verify;
 - ``composites`` the token-level composites over one arena (DESIGN section 6).

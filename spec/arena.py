@@ -1,7 +1,7 @@
 """The arena: bands on one chain, the operations, and the capacity views.
 
-Read ``geometry`` for the layout, ``bands`` for one band, then this file
-top to bottom: chain walks, capacity views, the operations, the policy
+Read ``geometry`` for the layout, ``bands`` for one band, ``moves`` for
+where relocated pages go, then this file top to bottom: chain walks, capacity views, the operations, the policy
 that slides floats, the shortfall ladder, and ``verify``.
 
 Contracts are PEP 316 docstring lines (``pre:``, ``post:``, the class
