@@ -730,6 +730,7 @@ class Arena:
                 "span": [b.lo, b.hi],
                 "frontiers": list(b.frontiers),
                 "live": b.live,
+                # SYNC: snapshot copies the tables to the host: a tool and test path
                 "v2p": b.v2p[:b.id_end].tolist(),
                 "p2v": b.p2v[:n].tolist(),
                 "free_ids": b.queued_ids().tolist(),

@@ -254,7 +254,7 @@ class _Composite:
         """Error path only: name the first bad request (host reads)."""
         ps = self.page_size
         if what == "alloc_decode":
-            for i, s in enumerate(seq.tolist()):
+            for i, s in enumerate(seq.tolist()):  # SYNC: error path only, about to raise
                 if s < 1:
                     raise ValueError(f"{what}: request {i}: seq_len must be >= 1, got {s}")
         v2p = self.arena.v2p(FULL).tolist()

@@ -31,6 +31,22 @@ def check_all(a):
     json.dumps(a.snapshot())  # JSON-able
 
 
+def busy(Arena):
+    """A tri-pool arena (any package's ``Arena``) with live pages in every band,
+    a hole in the float and a lazy hole in the down END."""
+    from kvarena.spec import SubPool
+
+    a = Arena(1600, [SubPool("u", 16, 1, "up"), SubPool("f", 16, 1, "float"), SubPool("d", 16, 1, "down")],
+              lazy={"d"})
+    a.alloc("u", 5)
+    a.alloc("f", 6)
+    a.alloc("d", 5)
+    a.free("d", [2])
+    a.free("f", [3])
+    a.verify()
+    return a
+
+
 @contextlib.contextmanager
 def unchanged(a):
     """Assert the block leaves ``a`` exactly as it found it."""

@@ -6,6 +6,7 @@ tests could not see it), plus the constructor's `lazy`, `policy` and
 import pytest
 import torch
 
+from conftest import busy
 from kvarena import impl, spec
 from kvarena.spec import AccountingError, SubPool
 
@@ -140,18 +141,6 @@ def test_bug3_a_pool_that_could_never_allocate_is_rejected(Arena):
 
 
 # ---------------------------------------------------------------- bug 4
-
-
-def busy(Arena):
-    a = Arena(1600, [SubPool("u", 16, 1, "up"), SubPool("f", 16, 1, "float"), SubPool("d", 16, 1, "down")],
-              lazy={"d"})
-    a.alloc("u", 5)
-    a.alloc("f", 6)
-    a.alloc("d", 5)
-    a.free("d", [2])
-    a.free("f", [3])
-    a.verify()
-    return a
 
 
 @pytest.mark.parametrize("Arena", ARENAS)

@@ -4,19 +4,13 @@ import pytest
 from hypothesis import Phase, settings
 from hypothesis.stateful import run_state_machine_as_test
 
-from conftest import check_all, check_content
+from conftest import busy as busy_arena, check_all, check_content
 from kvarena.spec import AccountingError, Arena, SubPool
 from kvarena.spec.bands import Band
 
 
 def busy():
-    a = Arena(1600, [SubPool("u", 16, 1, "up"), SubPool("f", 16, 1, "float"), SubPool("d", 16, 1, "down")],
-              lazy={"d"})
-    a.alloc("u", 5)
-    a.alloc("f", 6)
-    a.alloc("d", 5)
-    a.free("d", [2])
-    a.free("f", [3])
+    a = busy_arena(Arena)
     check_all(a)
     return a
 
