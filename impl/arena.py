@@ -17,6 +17,7 @@ import operator
 
 import torch
 
+from kvarena.spec import planner
 from kvarena.spec.geometry import AccountingError, borrowing, check_policy, lazy_ends, make_layout
 
 from . import capacity as cap
@@ -47,12 +48,13 @@ class Arena:
                               lenders.get(n), layout.geometry.get(lenders.get(n)))
                       for n in self.chain}
         self._order = list(self.bands.values())
-        self._memo = Memo(self._epoch_key)  # a bound method: a deep copy keys on its own bands
+        self._memo = Memo.shared_by(self._order)  # one arena-wide epoch; a deep copy gets its own
         self.verify()
 
     def _epoch_key(self):
-        """The memo key: the sum of the chain's epochs (``impl/memo.py``)."""
-        return sum(b.epoch for b in self._order)
+        """The memo key: the arena-wide epoch, bumped by every capacity
+        field's rebind in any band (``impl/memo.py``)."""
+        return self._memo.clock.now
 
     # ------------------------------------------------------------ access
 
@@ -582,6 +584,35 @@ class Arena:
             return 0
         return self.make_room(name, "low" if side_is_low else "high", target)
 
+    def plan_floats(self, demand):
+        """The planner's rung (DESIGN section 4b); pages moved.
+
+        The decision is the spec's own ``planner.plan_chain`` (one source,
+        like ``check_policy``), fed from this arena's host counters; the
+        repacks run in ``planner.move_order``, each one batched move."""
+        for n in demand:
+            self._band(n)
+        demand = {n: self._count(n, d, "demand") for n, d in demand.items()}
+        names = self.chain[1:-1]
+        floats = [planner.Float(b.geom.epp, b.geom.min_page, b.geom.num_pages, b.lo, b.hi, b.live, b.n_holes,
+                                demand.get(n, 0), b.index_room) for n, b in ((n, self.bands[n]) for n in names)]
+        ends = []
+        for name, side in ((self.chain[0], 1), (self.chain[-1], 0)):
+            e = self.bands[name]
+            g = e.geom
+            ends.append(planner.End(e.frontiers[side], g.epp, max(0, demand.get(name, 0) - e.n_holes),
+                                    g.num_pages - g.min_page - (e.hi - e.lo)))
+        plan = planner.plan_chain(ends[0], floats, ends[1])
+        moved = 0
+        for i in planner.move_order(floats, plan):
+            b = self.bands[names[i]]
+            live = b.occupied_pages()  # SYNC: the move set depends on the live pages
+            target = b.pages(plan.starts[i], plan.starts[i] + live.numel())
+            # pages already in the target stay; the rest fill its free pages, both ascending
+            moved += self._move(b, target[~torch.isin(target, live)], live[~torch.isin(live, target)])
+            self._refit(b)
+        return moved
+
     def flush_targets(self, name):
         """The bands an urgent flush visits for a shortfall in ``name``: the
         nearest opaque band on each side the band grows toward (an END
@@ -593,9 +624,10 @@ class Arena:
     def relieve(self, name, need_pages, evict=None):
         """The shortfall ladder; True once ``need_pages`` fits in ``name``.
 
-        Each attempt flushes the flush targets, then offers ``{name:
-        need_pages}`` to the floats in chain order while the need is still
-        short; attempts after the first are eviction rounds (at most 4),
+        Each attempt flushes the flush targets, then, while the need is
+        still short, runs the policy's slide: ``"anchor"`` offers ``{name:
+        need_pages}`` to the floats in chain order, ``"planner"`` runs one
+        ``plan_floats``; attempts after the first are eviction rounds (at most 4),
         each opened by ``evict(shortfall)``, and a falsy return ends them.
         The verdict is read after the last step.  Never raises on a
         shortfall.
@@ -615,10 +647,14 @@ class Arena:
                 break
             for t in self.flush_targets(name):
                 self.flush(t)
-            for f in self.chain[1:-1]:
-                if short() <= 0:
-                    break
-                self.open_short_side(f, {name: need})
+            if self.policy == "planner":
+                if short() > 0:
+                    self.plan_floats({name: need})
+            else:
+                for f in self.chain[1:-1]:
+                    if short() <= 0:
+                        break
+                    self.open_short_side(f, {name: need})
             if short() <= 0:
                 return True
         return short() <= 0

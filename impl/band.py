@@ -9,7 +9,8 @@ lender's ids and no free-id queue.
 
 ``lo``/``hi``/``live``/``holes`` are capacity-bearing ``CapField``s: host
 ints (reading capacity never syncs) and an ordered hole tensor (oldest
-first) that is always rebound, never written in place.
+first) that is always rebound, never written in place.  Each rebind bumps
+the band's ``epoch`` and the arena's shared ``clock``.
 """
 
 import torch
@@ -70,6 +71,7 @@ class Band:
         self.name, self.grow = pool.name, pool.grow
         self.lender = lender
         self.epoch = 0
+        self.clock = None  # the arena-wide Clock, attached by the arena's memo (impl/memo.py)
         n = geom.num_pages
         ids = lender_geom or geom
         self.id_range = (ids.min_page, ids.num_pages)

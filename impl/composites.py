@@ -444,10 +444,14 @@ class _Composite:
             elif not evict(self._shortfall(tokens, state_slots)):
                 break
             self._flush_members()
-            for f in self._floats():
-                if self._fits(tokens, state_slots):
-                    break
-                self.arena.open_short_side(f, demand)
+            if self.arena.policy == "planner":
+                if not self._fits(tokens, state_slots):
+                    self.arena.plan_floats(demand)
+            else:
+                for f in self._floats():
+                    if self._fits(tokens, state_slots):
+                        break
+                    self.arena.open_short_side(f, demand)
             if self._fits(tokens, state_slots):
                 return True
         return self._fits(tokens, state_slots)  # after the last step, whatever evict returned

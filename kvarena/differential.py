@@ -15,10 +15,13 @@ they could still share a wrong idea, so it is also held to oracles that
 share no code with either: its verdict must equal a fresh read of the gate,
 evictors of every kind a scheduler writes (honest, returning 0, freeing
 more than asked, lying, raising) must leave both arenas consistent, and a
-second identical relieve after a failed one must fail too (on chains of at
-most one float, for an END's need; the anchor policy breaks it for a
-float's own need and on two floats: documented findings,
-``tests/test_spec_relieve_findings.py``).
+second identical relieve after a failed one must fail too (always under
+the planner; under the anchor policy on chains of at most one float, for an
+END's need, as it breaks for a float's own need and on two floats:
+documented findings, ``tests/test_spec_relieve_findings.py``).  Both relief
+policies run (``policy`` is drawn per run), and the planner's rung
+(``plan_floats``) is also a rule of its own: a feasible plan must meet its
+demand vector, an infeasible one move nothing.
 
 Profiles: the default is sized for CI (a couple of minutes on two cores);
 ``KVARENA_PROFILE=long`` runs thousands of examples.  ``tests/test_differential.py``
@@ -59,7 +62,8 @@ CASES = Counter()
 REQUIRED = ("exhaustion", "exact fit", "slide low", "slide high", "leapfrog",
             "refusal both short", "lazy flush capped", "eviction round", "borrowed bind",
             "lender free refused", "evictor raised", "evictor returned 0 but freed",
-            "relieve failed twice")
+            "relieve failed twice (anchor)", "relieve failed twice (planner)", "plan moved pages",
+            "plan fits in place", "plan infeasible")
 EVICTORS = ("honest", "zero", "more", "liar", "raise")
 
 
@@ -158,11 +162,12 @@ def both_short(S, f, demand):
 class DiffMachine(RuleBasedStateMachine):
     device = "cpu"
 
-    @initialize(geo=geometries())
-    def boot(self, geo):
+    @initialize(geo=geometries(), policy=st.sampled_from(spec.POLICIES))
+    def boot(self, geo, policy):
         total, pools, lazy, borrow = geo
-        self.S = spec.Arena(total, pools, lazy=lazy, borrow=borrow)
-        self.I = impl.Arena(total, pools, lazy=lazy, borrow=borrow, device=self.device)
+        self.S = spec.Arena(total, pools, lazy=lazy, borrow=borrow, policy=policy)
+        self.I = impl.Arena(total, pools, lazy=lazy, borrow=borrow, device=self.device, policy=policy)
+        self.policy = policy
         assert self.S.chain == self.I.chain
         self.gen = 0
         self.expected = {n: {} for n in self.S.chain}  # live id -> generation of its bytes
@@ -427,6 +432,23 @@ class DiffMachine(RuleBasedStateMachine):
             assert moved == 0 and self.I.snapshot() == before
             note("refusal both short")
 
+    @rule(data=st.data())
+    def plan_floats(self, data):
+        """The planner's rung alone, on either policy's arena, for a demand
+        vector near what fits now; a feasible plan must meet it."""
+        S = self.S
+        demand = {n: max(0, S.available_pages(n) + data.draw(st.integers(-2, 6)))
+                  for n in data.draw(st.lists(st.sampled_from(S.chain), unique=True, min_size=1, max_size=3))}
+        feasible = S.plan(demand).feasible
+        moved = S.plan_floats(demand)
+        assert self.I.plan_floats(demand) == moved
+        if feasible:
+            assert all(S.available_pages(n) >= d for n, d in demand.items())
+            note("plan moved pages" if moved else "plan fits in place")
+        else:
+            assert moved == 0
+            note("plan infeasible")
+
     def evictor(self, arena, log, script):
         """An ``evict`` callback of one of the kinds a scheduler writes.
 
@@ -491,12 +513,14 @@ class DiffMachine(RuleBasedStateMachine):
         if ok is False and script is None:
             # the ladder did all it could: running it again must not find more
             again, _ = self.relieve_both(name, need, None)
-            # It holds with no float, and with one float for an END's need;
-            # the anchor policy breaks it for a float's own need and on two
+            # Under the planner it always holds (the plan is complete); under
+            # the anchor policy it holds with no float, and with one float for
+            # an END's need, and breaks for a float's own need and on two
             # floats (tests/test_spec_relieve_findings.py).
-            if not self.floats or (len(self.floats) == 1 and name not in self.floats):
+            if (self.policy == "planner" or not self.floats
+                    or (len(self.floats) == 1 and name not in self.floats)):
                 assert again is False, "a second relieve found room the first did not"
-            note("second relieve fits (anchor finding)" if again else "relieve failed twice")
+            note("second relieve fits (anchor finding)" if again else f"relieve failed twice ({self.policy})")
             ok = again
         if ok is True:
             _, got = self.alloc_both(name, need, data)  # a borrower binds what its lender has

@@ -8,7 +8,8 @@ would (DESIGN section 6): admit a request (a state slot, then
 (``alloc_decode``), free the SWA tokens that left the window (``free_swa``
 up to ``swa_window_end``), finish a request (``free``, ``free_state``), and
 on a shortfall ``relieve`` with an evictor that retracts the newest
-request.  The spec's contracts are checked on every call.
+request.  Each run draws the relief policy (``"anchor"`` or ``"planner"``).
+The spec's contracts are checked on every call.
 
 After every step the two agree on the arena snapshots (page tables,
 frontiers, holes, FIFOs), every view (the joint one included), the
@@ -39,7 +40,8 @@ if PROFILE not in PROFILES:
 
 CASES = Counter()
 REQUIRED = ("window-slide free", "joint-view exhaustion", "state starvation relieved without eviction",
-            "extend crosses a page", "decode opens a page", "retraction", "hybrid", "mamba", "tri")
+            "extend crosses a page", "decode opens a page", "retraction", "hybrid", "mamba", "tri",
+            "policy anchor", "policy planner")
 KINDS = ("hybrid", "mamba", "tri")
 
 
@@ -48,12 +50,12 @@ def note(case):
     event(case)
 
 
-def build(pkg, kind, total, full, swa, state, ps, lazy, device):
+def build(pkg, kind, total, full, swa, state, ps, lazy, device, policy="anchor"):
     if kind == "hybrid":
-        return pkg.HybridSWA(total, full, swa, ps, lazy=lazy, **device)
+        return pkg.HybridSWA(total, full, swa, ps, lazy=lazy, policy=policy, **device)
     if kind == "mamba":
-        return pkg.MambaHybrid(total, full, state, ps, lazy=lazy, **device)
-    return pkg.TriPool(total, full, swa, state, ps, lazy=lazy, **device)
+        return pkg.MambaHybrid(total, full, state, ps, lazy=lazy, policy=policy, **device)
+    return pkg.TriPool(total, full, swa, state, ps, lazy=lazy, policy=policy, **device)
 
 
 def host(x):
@@ -79,12 +81,13 @@ def setups(draw):
 class CompositeMachine(RuleBasedStateMachine):
     device = "cpu"
 
-    @initialize(setup=setups())
-    def boot(self, setup):
+    @initialize(setup=setups(), policy=st.sampled_from(spec.POLICIES))
+    def boot(self, setup, policy):
         kind, total, full, swa, state, ps, lazy, window = setup
         self.kind, self.ps, self.window = kind, ps, window
-        self.S = build(spec, kind, total, full, swa, state, ps, lazy, {})
-        self.I = build(impl, kind, total, full, swa, state, ps, lazy, {"device": self.device})
+        self.S = build(spec, kind, total, full, swa, state, ps, lazy, {}, policy)
+        self.I = build(impl, kind, total, full, swa, state, ps, lazy, {"device": self.device}, policy)
+        note(f"policy {policy}")
         self.has_swa, self.has_state = kind != "mamba", kind != "hybrid"
         g = self.S.arena.geometry("full")
         self.most = (g.num_pages - g.min_page) * ps  # longer requests are bad input, not shortfalls

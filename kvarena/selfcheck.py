@@ -193,6 +193,24 @@ def scenario_relieve_judges_after_the_last_step():
     return "verdict after the last step"
 
 
+def scenario_planner_one_run():
+    """README finding 6 (two floats): the anchor needs two ladder runs, the
+    planner one, moving only the floats that block."""
+    def two_floats(policy):
+        a = Arena(160, [SubPool("u", 16, 1, "up"), SubPool("f1", 16, 1, "float"),
+                        SubPool("f2", 16, 1, "float"), SubPool("d", 16, 1, "down")], policy=policy)
+        a.alloc("f2", 1)
+        a.alloc("f1", 1)
+        return a
+
+    _expect(two_floats("anchor").relieve("u", 4), False, "the anchor's first run fails")
+    a = two_floats("planner")
+    _expect(a.relieve("u", 4), True, "the planner's first run succeeds")
+    _expect(a.available_pages("u") >= 4, True, "u fits after the plan")
+    _expect(a.plan_floats({"u": 9}), 0, "an infeasible demand moves nothing")
+    return "planner: one run, nothing moved in vain"
+
+
 def scenario_borrowing():
     a = Arena(8192, [SubPool("mamba", 64, 1, "up", "state"), SubPool("swa", 8, 4, "float"),
                      SubPool("full", 16, 4, "down")], borrow={"swa": "full"})
@@ -248,7 +266,8 @@ def random_walk(seed, steps=300, contracts=False):
     """Random operations on a random geometry, ``verify()`` after each step."""
     rng = random.Random(seed)
     total, pools, lazy = random_geometry(rng)
-    a = Arena(total, pools, lazy=lazy)  # borrowing has its own scenario and the differential machine
+    # both relief policies, alternating by seed; borrowing has its own scenario and the differential machine
+    a = Arena(total, pools, lazy=lazy, policy=("anchor", "planner")[seed % 2])
     live = {n: [] for n in a.chain}
     floats = list(a.chain[1:-1])
 

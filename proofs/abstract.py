@@ -26,43 +26,7 @@ from kvarena.spec.arith import ite, max_, min_, fdiv
 
 # ------------------------------------------------------------ bool shim
 
-
-def _is_concrete(x):
-    return isinstance(x, (bool, int))
-
-
-def and_(*xs):
-    xs = [x for x in xs if x is not True]
-    if any(x is False for x in xs):
-        return False
-    if not xs:
-        return True
-    if all(_is_concrete(x) for x in xs):
-        return all(xs)
-    import z3
-
-    return z3.And(*xs) if len(xs) > 1 else xs[0]
-
-
-def or_(*xs):
-    xs = [x for x in xs if x is not False]
-    if any(x is True for x in xs):
-        return True
-    if not xs:
-        return False
-    if all(_is_concrete(x) for x in xs):
-        return any(xs)
-    import z3
-
-    return z3.Or(*xs) if len(xs) > 1 else xs[0]
-
-
-def not_(x):
-    if _is_concrete(x):
-        return not x
-    import z3
-
-    return z3.Not(x)
+and_, or_, not_ = arith.and_, arith.or_, arith.not_  # one source: the spec's shim
 
 
 def implies(a, b):

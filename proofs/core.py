@@ -57,6 +57,7 @@ class Built:
     witnesses: list = field(default_factory=list)
     hints: list = field(default_factory=list)  # extra constraints that only speed up model search
     case_goals: list = None  # optional: a goal per case instead of ``goal``
+    lemmas: object = False  # add ``arith_lemmas`` to each proof query: True, or "floor" (no ceiling instances)
 
 
 @dataclass
@@ -122,6 +123,72 @@ def _model_dict(model, limit=120):
             out[d.name()] = str(v)
         if len(out) >= limit:
             break
+    return out
+
+
+def _subterms(exprs):
+    seen, out, stack = set(), [], [_as_bool(e) for e in exprs]
+    while stack:
+        e = stack.pop()
+        if e.get_id() not in seen:
+            seen.add(e.get_id())
+            out.append(e)
+            stack.extend(e.children())
+    return out
+
+
+def arith_lemmas(exprs, ceiling=True):
+    """Instances of three facts of integer arithmetic, for the terms of ``exprs``.
+
+    Byte positions are ``pages * epp`` with a symbolic ``epp``, which makes
+    the queries nonlinear; z3 then times out on facts any reader takes for
+    granted.  For every divisor ``b`` of an integer division ``q = n / b``
+    in the query and every term ``x`` multiplied by ``b``, add, each guarded
+    by ``b > 0`` (so every instance is valid and the proof stays sound):
+
+    - division bounds: ``q*b <= n < q*b + b``;
+    - Galois connection: ``x <= q  <=>  x*b <= n`` and ``q <= x  <=>  n < x*b + b``,
+      and the same for the ceiling ``-q`` of ``-n / b`` (the shim's ``cdiv``);
+    - monotonicity: ``x <= y  <=>  x*b <= y*b`` for two such terms, and
+      ``n1 <= n2  =>  n1/b <= n2/b`` for two divisions by ``b``.
+
+    Only the proof query gets them: the vacuity and tautology checks see the
+    obligation as stated.  ``ceiling=False`` leaves out the ceiling's
+    connection: more instances are not always faster, and the completeness
+    obligations need only the floor's.
+    """
+    terms = _subterms(exprs)
+    by_factor = {}  # divisor/epp id -> (term, {id: multiplicand})
+    for t in terms:
+        if z3.is_mul(t) and t.num_args() == 2:
+            a, b = t.children()
+            for x, y in ((a, b), (b, a)):
+                if z3.is_const(y) and not z3.is_int_value(y):
+                    by_factor.setdefault(y.get_id(), (y, {}))[1][x.get_id()] = x
+    out = []
+    for t in terms:
+        if z3.is_app_of(t, z3.Z3_OP_IDIV):
+            n, b = t.children()
+            facts = [t * b <= n, n < t * b + b]
+            for x in by_factor.get(b.get_id(), (b, {}))[1].values():
+                facts += [(x <= t) == (x * b <= n), (t <= x) == (n < x * b + b)]
+                if ceiling:  # the shim's ceiling division is -((-a) / b): its connection too
+                    facts += [(-t <= x) == (-n <= x * b), (x <= -t) == (x * b < b - n)]
+            out.append(z3.Implies(b > 0, z3.And(*facts)))
+    divs = {}  # divisor id -> (divisor, [division terms])
+    for t in terms:
+        if z3.is_app_of(t, z3.Z3_OP_IDIV):
+            divs.setdefault(t.arg(1).get_id(), (t.arg(1), []))[1].append(t)
+    for b, ts in divs.values():
+        facts = [z3.Implies(t1.arg(0) <= t2.arg(0), t1 <= t2) for t1 in ts for t2 in ts if t1 is not t2]
+        if facts:
+            out.append(z3.Implies(b > 0, z3.And(*facts)))
+    for b, xs in by_factor.values():
+        xs = list(xs.values())
+        facts = [(x1 <= x2) == (x1 * b <= x2 * b) for i, x1 in enumerate(xs) for x2 in xs[i + 1:]]
+        facts += [(x2 <= x1) == (x2 * b <= x1 * b) for i, x1 in enumerate(xs) for x2 in xs[i + 1:]]
+        if facts:
+            out.append(z3.Implies(b > 0, z3.And(*facts)))
     return out
 
 
@@ -214,6 +281,8 @@ def run_obligation(ob, tautology_s=None):
         for case, goal in zip(cases, goals):
             left = max(0.05, deadline - time.perf_counter())
             query = hyps + case + [z3.Not(_as_bool(goal))]
+            if built.lemmas:
+                query += arith_lemmas(query, ceiling=built.lemmas is True)
             r = z3.unknown
             if ob.expect == "counterexample" and built.hints:
                 # a refutation: look for the counterexample on the hinted layout first

@@ -47,9 +47,16 @@ DIFF_WALL_S = 90
 _LINE = re.compile(r"^(?P<file>.+?):(?P<line>\d+): (?P<level>info|error|warning): (?P<msg>.*)$")
 
 
+# CrossHair blocks file writes while it loads the code under analysis.  Importing
+# torch imports dill where it is installed (the [anchor] extra needs it), and dill
+# asks tempfile for the temp dir, which probes it by writing a file.  Asking first,
+# before CrossHair starts, caches the answer, so the import writes nothing.
+_LAUNCH = ("import sys, tempfile; tempfile.gettempdir(); "
+           "from crosshair.main import main; sys.argv[0] = 'crosshair'; sys.exit(main())")
+
+
 def _crosshair():
-    exe = os.path.join(os.path.dirname(sys.executable), "crosshair")
-    return [exe] if os.path.exists(exe) else [sys.executable, "-m", "crosshair"]
+    return [sys.executable, "-c", _LAUNCH]
 
 
 def _contracted_functions(module):

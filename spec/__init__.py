@@ -9,15 +9,16 @@ Modules, in reading order:
 - ``geometry``  sub-pools, page grids, the sink, the chain;
 - ``bands``     one band: span, page tables, holes, content model;
 - ``moves``     relocation plans: which live pages go where, and why they fit;
-- ``policy``    the demand-vector decision for sliding a float;
+- ``policy``    the anchor's demand-vector decision for sliding a float;
+- ``planner``   kvarena's chain planner: one placement of every float;
 - ``arena``     the chain, capacity views, operations, relieve, verify;
 - ``composites`` the token-level composites over one arena (DESIGN section 6).
 """
 
 from .arena import Arena, MAX_EVICT_ROUNDS
 from .composites import HybridSWA, MambaHybrid, TriPool, swa_window_end
-from .geometry import AccountingError, Geometry, Layout, SubPool, make_layout
+from .geometry import POLICIES, AccountingError, Geometry, Layout, SubPool, make_layout
 from .policy import short_side_decision
 
 __all__ = ["Arena", "AccountingError", "Geometry", "Layout", "SubPool", "make_layout",
-           "short_side_decision", "MAX_EVICT_ROUNDS", "HybridSWA", "MambaHybrid", "TriPool", "swa_window_end"]
+           "short_side_decision", "MAX_EVICT_ROUNDS", "POLICIES", "HybridSWA", "MambaHybrid", "TriPool", "swa_window_end"]

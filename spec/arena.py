@@ -13,7 +13,7 @@ bug in the arena.
 
 import operator
 
-from . import arith, moves, policy
+from . import arith, moves, planner, policy
 from .bands import Band
 from .geometry import AccountingError, borrowing, check_policy, lazy_ends, make_layout
 
@@ -493,6 +493,69 @@ class Arena:
             return 0
         return self.make_room(name, "low" if side_is_low else "high", target)
 
+    def plan_floats(self, demand):
+        """The planner's rung (DESIGN section 4b): place every float at once so
+        that the demand vector ``{pool: pages}`` fits; pages moved.
+
+        Gathers each END's frontier, extension and room and each float's
+        span, counts and demand, asks ``planner.plan_chain``, then repacks
+        the floats it names in ``planner.move_order`` (``moves.pack_plan``).
+        Nothing moves when no placement fits, nor when the demand already
+        fits where the floats are.
+
+        post: __return__ >= 0
+        post: not __old__.self.plan(demand).feasible or all(self.available_pages(n) >= d for n, d in demand.items())
+        post: __old__.self.plan(demand).feasible or self.snapshot() == __old__.self.snapshot()
+        raises: ValueError
+        """
+        names, up, floats, down = self.planner_inputs(demand)
+        plan = planner.plan_chain(up, floats, down)
+        moved = 0
+        for i in planner.move_order(floats, plan):
+            b = self.bands[names[i]]
+            dst, src = moves.pack_plan(b.occupied_pages(), plan.starts[i])
+            self._check_clear(b, plan.starts[i])
+            moved += b.move(dst, src)
+            b.refit()
+        return moved
+
+    def plan(self, demand):
+        """The planner's decision for a demand vector, without acting on it."""
+        return planner.plan_chain(*self.planner_inputs(demand)[1:])
+
+    def planner_inputs(self, demand):
+        """``(float names, up End, [Float], down End)`` for a demand vector:
+        the integers ``plan_floats`` hands ``planner.plan_chain``."""
+        for n in demand:
+            self._band(n)  # unknown pool: ValueError
+        demand = {n: self._count(n, d, "demand") for n, d in demand.items()}
+
+        def end(name, frontier):
+            b = self.bands[name]
+            g = b.geom
+            return planner.End(frontier, g.epp, max(0, demand.get(name, 0) - len(b.holes)),
+                               g.num_pages - g.min_page - b.span)
+
+        names = self.chain[1:-1]
+        floats = []
+        for n in names:
+            b = self.bands[n]
+            g = b.geom
+            floats.append(planner.Float(g.epp, g.min_page, g.num_pages, b.lo, b.hi, b.live, len(b.holes),
+                                        demand.get(n, 0), b.index_room))
+        up = end(self.chain[0], self.bands[self.chain[0]].frontiers[1])
+        down = end(self.chain[-1], self.bands[self.chain[-1]].frontiers[0])
+        return names, up, floats, down
+
+    def _check_clear(self, b, start):
+        """A repack of ``b`` to ``start`` must not write over another band
+        that has not moved (``planner.move_order`` ensures it)."""
+        low, high = start * b.geom.epp, (start + b.live) * b.geom.epp
+        for o in self.bands.values():
+            if o is not b and o.opaque:
+                o_low, o_high = o.frontiers
+                assert high <= o_low or o_high <= low, f"repack of {b.name!r} overlaps {o.name!r}"
+
     def flush_targets(self, name):
         """Who an urgent flush visits for a shortfall in ``name``.
 
@@ -513,8 +576,12 @@ class Arena:
         return sum(self.flush(t) for t in self.flush_targets(name))
 
     def slide_floats(self, name, need_pages):
-        """Rung 2: offer ``{name: need_pages}`` to each float in chain order
-        (``open_short_side``); True as soon as a slide makes the need fit."""
+        """Rung 2, by policy.  ``"planner"``: one ``plan_floats({name:
+        need_pages})``.  ``"anchor"``: offer the demand to each float in chain
+        order (``open_short_side``), True as soon as a slide makes it fit."""
+        if self.policy == "planner":
+            self.plan_floats({name: need_pages})
+            return need_pages <= self.available_pages(name)
         for f in self.chain[1:-1]:
             self.open_short_side(f, {name: need_pages})
             if need_pages <= self.available_pages(name):

@@ -4,7 +4,8 @@ Every formula here runs on Python ints (the executable spec) and on z3
 integer terms (the proofs in ``kvarena.proofs``).  That is what makes the
 proofs *about this code* rather than about a hand-copied encoding.
 
-The shim is four functions.  They dispatch on the type of their arguments:
+The shim is a handful of functions (``ite``, ``and_``/``or_``/``not_``,
+``max_``/``min_``, ``fdiv``/``cdiv``).  They dispatch on the type of their arguments:
 plain ``bool``/``int`` take the Python path; anything else is taken to be a
 z3 term, and z3 is imported only then, so the spec itself never needs it.
 
@@ -24,6 +25,42 @@ def ite(cond, a, b):
     import z3
 
     return z3.If(cond, a, b)
+
+
+def and_(*xs):
+    """Conjunction for bools and z3 conditions alike (``True`` when empty)."""
+    xs = [x for x in xs if x is not True]
+    if any(x is False for x in xs):
+        return False
+    if not xs:
+        return True
+    if _concrete(*xs):
+        return all(xs)
+    import z3
+
+    return z3.And(*xs) if len(xs) > 1 else xs[0]
+
+
+def or_(*xs):
+    """Disjunction for bools and z3 conditions alike (``False`` when empty)."""
+    xs = [x for x in xs if x is not False]
+    if any(x is True for x in xs):
+        return True
+    if not xs:
+        return False
+    if _concrete(*xs):
+        return any(xs)
+    import z3
+
+    return z3.Or(*xs) if len(xs) > 1 else xs[0]
+
+
+def not_(x):
+    if isinstance(x, bool):
+        return not x
+    import z3
+
+    return z3.Not(x)
 
 
 def max_(a, b):

@@ -427,8 +427,9 @@ class _Composite:
 
         1. flush every member (floats first, then the ENDs in chain order),
            recheck;
-        2. for each float in chain order, ``arena.open_short_side(float,
-           demand)``, rechecking after each;
+        2. by the arena's policy: ``"anchor"``, for each float in chain
+           order, ``arena.open_short_side(float, demand)``, rechecking after
+           each; ``"planner"``, one ``arena.plan_floats(demand)``;
         3. with ``evict``, up to ``MAX_EVICT_ROUNDS`` (4) rounds of
            ``evict(shortfall_tokens)`` (see ``_shortfall``), each followed
            by rungs 1 and 2; a falsy return ends the rounds.
@@ -460,6 +461,9 @@ class _Composite:
             self._flush_members()
             if fits():
                 return True
+            if self.arena.policy == "planner":
+                self.arena.plan_floats(demand)
+                return fits()
             for f in self._floats():
                 self.arena.open_short_side(f, demand)
                 if fits():

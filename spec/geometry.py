@@ -9,7 +9,7 @@ from dataclasses import dataclass
 from . import arith
 
 GROW = ("up", "down", "float")
-POLICIES = ("anchor",)  # who slides the floats; the planner (DESIGN section 4b) is a later issue
+POLICIES = ("anchor", "planner")  # who slides the floats (DESIGN sections 4 and 4b)
 KINDS = ("kv", "state")
 
 

@@ -80,6 +80,18 @@ def make_room_plan(side, live, holes, span, region, edge_pages):
     return dst, src
 
 
+def pack_plan(live, start):
+    """The planner's repack (``Arena.plan_floats``): make ``live`` occupy
+    ``[start, start + len(live))`` moving the fewest pages.  Live pages
+    already in that range stay; the others (ascending) fill its free pages
+    (ascending).  Order among the pages is not kept: a page's virtual id
+    goes with it, so order carries no meaning.  Moves ``len(live)`` pages
+    at most, and exactly the live pages outside the range."""
+    target = range(start, start + len(live))
+    inside = set(live) & set(target)
+    return [p for p in target if p not in inside], [p for p in live if p not in inside]
+
+
 def compact_plan(live, span, retreat_side):
     """``compact_holes``: pack ``live`` against the edge opposite
     ``retreat_side``, keeping order; pages already in place stay."""

@@ -8,7 +8,7 @@ from kvarena.spec.contracts import ContractError, checking, conditions
 
 
 def test_verify_spec_part_passes(capsys):
-    rc = cli.main(["verify", "--walks", "2", "--steps", "60", "--skip-proofs", "--skip-fuzz"])
+    rc = cli.main(["verify", "--walks", "2", "--steps", "60", "--skip-proofs", "--skip-fuzz", "--skip-vectors"])
     out = capsys.readouterr().out
     assert rc == 0
     assert "10 passed, 0 failed" in out or "passed, 0 failed" in out
@@ -19,7 +19,7 @@ def test_verify_fails_on_a_failing_check(monkeypatch, capsys):
         raise AssertionError("planted")
 
     monkeypatch.setitem(selfcheck.SCENARIOS, "planted", broken)
-    rc = cli.main(["verify", "--walks", "0", "--skip-proofs", "--skip-fuzz"])
+    rc = cli.main(["verify", "--walks", "0", "--skip-proofs", "--skip-fuzz", "--skip-vectors"])
     out = capsys.readouterr().out
     assert rc == 1
     assert "1 failed" in out
@@ -27,11 +27,11 @@ def test_verify_fails_on_a_failing_check(monkeypatch, capsys):
 
 def test_verify_writes_json(tmp_path):
     path = tmp_path / "r.json"
-    assert cli.main(["verify", "--walks", "1", "--steps", "20", "--skip-proofs", "--skip-fuzz",
+    assert cli.main(["verify", "--walks", "1", "--steps", "20", "--skip-proofs", "--skip-fuzz", "--skip-vectors",
                      "--json", str(path)]) == 0
     import json
 
-    rows = json.loads(path.read_text())
+    rows = json.loads(path.read_text())["rows"]
     assert rows and all(r["ok"] for r in rows)
     assert any(r["name"].startswith("random walk") for r in rows)
 

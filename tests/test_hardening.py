@@ -168,10 +168,11 @@ def test_every_bad_lazy_is_a_value_error(Arena, lazy):
 
 
 @pytest.mark.parametrize("Arena", ARENAS)
-def test_policy_is_anchor_or_a_value_error(Arena):
+def test_policy_is_anchor_planner_or_a_value_error(Arena):
     pools = [SubPool("u", 16, 1, "up"), SubPool("d", 16, 1, "down")]
     assert Arena(1600, pools).policy == "anchor"
     assert Arena(1600, pools, policy="anchor").snapshot()["policy"] == "anchor"
-    for bad in ("planner", "Anchor", None, 1):
+    assert Arena(1600, pools, policy="planner").snapshot()["policy"] == "planner"
+    for bad in ("Planner", "Anchor", "greedy", None, 1):
         with pytest.raises(ValueError, match="policy"):
             Arena(1600, pools, policy=bad)

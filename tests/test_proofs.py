@@ -12,7 +12,7 @@ from kvarena.proofs.core import Built, Obligation, run_obligation
 from kvarena.spec import Arena, SubPool, arith
 
 REG = cli.registry()
-GROUPS = {"layout", "golden", "invariants", "capacity", "policy", "composite"}
+GROUPS = {"layout", "golden", "invariants", "capacity", "policy", "composite", "planner"}
 
 
 @pytest.fixture(scope="module")
@@ -38,6 +38,12 @@ def test_registry_covers_the_issue():
                  "golden.tripool_empty_float", "golden.tripool_empty_float.within_one_page"):
         assert REG[name].expect == "proved", name
     assert REG["golden.tripool_empty_float.exact_off_grid"].expect == "counterexample"
+    for n in (3, 4):  # the planner: every pool of chains of 3 and 4 (DESIGN section 4b)
+        for j in range(n):
+            for what in ("complete", "sound.meets", "stays"):
+                assert REG[f"planner.{what}.n{n}.pool{j}"].expect == "proved"
+        assert REG[f"planner.sound.inv.n{n}"].expect == "proved"
+    assert "planner.order_safe" in REG
     for ob in REG.values():
         assert ob.statement and ob.timeout_s > 0 and ob.expect in ("proved", "counterexample")
         assert ob.tautology in ("none", "conjuncts", "any")

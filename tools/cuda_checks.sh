@@ -7,7 +7,13 @@
 #    tests), and the decode paths (alloc, borrowed alloc(check=False),
 #    free(check=False), translate; a composite's alloc_decode + free_swa +
 #    translate) under torch.cuda.set_sync_debug_mode("error");
-# 3. fails if any CUDA test was skipped.  Exits non-zero on any failure.
+# 3. fails if any CUDA test was skipped;
+# 4. runs the side-by-side benchmarks on the device (kvarena bench --device
+#    cuda: the decode step against a static free list, lazy and eager, the
+#    memo, and make_room's copy bandwidth against a plain device copy) and
+#    writes their numbers to $BENCH_JSON (default bench-cuda.json): ratios to
+#    read and put in the README with the date and the GPU, not a pass/fail.
+# Exits non-zero on any failure.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 PY="${PYTHON:-}"
@@ -30,5 +36,15 @@ trap 'rm -f "$log"' EXIT
 if grep -qiE '[0-9]+ skipped' "$log"; then
   echo "cuda_checks: some CUDA tests were skipped" >&2
   exit 1
+fi
+"$PY" -m kvarena.cli bench --device cuda --only decode,memo,copy --copy-mb 1024 \
+  --json "${BENCH_JSON:-bench-cuda.json}"
+# 5. the anchor's Triton paths (alloc_extend/alloc_decode of its composites)
+#    against kvarena's composites, when the anchor is installed here (README
+#    "Conformance with the anchor"); classified like the CPU campaign.
+if "$PY" -c "import importlib.metadata as m; assert m.version('sglang') == '0.5.23'" 2>/dev/null; then
+  "$PY" -m kvarena.anchor.gpu --steps "${ANCHOR_GPU_STEPS:-1000}" --json "${ANCHOR_GPU_JSON:-anchor-gpu.json}"
+else
+  echo "cuda_checks: the anchor (sglang 0.5.23) is not installed: its Triton paths were NOT checked" >&2
 fi
 echo "cuda_checks: OK"

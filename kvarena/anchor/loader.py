@@ -1,0 +1,115 @@
+"""Import the anchor's allocator (sglang 0.5.23) on a CPU-only machine.
+
+``pip install -e ".[anchor]"`` brings what the allocator's import path
+needs; sglang itself must go in with ``--no-deps`` (its requirements pull a
+CUDA build of torch), which an extra cannot say, so ``ensure_installed``
+runs that one pip command when sglang is missing and the caller allows it.
+
+One module on that path, ``sglang.srt.multimodal.internvl_utils``, imports
+``torchvision`` at the top for image preprocessing that the allocator never
+runs; torchvision's wheels pull a CUDA torch.  ``_TorchvisionStub`` answers
+that import with an empty module, and only for importers inside sglang, so
+transformers (which probes for torchvision itself) still sees it absent.
+"""
+
+import importlib
+import importlib.abc
+import importlib.machinery
+import importlib.metadata
+import subprocess
+import sys
+import types
+
+ANCHOR_VERSION = "0.5.23"
+INSTALL = [sys.executable, "-m", "pip", "install", "--no-deps", f"sglang=={ANCHOR_VERSION}"]
+INSTALL_LINE = f'pip install -e ".[anchor]" && pip install --no-deps sglang=={ANCHOR_VERSION}'
+
+
+class AnchorUnavailable(RuntimeError):
+    """The anchor cannot be imported here; the message says how to install it."""
+
+
+def _importer_is_sglang():
+    """Whether the module executing the ``import`` statement is part of sglang."""
+    f = sys._getframe(1)
+    while f is not None:
+        name = f.f_globals.get("__name__", "")
+        if not (f.f_code.co_filename.startswith("<frozen") or name.startswith("importlib")
+                or name == __name__):
+            return name.startswith("sglang.")
+        f = f.f_back
+    return False
+
+
+class _TorchvisionStub(importlib.abc.MetaPathFinder, importlib.abc.Loader):
+    def find_spec(self, name, path, target=None):
+        if (name == "torchvision" or name.startswith("torchvision.")) and _importer_is_sglang():
+            return importlib.machinery.ModuleSpec(name, self, is_package=True)
+        return None
+
+    def create_module(self, spec):
+        mod = types.ModuleType(spec.name, "empty stand-in: the allocator never preprocesses images")
+        mod.__path__ = []
+        mod.__getattr__ = lambda attr: None  # `from torchvision.x import Name` binds None
+        return mod
+
+    def exec_module(self, module):
+        pass
+
+
+def installed_version():
+    try:
+        return importlib.metadata.version("sglang")
+    except importlib.metadata.PackageNotFoundError:
+        return None
+
+
+def ensure_installed(allow_install, out=print):
+    """Make sure sglang ANCHOR_VERSION is installed; install it ``--no-deps`` if allowed."""
+    have = installed_version()
+    if have == ANCHOR_VERSION:
+        return
+    if not allow_install:
+        raise AnchorUnavailable(f"sglang {ANCHOR_VERSION} is not installed (found {have}); run: {INSTALL_LINE}")
+    out(f"kvarena conform: installing the anchor: {' '.join(INSTALL[2:])}")
+    subprocess.run(INSTALL, check=True)
+    importlib.invalidate_caches()
+
+
+_MODULES = None
+
+
+def anchor_modules():
+    """The anchor's allocator modules, imported once: a namespace with
+    ``UnifiedKVPool``, ``MHASubPoolSpec``, ``MambaSubPoolSpec``,
+    ``MultiEndedAllocator``, ``FloatMultiEndedAllocator``, ``relieve``
+    (``_relieve_for_alloc``), ``open_short_side`` (``_float_open_short_side``)
+    and ``chain_violations`` (``_chain_byte_accounting_violations``)."""
+    global _MODULES
+    if _MODULES is not None:
+        return _MODULES
+    have = installed_version()
+    if have != ANCHOR_VERSION:
+        raise AnchorUnavailable(f"sglang {ANCHOR_VERSION} is not installed (found {have}); run: {INSTALL_LINE}")
+    stub = _TorchvisionStub()
+    sys.meta_path.insert(0, stub)
+    try:
+        import warnings
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            sub = importlib.import_module("sglang.srt.mem_cache.allocator.unified_sub_pool")
+            pool = importlib.import_module("sglang.srt.mem_cache.unified_memory_pool")
+    except ImportError as e:
+        raise AnchorUnavailable(f"the anchor's allocator does not import ({e}); run: {INSTALL_LINE}") from e
+    finally:
+        sys.meta_path.remove(stub)
+        for name in [m for m in sys.modules if m == "torchvision" or m.startswith("torchvision.")]:
+            if isinstance(sys.modules[name].__spec__.loader, _TorchvisionStub):
+                del sys.modules[name]  # sglang keeps its reference; nobody else sees the stand-in
+    _MODULES = types.SimpleNamespace(
+        UnifiedKVPool=pool.UnifiedKVPool, MHASubPoolSpec=pool.MHASubPoolSpec,
+        MambaSubPoolSpec=pool.MambaSubPoolSpec, MultiEndedAllocator=sub.MultiEndedAllocator,
+        FloatMultiEndedAllocator=sub.FloatMultiEndedAllocator, relieve=sub._relieve_for_alloc,
+        open_short_side=sub._float_open_short_side,
+        chain_violations=sub._chain_byte_accounting_violations, version=have)
+    return _MODULES
