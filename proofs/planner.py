@@ -142,7 +142,7 @@ for _n in (3, 4):
         role = "up END" if _j == 0 else ("down END" if _j == _n - 1 else f"float {_j}")
         add(f"planner.complete.n{_n}.pool{_j}", "planner",
             f"{_n} pools, demand on the {role}: some packed placement of the floats meets it => the plan is "
-            "feasible (no false OOM)", _complete(_n, _j), timeout_s=60.0 * (_n - 2))
+            "feasible (no false OOM)", _complete(_n, _j), timeout_s=90.0 * (_n - 2))
 
 
 # --------------------------------------------------------------- soundness
