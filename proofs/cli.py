@@ -54,7 +54,9 @@ def run_z3(only=None, jobs=2):
     names = _selected(only)
     if jobs > 1 and len(names) > 1:
         ctx = multiprocessing.get_context("fork" if sys.platform != "win32" else "spawn")
-        with ctx.Pool(jobs) as pool:
+        # a fresh process per obligation: z3 terms built by one obligation change
+        # the search of the next in the same context, which made run times vary
+        with ctx.Pool(jobs, maxtasksperchild=1) as pool:
             results = pool.map(_run_one, names, chunksize=1)
     else:
         results = [_run_one(n) for n in names]

@@ -105,7 +105,8 @@ def _single(d, j):
 def _placement(f, s):
     """A packed placement of the floats: each opaque float at a symbolic
     start with no hole; parked floats and the ENDs as they are.  Its
-    constraints are the arena's invariants on the placed state."""
+    constraints are the grid and order invariants on the placed state (its
+    counts hold by construction; conservation's byte equation follows)."""
     bands = list(s.bands)
     for i in range(1, s.n - 1):
         b = s.bands[i]
@@ -113,7 +114,7 @@ def _placement(f, s):
         bands[i] = A.BandState(arith.ite(b.live > 0, x, b.lo), arith.ite(b.live > 0, x + b.live, b.hi), b.live,
                                arith.ite(b.live > 0, 0, b.holes))
     w = A.AState(s.total, s.sink, s.pools, bands)
-    return w, [A.inv_all(w)]
+    return w, [A.inv_grid(w), A.inv_order(w)]  # spans and counts hold by construction
 
 
 # ------------------------------------------------------------ completeness
