@@ -3,6 +3,7 @@
 import contextlib
 import json
 
+import pytest
 from hypothesis import HealthCheck, settings
 
 # CI runs on a loaded 2-core machine: a slow example is not a failure.  Every
@@ -54,3 +55,14 @@ def unchanged(a):
     yield
     assert a.snapshot() == before
     a.verify()
+
+
+@pytest.fixture(scope="module")
+def one_thread():
+    """Small tensors: one torch thread, as the commands use; restored after."""
+    import torch
+
+    n = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(n)

@@ -20,13 +20,7 @@ from kvarena.impl.arena import VIEWS
 from kvarena.sim.backends import count_moves
 
 
-@pytest.fixture(autouse=True, scope="module")
-def one_thread():
-    """Small tensors: one torch thread, as the commands use; restored after."""
-    n = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(n)
+pytestmark = pytest.mark.usefixtures("one_thread")  # conftest: one torch thread, as the commands use
 PS = 16
 
 

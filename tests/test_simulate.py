@@ -11,19 +11,12 @@ import math
 import statistics
 
 import pytest
-import torch
 
 from kvarena import cli, impl, presets, simulate, traces
 from kvarena.sim import backends, engine
 
 
-@pytest.fixture(autouse=True, scope="module")
-def one_thread():
-    """Small tensors: one torch thread, as the commands use; restored after."""
-    n = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(n)
+pytestmark = pytest.mark.usefixtures("one_thread")  # conftest: one torch thread, as the commands use
 
 CFG = engine.Config()
 SMALL = 5.0  # GiB: a small buffer keeps the runs short while memory still limits
