@@ -49,12 +49,8 @@ class Arena:
                       for n in self.chain}
         self._order = list(self.bands.values())
         self._memo = Memo.shared_by(self._order)  # one arena-wide epoch; a deep copy gets its own
+        self._cache = self._memo.cache  # the memo's dict, emptied in place on every tick
         self.verify()
-
-    def _epoch_key(self):
-        """The memo key: the arena-wide epoch, bumped by every capacity
-        field's rebind in any band (``impl/memo.py``)."""
-        return self._memo.clock.now
 
     # ------------------------------------------------------------ access
 
@@ -214,8 +210,13 @@ class Arena:
     _FRESH = {"available_pages": _available, "schedulable_pages": _schedulable, "gap_bytes": _gap}
 
     def _view(self, view, name):
-        b = self._band(name)
-        return self._memo.get(view, name, lambda: self._FRESH[view](self, b))
+        """A memoised view.  The hit path is one dict lookup: an entry present
+        is valid (every clock tick empties the memo), and its pool was
+        checked when it was stored."""
+        try:
+            return self._cache[view, name]
+        except (KeyError, TypeError):  # a miss, or an unhashable name: checked below
+            return self._memo.put(view, name, self._FRESH[view](self, self._band(name)))
 
     def fresh_view(self, view, name):
         """A view recomputed from the fields, bypassing the memo."""
@@ -331,11 +332,21 @@ class Arena:
             return torch.empty(0, dtype=I64, device=self.device)
         if n > self.available_pages(name):
             return None
+        if ids is None:
+            return self._bind(b, n)  # fresh ids from the queue: the caller's own tensor
+        return self._bind(b, n, ids).clone()  # the caller's ids: never hand them back aliased
+
+    def _bind(self, b, n, ids=None):
+        """Bind ``n`` pages, ``0 < n <= available_pages``, to ``ids`` (valid
+        unbound ids, or None: the queue's oldest).  No check, no sync: the
+        tail of ``alloc``, and the composites' trusted decode path, whose
+        joint gate has priced every band it binds.  Returns the ids."""
         k = min(n, b.n_holes)
         pages = b.holes[:k]
         b.holes = b.holes[k:]
-        if n > k:
-            pages = torch.cat([pages, self._extend(b, n - k)])
+        if n > k:  # only holes: no extension; no hole: the extension alone
+            ext = self._extend(b, n - k)
+            pages = torch.cat([pages, ext]) if k else ext
         if ids is None:
             ids = b.free_ids.take(n)
         elif b.free_ids is not None:  # a borrower keeps no queue
@@ -343,7 +354,7 @@ class Arena:
         b.v2p.index_copy_(0, ids, pages)
         b.p2v.index_copy_(0, pages, ids)
         b.live = b.live + n
-        return ids.clone()
+        return ids
 
     def _extend(self, b, m):
         """Grow ``b``'s span by ``m`` pages (the gate checked they fit)."""

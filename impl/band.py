@@ -32,8 +32,11 @@ class FreeIds:
         return (torch.arange(n, dtype=I64, device=self.buf.device) + start) % self.cap
 
     def take(self, n):
-        """Pop the ``n`` oldest ids."""
-        out = self.buf.index_select(0, self._slots(self.head, n))
+        """Pop the ``n`` oldest ids (a fresh tensor)."""
+        if self.head + n <= self.cap:  # no wrap: one copy of a slice, not an index gather
+            out = self.buf[self.head:self.head + n].clone()
+        else:
+            out = self.buf.index_select(0, self._slots(self.head, n))
         self.head, self.count = (self.head + n) % self.cap, self.count - n
         return out
 

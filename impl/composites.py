@@ -43,10 +43,19 @@ coupled bind succeeds now without relief, from host ints only:
 * ``TriPool``: a binary search over a monotone O(1) predicate that mirrors
   both gates; see ``_joint_tri``.
 
-It is memoised on the sum of the chain's epochs (the arena's memo key), in
-the composite's own ``Memo`` (the arena's ``verify`` recomputes every entry
-of *its* memo by view name, and knows no composite view); ``verify`` checks
-the composite memo against a fresh computation.
+It is memoised on the arena's clock (every band's capacity fields tick it,
+and a tick empties the memo), in the composite's own ``Memo`` (the arena's
+``verify`` recomputes every entry of *its* memo by view name, and knows no
+composite view); ``verify`` checks the composite memo against a fresh
+computation.
+
+**The trusted decode path.**  ``alloc_decode``, ``free_swa`` and
+``translate`` take ``check=False`` for a scheduler that already guarantees
+its input (the composite's ``Arena.alloc(check=False)``): the inputs are 1-D
+int64 tensors on the arena's device and valid as each call states; the
+state, the result and the one host read are the checked call's, without the
+argument checks and the batch validation.  Bad input there is undefined
+behaviour.  The checked path stays the default.
 """
 
 import operator
@@ -128,12 +137,9 @@ class _Composite:
                            device=device)
         self.page_size = page_size
         self.device = self.arena.device
-        self._memo = Memo(self._epoch_key)  # a bound method: a deep copy keys on its own arena
+        self._memo = Memo(self.arena._memo.clock)  # the arena's clock: any band's change empties it
+        self._joint_key = ("joint_pages", type(self).__name__)
         self.verify()
-
-    def _epoch_key(self):
-        """The arena's memo key: the sum of the chain's epochs."""
-        return sum(b.epoch for b in self.arena._order)
 
     def _has(self, name):
         return name in self.CHAIN
@@ -171,8 +177,12 @@ class _Composite:
         raise NotImplementedError
 
     def joint_pages(self):
-        """The joint view in pages (memoised on the chain epoch)."""
-        return self._memo.get("joint_pages", type(self).__name__, lambda: self._joint_pages(0))
+        """The joint view in pages, memoised on the arena's clock: a hit is
+        one dict lookup."""
+        try:
+            return self._memo.cache[self._joint_key]
+        except KeyError:
+            return self._memo.put(*self._joint_key, self._joint_pages(0))
 
     def available_size(self):
         """The joint view, in tokens (DESIGN section 6; anchor bug 7): the
@@ -209,15 +219,23 @@ class _Composite:
 
     # ------------------------------------------------------ the coupled bind
 
-    def _take_pages(self, n):
+    def _take_pages(self, n, check=True):
         """Gate and bind ``n`` new pages: an int64 id tensor, or None with no
-        id allocated on any side (relief moves may have happened)."""
+        id allocated on any side (relief moves may have happened).
+        ``check=False`` (the trusted path) binds without the arena's own
+        per-band gates and argument checks, which the joint gate implies."""
         if n == 0:
             return torch.empty(0, dtype=I64, device=self.device)
         if n > self.joint_pages():
             self.relieve(tokens=n * self.page_size)
             if n > self.joint_pages():
                 return None
+        if not check:
+            bands = self.arena.bands
+            ids = self.arena._bind(bands[FULL], n)
+            if SWA in bands:
+                self.arena._bind(bands[SWA], n, ids)
+            return ids
         ids = self.arena.alloc(FULL, n)
         if ids is None:  # the joint gate priced this bind: unreachable
             raise AccountingError(FULL, "joint gate", f"full refused {n} pages the joint view allowed")
@@ -335,10 +353,18 @@ class _Composite:
         pages = torch.cat([ids, ids.new_zeros(1)]).index_select(0, q)
         return torch.where(in_cont, loc.index_select(0, req) + 1 + j, pages * ps + torch.remainder(pos, ps))
 
-    def alloc_decode(self, seq_lens, last_loc):
+    def alloc_decode(self, seq_lens, last_loc, check=True):
         """One slot per request, for position ``seq_i - 1`` (int64 tensor), or
         None: a new page iff ``seq % ps == 1`` (ps = 1: always), else
-        ``last_loc + 1``.  ``seq_lens`` >= 1.  Shortfalls as ``alloc_extend``."""
+        ``last_loc + 1``.  ``seq_lens`` >= 1.  Shortfalls as ``alloc_extend``.
+
+        ``check=False``: the trusted decode path.  ``seq_lens`` and
+        ``last_loc`` are 1-D int64 tensors on the arena's device, of one
+        length, that the checked call would accept (``last_loc`` the live
+        token at position ``seq - 2``, or ``-1`` when ``seq`` is 1; no two
+        requests continue one page).  Same slots, state and host read."""
+        if not check:
+            return self._decode_trusted(seq_lens, last_loc)
         what = "alloc_decode"
         seq = self._vec(f"{what}: seq_lens", seq_lens)
         loc = self._vec(f"{what}: last_loc", last_loc)
@@ -357,6 +383,20 @@ class _Composite:
         q = torch.where(new > 0, base, ids.numel())
         pages = torch.cat([ids, ids.new_zeros(1)]).index_select(0, q)
         return torch.where(new > 0, pages * ps + torch.remainder(prefix, ps), loc + 1)
+
+    def _decode_trusted(self, seq, loc):
+        """``alloc_decode(check=False)``: request ``i`` opens a page iff
+        position ``seq_i - 1`` is a page's first, and its slot is then that
+        page's first; the ``k``-th opener takes ``ids[k - 1]``."""
+        ps = self.page_size
+        new = torch.remainder(seq, ps) == 1 % ps  # position seq - 1 opens a page (ps 1: always)
+        # SYNC: the one documented read: pages to bind.
+        ids = self._take_pages(_host_read(new.sum()), check=False)
+        if ids is None:
+            return None
+        # the others index a leading 0 row, so no index is out of range
+        pages = torch.cat([ids.new_zeros(1), ids]).index_select(0, torch.cumsum(new, 0) * new)
+        return torch.where(new, pages * ps, loc + 1)
 
     # ------------------------------------------------------------ free
 
@@ -458,11 +498,17 @@ class _Composite:
 
     # ------------------------------------------------------- translate
 
-    def translate(self, token_ids, pool="full"):
+    def translate(self, token_ids, pool="full", check=True):
         """Physical slots ``v2p[t // ps] * ps + t % ps`` (int64 tensor).  A
         tombstoned page, page 0 and ``-1`` give slot 0 itself.  Sync-free on
         a tensor (out-of-range ids also give 0 there); a host sequence is
-        range-checked (``ValueError``)."""
+        range-checked (``ValueError``).
+
+        ``check=False``: the trusted decode path; ``token_ids`` is a 1-D
+        int64 tensor on the arena's device, each id in ``[-1, id end)`` of
+        ``pool``, which must be one of the composite's pools."""
+        if not check:
+            return self._translate(token_ids, self.arena.bands[pool], 1 if pool == STATE else self.page_size)
         if not isinstance(pool, str) or not self._has(pool):
             raise ValueError(f"translate: pool {pool!r}: {type(self).__name__} has pools {', '.join(self.CHAIN)}")
         ps = 1 if pool == STATE else self.page_size
@@ -477,6 +523,16 @@ class _Composite:
         idx = torch.where((toks >= 0) & (page < n_ids), page, n_ids)
         phys = band.v2p.index_select(0, idx)
         return torch.where(phys > 0, phys * ps + torch.remainder(toks, ps), torch.zeros_like(phys))
+
+    @staticmethod
+    def _translate(toks, band, ps):
+        """``translate(check=False)``: every id is in ``[-1, id end)``, so a
+        page is in ``[-1, id end)`` and ``page mod (id end + 1)`` sends only
+        ``-1`` to the sentinel row (``-1``: slot 0), one operation where the
+        checked path's range mask takes four."""
+        page = torch.div(toks, ps, rounding_mode="floor")
+        phys = band.v2p.index_select(0, torch.remainder(page, band.id_end + 1))
+        return torch.where(phys > 0, phys * ps + torch.remainder(toks, ps), 0)
 
     # ---------------------------------------------------------- checks
 
@@ -507,7 +563,7 @@ def _cdiv_t(x, d):
 class _WithSWA:
     """Calls of a composite with an SWA band (``HybridSWA``, ``TriPool``)."""
 
-    def free_swa(self, token_ids, start_pos):
+    def free_swa(self, token_ids, start_pos, check=True):
         """The per-step window free (ANCHOR section 1, ``free_segment``).
 
         ``start_pos`` must be a non-negative multiple of ``ps`` (else
@@ -522,31 +578,51 @@ class _WithSWA:
         representatives are out of range.  The set itself is chosen on the
         device: sort the live pages first (dead ones keyed past the end),
         knock out repeats, sort again; the first ``count`` are the pages.
+
+        ``check=False``: the trusted decode path; ``token_ids`` is a 1-D
+        int64 tensor on the arena's device with every representative in
+        ``[-1, id end)``, and ``start_pos`` is not looked at.  The same
+        pages are freed, with the same one host read (the count alone).
         """
         ps = self.page_size
-        start = _int("free_swa: start_pos", start_pos)
-        if start < 0 or start % ps:
-            raise ValueError(f"free_swa: start_pos {start} must be a non-negative multiple of page_size {ps}")
-        toks = self._vec("free_swa: token_ids", token_ids)
         band = self.arena.bands[SWA]
         end = band.id_end
-        reps = toks[::ps]
-        page = torch.div(reps, ps, rounding_mode="floor")
-        bad = ((reps < -1) | (page >= end)).to(I64).sum()
-        inside = (page >= 1) & (page < end)
-        rows = band.v2p.index_select(0, torch.where(inside, page, end))
-        live = inside & (rows > 0)
-        key = torch.sort(torch.where(live, page, end)).values
-        repeat = torch.cat([key.new_zeros(1, dtype=torch.bool), key[1:] == key[:-1]])
-        key = torch.sort(torch.where(repeat, end, key)).values
-        count_t = (key < end).to(I64).sum()
-        # SYNC: the one documented read: entries to free, and bad representatives.
-        count, n_bad = _host_read(torch.stack([count_t, bad]))
-        if n_bad:
-            self._explain_reps(reps, end)
+        if not check:
+            page = torch.div(token_ids[::ps], ps, rounding_mode="floor")
+            # every page is in [-1, end): mod (end + 1) sends -1 alone to the sentinel row;
+            # v2p > 0 also skips the sink (row 0 holds 0) and freed entries
+            live = band.v2p.index_select(0, torch.remainder(page, end + 1)) > 0
+            key, count_t = self._live_once(page, live, end)
+            # SYNC: the one documented read: entries to free.
+            count = _host_read(count_t)
+        else:
+            start = _int("free_swa: start_pos", start_pos)
+            if start < 0 or start % ps:
+                raise ValueError(f"free_swa: start_pos {start} must be a non-negative multiple of page_size {ps}")
+            reps = self._vec("free_swa: token_ids", token_ids)[::ps]
+            page = torch.div(reps, ps, rounding_mode="floor")
+            inside = (page >= 1) & (page < end)
+            rows = band.v2p.index_select(0, torch.where(inside, page, end))
+            live = inside & (rows > 0)
+            key, count_t = self._live_once(page, live, end)
+            bad = ((reps < -1) | (page >= end)).sum()
+            # SYNC: the one documented read: entries to free, and bad representatives.
+            count, n_bad = _host_read(torch.stack([count_t, bad]))
+            if n_bad:
+                self._explain_reps(reps, end)
         if count:
             self.arena.free(SWA, key[:count], check=False)
         return None
+
+    @staticmethod
+    def _live_once(page, live, end):
+        """The ``live`` pages ascending and once each, then ``end`` keys, and
+        their count (a 0-dim tensor).  Sync-free; both paths' selection."""
+        key = torch.sort(torch.where(live, page, end)).values
+        rest = key[1:]
+        rest.masked_fill_(rest == key[:-1], end)  # a repeat keyed past the end (sort's own tensor)
+        key = torch.sort(key).values
+        return key, (key < end).sum()
 
     def _explain_reps(self, reps, end):
         """Error path only: name the first out-of-range representative."""

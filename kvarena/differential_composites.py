@@ -6,7 +6,9 @@ entry sizes, window and laziness, and drives both as a serving scheduler
 would (DESIGN section 6): admit a request (a state slot, then
 ``alloc_extend`` of its prompt), extend it, decode a batch
 (``alloc_decode``), free the SWA tokens that left the window (``free_swa``
-up to ``swa_window_end``), finish a request (``free``, ``free_state``), and
+up to ``swa_window_end``; the impl's decode-path calls drawn checked or on
+the trusted path, ``check=False``, as a scheduler that vouches for its
+input calls them), finish a request (``free``, ``free_state``), and
 on a shortfall ``relieve`` with an evictor that retracts the newest
 request.  Each run draws the relief policy (``"anchor"`` or ``"planner"``).
 The spec's contracts are checked on every call.
@@ -40,8 +42,8 @@ if PROFILE not in PROFILES:
 
 CASES = Counter()
 REQUIRED = ("window-slide free", "joint-view exhaustion", "state starvation relieved without eviction",
-            "extend crosses a page", "decode opens a page", "retraction", "hybrid", "mamba", "tri",
-            "policy anchor", "policy planner")
+            "extend crosses a page", "decode opens a page", "trusted decode", "retraction", "hybrid", "mamba",
+            "tri", "policy anchor", "policy planner")
 KINDS = ("hybrid", "mamba", "tri")
 
 
@@ -122,11 +124,15 @@ class CompositeMachine(RuleBasedStateMachine):
             for v in [v for v in self.expected[pool] if v2p[v] < 0]:
                 del self.expected[pool][v]
 
-    def both(self, call):
-        """``call(composite)`` on both twins; the results must agree."""
-        a, b = call(self.S), call(self.I)
+    def both(self, call, impl_call=None):
+        """``call(composite)`` on both twins (``impl_call`` on the impl when
+        given); the results must agree."""
+        a, b = call(self.S), (impl_call or call)(self.I)
         assert host(a) == host(b), (a, b)
         return host(a)
+
+    def tensor(self, xs):
+        return torch.tensor(xs, dtype=torch.int64, device=self.I.arena.device)
 
     def last(self, rid):
         return self.reqs[rid]["tokens"][-1]
@@ -210,7 +216,13 @@ class CompositeMachine(RuleBasedStateMachine):
             return
         rids = data.draw(st.lists(st.sampled_from(growing), min_size=1, max_size=4, unique=True))
         seqs = [len(self.reqs[r]["tokens"]) + 1 for r in rids]
-        new = self.both(lambda c: c.alloc_decode(seqs, [self.last(r) for r in rids]))
+        lasts = [self.last(r) for r in rids]
+        trusted = data.draw(st.booleans())
+        if trusted:
+            note("trusted decode")
+        new = self.both(lambda c: c.alloc_decode(seqs, lasts),
+                        (lambda c: c.alloc_decode(self.tensor(seqs), self.tensor(lasts), check=False)) if trusted
+                        else None)
         if new is None:
             return
         for r, s, t in zip(rids, seqs, new):
@@ -219,17 +231,19 @@ class CompositeMachine(RuleBasedStateMachine):
             self.reqs[r]["tokens"].append(t)
         self.stamp(new)
 
-    @rule()
-    def slide_window(self):
+    @rule(data=st.data())
+    def slide_window(self, data):
         """Free every request's SWA tokens that left the window (the anchor's rule)."""
         if not self.has_swa:
             return
+        trusted = data.draw(st.booleans())
         for r in self.reqs.values():
             end = spec.swa_window_end(len(r["tokens"]), self.window, self.ps)
             assert end == impl.swa_window_end(len(r["tokens"]), self.window, self.ps)
             if end > r["freed"]:
                 chunk, start = r["tokens"][r["freed"]:end], r["freed"]
-                self.both(lambda c: c.free_swa(chunk, start))
+                self.both(lambda c: c.free_swa(chunk, start),
+                          (lambda c: c.free_swa(self.tensor(chunk), start, check=False)) if trusted else None)
                 r["freed"] = end
                 note("window-slide free")
         self.forget_dead()
@@ -316,7 +330,9 @@ class CompositeMachine(RuleBasedStateMachine):
         live = [t for r in self.reqs.values() for t in r["tokens"]]
         if live:
             for pool in self.pools:
-                assert host(S.translate(live, pool)) == host(I.translate(torch.tensor(live), pool)), pool
+                want = host(S.translate(live, pool))
+                assert want == host(I.translate(torch.tensor(live), pool)), pool
+                assert want == host(I.translate(self.tensor(live), pool, check=False)), pool
         ps = self.ps
         for pool, pages in self.expected.items():
             if not pages:

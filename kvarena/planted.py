@@ -49,6 +49,7 @@ class Mutation:
     edits: list  # [(old, new)]: each old must occur exactly once
     unit: tuple = DEFAULT_UNIT
     proof_groups: tuple = ()  # z3 groups to run (spec mutations)
+    proof_only: tuple = ()  # or: obligation-name prefixes, run as `kvarena prove --only` (the proofs must catch it)
 
 
 @dataclass
@@ -137,6 +138,42 @@ MUTATIONS = [
 ]
 
 
+# Spec bugs in the frontier and count logic that only the proofs need to see:
+# each one is in the code the arena runs (spec/chain.py, spec/transitions.py,
+# spec/bands.py), and `kvarena prove` must refute an obligation for each
+# (tests/test_proofs_planted.py).  DESIGN section 7: a bug planted in the arena
+# must fail an obligation, not only a test.
+PROOF_PLANTS = [
+    Mutation("view-drops-holes", "the capacity view forgets an END's lazy holes", "spec/chain.py",
+             [("return arith.end_available(gap(s, i), p.epp, end_room(s, i), b.holes)",
+               "return arith.end_available(gap(s, i), p.epp, end_room(s, i), 0)")],
+             proof_only=("capacity.end_up.tight",)),
+    Mutation("float-free-loses-a-hole", "a float's free records one hole too few", "spec/transitions.py",
+             [("return pick(a.live == k, park(s, i), holes)",
+               "return pick(a.live == k, park(s, i), Counts(a.lo, a.hi, a.live - k, a.holes + k - 1))")],
+             proof_only=("inv.free_float.conservation.n3",)),
+    Mutation("float-extends-toward-smaller-gap", "the side choice flipped: a float extends toward its smaller gap",
+             "spec/transitions.py", [("return hi - a.hi >= a.lo - lo", "return hi - a.hi <= a.lo - lo")],
+             proof_only=("inv.alloc_float_extend_low.order.n3",)),
+    Mutation("eager-free-retreats-one-short", "an eager END's frontier retreats one page less than it freed",
+             "spec/transitions.py", [("Counts(a.lo, a.hi - k, a.live - k, a.holes)",
+                                      "Counts(a.lo, a.hi - k + 1, a.live - k, a.holes)")],
+             proof_only=("inv.free_eager.conservation.n2",)),
+    Mutation("walk-sees-parked-floats", "the chain walk stops at a parked float", "spec/chain.py",
+             [("        r = ite(opaque(s, j), value(j), r)", "        r = value(j)")],
+             proof_only=("golden.up_gap.n3", "golden.down_gap.n3")),
+    Mutation("leapfrog-lands-one-high", "a leapfrog packs one page past the region's edge", "spec/transitions.py",
+             [("Counts(r_hi - a.live, r_hi, a.live, 0)", "Counts(r_hi - a.live + 1, r_hi + 1, a.live, 0)")],
+             proof_only=("inv.make_room_leapfrog.order.n3",)),
+    Mutation("make-room-cost-miscounted", "make_room's page count charges one page more than the cleared live pages",
+             "spec/transitions.py", [("s.bands[i].live - spared, need - spared)", "s.bands[i].live - spared, need - spared + 1)")],
+             proof_only=("policy.cost_bound",)),
+    Mutation("move-keeps-the-source", "a move leaves the source page mapped to its id", "spec/bands.py",
+             [("    for s in src:\n        p2v[s] = -1\n", "")], proof_only=("integrity.move.k1.bounded",)),
+]
+MUTATIONS += PROOF_PLANTS
+
+
 def by_name(name):
     for m in MUTATIONS:
         if m.name == name:
@@ -204,6 +241,8 @@ def suite_unit(m):
 
 
 def suite_proofs(m):
+    if m.proof_only:
+        return _kvarena_prove(m.proof_only)
     if not m.proof_groups:
         return None, "not run: the proofs reason about the spec, this mutation is in the implementation"
     from kvarena.proofs.core import run_obligation
@@ -218,6 +257,30 @@ def suite_proofs(m):
         elif not r["ok"]:
             return True, f"{n}: {r['result']}"
     return False, (f"{len(names) - len(unknown)} obligations of {', '.join(m.proof_groups)} hold"
+                   + (f"; {len(unknown)} timed out: {', '.join(unknown[:3])}" if unknown else ""))
+
+
+def _kvarena_prove(prefixes):
+    """``kvarena prove --only PREFIXES --no-crosshair`` on the (mutated)
+    package; caught when it exits non-zero with an obligation refuted
+    (a counterexample) or found vacuous: a time-out alone is no verdict."""
+    import contextlib
+    import io
+
+    from kvarena.proofs import cli
+
+    with tempfile.TemporaryDirectory() as tmp:
+        out = Path(tmp) / "prove.json"
+        with contextlib.redirect_stdout(io.StringIO()):
+            rc = cli.main(["--only", ",".join(prefixes), "--no-crosshair", "--jobs", "1", "--json", str(out)])
+        rows = json.loads(out.read_text())["results"]
+    refuted = [r for r in rows if not r["ok"] and (r["result"] != r["expect"] and r["result"] != "unknown"
+                                                   or r.get("vacuity") == "unsat")]
+    if rc and refuted:
+        r = refuted[0]
+        return True, f"kvarena prove exits {rc}: {r['name']}: {r['result']}, vacuity {r.get('vacuity')}"
+    unknown = [r["name"] for r in rows if r["result"] == "unknown"]
+    return False, (f"kvarena prove exits {rc}: {len(rows) - len(unknown)} obligations hold"
                    + (f"; {len(unknown)} timed out: {', '.join(unknown[:3])}" if unknown else ""))
 
 
@@ -280,16 +343,22 @@ def run_mutation(m, suites=SUITES, first=True, root=ROOT, timeout=900, vectors_d
 BASELINE = Mutation("baseline", "no mutation: every suite must pass on the package as it is", "", [],
                     unit=tuple(sorted({f for m in MUTATIONS for f in m.unit})),
                     proof_groups=tuple(sorted({g for m in MUTATIONS for g in m.proof_groups})))
+PROOF_BASELINE = Mutation("proof-baseline", "no mutation: the planted proofs' obligations hold", "", [],
+                          proof_only=tuple(sorted({g for m in PROOF_PLANTS for g in m.proof_only})))
 
 
 def check_baseline(suites=SUITES, vectors_dir=None):
     """Run the suites on the unmutated package; a ``ValueError`` naming the
     suites that fail, since a suite that fails anyway catches nothing."""
-    o = run_mutation(BASELINE, suites, first=False, vectors_dir=vectors_dir)
-    if o.error or o.caught_by:
-        bad = o.error or "; ".join(f"{s}: {o.details[s]['detail']}" for s in o.caught_by)
-        raise ValueError(f"the suites fail without any mutation, so no catch would mean anything: {bad}")
-    return o
+    runs = [run_mutation(BASELINE, suites, first=False, vectors_dir=vectors_dir)]
+    if "proofs" in suites:
+        runs.append(run_mutation(PROOF_BASELINE, ("proofs",), first=False, vectors_dir=vectors_dir))
+    for o in runs:
+        if o.error or o.caught_by:
+            bad = o.error or "; ".join(f"{s}: {o.details[s]['detail']}" for s in o.caught_by)
+            raise ValueError(f"the suites fail without any mutation, so no catch would mean anything: {bad}")
+    runs[0].seconds = sum(o.seconds for o in runs)
+    return runs[0]
 
 
 def run_all(mutations=None, suites=SUITES, first=True, jobs=2, progress=None):
@@ -358,5 +427,6 @@ if __name__ == "__main__":
     a = ap.parse_args()
     if a.child not in {x.name for x in MUTATIONS}:  # a mutation defined by the caller (tests)
         d = json.loads(os.environ["KVARENA_PLANTED_DEF"])
-        MUTATIONS.append(Mutation(**{**d, "unit": tuple(d["unit"]), "proof_groups": tuple(d["proof_groups"])}))
+        MUTATIONS.append(Mutation(**{**d, "unit": tuple(d["unit"]), "proof_groups": tuple(d["proof_groups"]),
+                                     "proof_only": tuple(d["proof_only"])}))
     child(a.child, a.suites.split(","), a.first)

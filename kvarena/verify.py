@@ -86,22 +86,22 @@ def z3_rows(seconds, jobs=2, progress=None):
     ``seconds`` are spent; a list of rows and the names not run."""
     from kvarena.proofs import cli as prove_cli
 
-    names = prove_cli._selected(None)
+    names = prove_cli.selected(None)
     if progress:
         progress(0, len(names))
     deadline = time.perf_counter() + seconds
     ctx = multiprocessing.get_context("fork" if sys.platform != "win32" else "spawn")
     rows = []
-    pool = ctx.Pool(jobs)
+    pool = ctx.Pool(jobs, maxtasksperchild=1)  # a fresh process per obligation, as kvarena prove
     try:
-        pending = [(n, pool.apply_async(prove_cli._run_one, (n,))) for n in names]
+        pending = [(n, pool.apply_async(prove_cli.run_one, (n,))) for n in names]
         for n, res in pending:
             left = deadline - time.perf_counter()
             try:
                 r = res.get(timeout=max(0.0, left))
             except multiprocessing.TimeoutError:
                 break
-            r["seconds"], r["detail"] = r.get("time_s", 0.0), prove_cli._detail(r)
+            r["seconds"], r["detail"] = r.get("time_s", 0.0), prove_cli.detail(r)
             rows.append({"part": "z3", **r})
             if progress:
                 progress(len(rows), len(names))

@@ -15,6 +15,7 @@
 import z3
 
 from kvarena.spec import arith
+from kvarena.spec import transitions as T
 
 from . import abstract as A
 from .core import Built, Fresh, add
@@ -40,12 +41,9 @@ def _end_sound(i):
 
 
 def _extended_end(s, t, i, n):
-    """t is s with END i given n more pages, holes first then extension."""
-    a, b = s.bands[i], t.bands[i]
-    k = arith.min_(n, a.holes)
-    m = n - k
-    lo, hi = (a.lo, a.hi + m) if s.pools[i].grow == "up" else (a.lo - m, a.hi)
-    return z3.And(b.lo == lo, b.hi == hi, b.live == a.live + n, b.holes == a.holes - k, A.frame(s, t, i))
+    """t is s with END i given n more pages by the spec's transition (holes
+    first, then extension), with no gate."""
+    return A.becomes(s, t, i, T.alloc_end(s, i, n))
 
 
 def _end_tight(i):
@@ -75,9 +73,12 @@ def _float_gate():
         goals = []
         for i in FLOATS:
             a = s.bands[i]
-            m, high, low = A._extend_choice(s, i, n)
+            # the spec's choice of side, and the room it needs there
+            lo, hi = A.region(s, i)
+            m = n - a.holes
+            fits = z3.If(T.float_extends_high(s, i, n), m <= hi - a.hi, m <= a.lo - lo)
             cases.append([n >= 1, n <= A.available(s, i), A.opaque(s, i)])
-            goals.append(z3.Or(n <= a.holes, high, low))
+            goals.append(z3.Or(n <= a.holes, fits))
         # one goal per case: the k-th case is float k
         sel = f.int("which")
         goal = z3.And(z3.Implies(sel == 1, goals[0]), z3.Implies(sel == 2, goals[1]))
@@ -89,7 +90,7 @@ def _float_gate():
 
 add("capacity.float.gate_complete", "capacity",
     "opaque float: 1 <= n <= available_pages => holes cover n or one side's extension fits "
-    "(_extend never reaches its AssertionError)", _float_gate(), timeout_s=30.0)
+    "(alloc's bound pages, transitions.alloc_float, always fit the gate)", _float_gate(), timeout_s=30.0)
 
 
 def _float_sound():
@@ -134,9 +135,9 @@ def _lemma(fn):
 
 
 add("capacity.lemma.cdiv_galois", "capacity", "for e > 0: x*e >= b <=> x >= cdiv(b, e) (used by tight_parked)",
-    _lemma(cdiv_galois), timeout_s=20.0, tautology="any")
+    _lemma(cdiv_galois), timeout_s=20.0, tautology="any", kind="lemma")
 add("capacity.lemma.fdiv_galois", "capacity", "for e > 0: x*e <= a <=> x <= fdiv(a, e) (used by tight_parked)",
-    _lemma(fdiv_galois), timeout_s=20.0, tautology="any")
+    _lemma(fdiv_galois), timeout_s=20.0, tautology="any", kind="lemma")
 
 
 def _float_tight(parked):
@@ -193,8 +194,9 @@ def _raw_bytes():
 
 
 add("capacity.float.raw_bytes_overpromise", "capacity",
-    "REFUTED (anchor bug 1): pricing a parked float's region in raw bytes, (above-below)//epp, "
-    "always fits its page-grid region", _raw_bytes(), timeout_s=20.0, expect="counterexample")
+    "REFUTED (bug-class demo, anchor bug 1; the spec rounds inward instead): pricing a parked float's region in raw bytes, (above-below)//epp, "
+    "always fits its page-grid region", _raw_bytes(), timeout_s=20.0, expect="counterexample", kind="demo",
+    source="model")
 
 
 def _down_floor():
@@ -212,5 +214,6 @@ def _down_floor():
 
 
 add("capacity.end_down.floor_check_overlaps", "capacity",
-    "REFUTED (anchor bug 5): a down END extension checked as lo-m >= below // epp never overlaps "
-    "the band below", _down_floor(), timeout_s=20.0, expect="counterexample")
+    "REFUTED (bug-class demo, anchor bug 5; the spec prices the gap in bytes instead): a down END extension checked as lo-m >= below // epp never overlaps "
+    "the band below", _down_floor(), timeout_s=20.0, expect="counterexample", kind="demo",
+    source="model")

@@ -21,20 +21,23 @@ def registry():
     return REGISTRY
 
 
-def _run_one(name):
+def run_one(name):
+    """Run one obligation by name in this process: its result row."""
     from .core import run_obligation
 
     return run_obligation(registry()[name])
 
 
-def _selected(only):
+def selected(only):
+    """The names ``--only`` selects: each comma-separated prefix (or name)."""
     names = list(registry())
     if only:
-        names = [n for n in names if n == only or n.startswith(only)]
+        prefixes = [p for p in only.split(",") if p]
+        names = [n for n in names if any(n == p or n.startswith(p) for p in prefixes)]
     return names
 
 
-def _detail(r):
+def detail(r):
     if r.get("result") == "counterexample" and r.get("counterexample"):
         cex = ", ".join(f"{k}={v}" for k, v in list(r["counterexample"].items())[:12])
         return f"{r['result']}: {cex}"
@@ -51,15 +54,15 @@ def _detail(r):
 
 
 def run_z3(only=None, jobs=2):
-    names = _selected(only)
+    names = selected(only)
     if jobs > 1 and len(names) > 1:
         ctx = multiprocessing.get_context("fork" if sys.platform != "win32" else "spawn")
         # a fresh process per obligation: z3 terms built by one obligation change
         # the search of the next in the same context, which made run times vary
         with ctx.Pool(jobs, maxtasksperchild=1) as pool:
-            results = pool.map(_run_one, names, chunksize=1)
+            results = pool.map(run_one, names, chunksize=1)
     else:
-        results = [_run_one(n) for n in names]
+        results = [run_one(n) for n in names]
     return results
 
 
@@ -78,7 +81,7 @@ def run_all(only=None, crosshair=True, jobs=2):
             if not only or only.startswith("crosshair") else []
     for r in results:
         r["seconds"] = r.get("time_s", 0.0)
-        r["detail"] = _detail(r)
+        r["detail"] = detail(r)
     return results
 
 
@@ -99,40 +102,43 @@ def _print(results, wall):
     for k, r in enumerate(results, 1):
         colour = "green" if r["ok"] else "red"
         res = r["result"] + (" (expected)" if r.get("expect") == "counterexample" and r["ok"] else "")
-        detail = r.get("statement", "")
-        if len(detail) > 110:
-            detail = detail[:107] + "..."
+        text = r.get("statement", "")
+        if len(text) > 110:
+            text = text[:107] + "..."
         if not r["ok"] or r["result"] == "counterexample":
-            detail += " | " + _detail(r)
+            text += " | " + detail(r)
         t.add_row(str(k), r["name"], f"[{colour}]{res}[/{colour}]", str(r.get("vacuity", "")),
                   str(r.get("tautology", "")),
-                  f"{r.get('time_s', 0):.2f}", str(r.get("limit_s", "")), detail)
+                  f"{r.get('time_s', 0):.2f}", str(r.get("limit_s", "")), text)
     console.print(t)
     failed = [r for r in results if not r["ok"]]
     z3n = sum(1 for r in results if r.get("kind") == "z3")
     proved = sum(1 for r in results if r.get("kind") == "z3" and r["result"] == "proved" and r["ok"])
     refuted = sum(1 for r in results if r.get("kind") == "z3" and r.get("expect") == "counterexample" and r["ok"])
-    taut = sum(1 for r in results if r.get("tautology") == "goal")
+    lemmas = sum(1 for r in results if r.get("obligation_kind") == "lemma" and r["ok"])
+    demos = sum(1 for r in results if r.get("obligation_kind") == "demo" and r["ok"])
+    on_spec = sum(1 for r in results if r.get("source") == "spec")
     ch = [r for r in results if r.get("kind", "").startswith("crosshair")]
     colour = "red" if failed else "green"
     console.print(f"[{colour}]kvarena prove: {len(results) - len(failed)}/{len(results)} ok, {len(failed)} failed "
-                  f"-- z3: {z3n} obligations ({proved} proved, {refuted} refuted as documented findings, "
-                  f"{taut} valid with no hypotheses by construction); "
+                  f"-- z3: {z3n} obligations, {on_spec} on the spec's own code ({proved} proved, {lemmas} of them "
+                  f"lemmas; {refuted} refuted on purpose: {refuted - demos} findings, {demos} bug-class demos); "
                   f"crosshair: {len(ch)} checks "
                   f"({sum(1 for r in ch if r['result'] == 'skipped')} skipped) -- {wall:.1f}s wall[/{colour}]")
 
 
 def main(argv=None):
     ap = argparse.ArgumentParser(prog="kvarena prove", description=__doc__.splitlines()[0])
-    ap.add_argument("--only", metavar="NAME", help="run only obligations whose name is NAME or starts with it")
+    ap.add_argument("--only", metavar="NAME", help="run only obligations whose name is NAME or starts with it "
+                                                  "(several: comma-separated)")
     ap.add_argument("--json", metavar="PATH", help="also write machine-readable results to PATH")
     ap.add_argument("--no-crosshair", action="store_true", help="skip the CrossHair runs")
     ap.add_argument("--jobs", type=int, default=2, help="parallel solver processes (default 2)")
     ap.add_argument("--list", action="store_true", help="list the obligations and exit")
     args = ap.parse_args(argv)
-    if args.list:
+    if args.list:  # name, kind (property/lemma/finding/demo), source (spec/model), limit, statement
         for name, ob in registry().items():
-            print(f"{name}\t{ob.timeout_s:g}s\t{ob.statement}")
+            print(f"{name}\t{ob.kind}\t{ob.source}\t{ob.timeout_s:g}s\t{ob.statement}")
         return 0
     t0 = time.perf_counter()
     results = run_all(only=args.only, crosshair=not args.no_crosshair, jobs=args.jobs)

@@ -36,6 +36,7 @@ abstract arena's ``available`` (the spec's ``end_available`` /
 import z3
 
 from kvarena.spec import arith
+from kvarena.spec import transitions as T
 
 from . import abstract as A
 from .capacity import cdiv_galois, fdiv_galois
@@ -47,23 +48,12 @@ STATE3, SWA3, FULL3 = 0, 1, 2
 
 
 def extend_end(s, i, n):
-    """``s`` with END ``i`` given ``n`` pages, holes first, then extension:
-    the post-state that ``rel_alloc_end(s, ., i, n)`` admits (and
-    ``Arena.alloc`` reaches)."""
-    a = s.bands[i]
-    k = arith.min_(n, a.holes)
-    m = n - k
-    if s.pools[i].grow == "up":
-        b = A.BandState(a.lo, a.hi + m, a.live + n, a.holes - k)
-    else:
-        b = A.BandState(a.lo - m, a.hi, a.live + n, a.holes - k)
-    return s.with_band(i, b)
+    """``s`` with END ``i`` given ``n`` pages by the spec's transition
+    (holes first, then extension), with no gate."""
+    return s.with_band(i, T.alloc_end(s, i, n))
 
 
-def end_room(s, i):
-    """The END's extension room on its own grid (``available``'s ``room``)."""
-    p, b = s.pools[i], s.bands[i]
-    return p.num_pages - p.min_page - (b.hi - b.lo)
+end_room = A.end_room  # the END's extension room on its own grid (the spec's)
 
 
 def hybrid_joint(s):
@@ -133,10 +123,10 @@ def _hybrid_tight():
 add("composite.hybrid.joint_sound", "composite",
     "HybridSWA (swa up END . full down END): 1 <= P <= two_end_joint_pages(gap, full, swa) => full's "
     "rel_alloc_end, then swa's on the state it leaves, are enabled, and every invariant holds after both",
-    _hybrid_sound, timeout_s=40.0)  # about 6 s idle (5 queries, the slowest under 4 s); 20 s seen under load
+    _hybrid_sound, timeout_s=40.0, source="model")  # about 6 s idle (5 queries, the slowest under 4 s); 20 s seen under load
 add("composite.hybrid.joint_tight", "composite",
     "HybridSWA: P = two_end_joint_pages + 1 fails full's gate or swa's gate after full's bind "
-    "(available_size() + page_size does not fit without relief)", _hybrid_tight, timeout_s=30.0)
+    "(available_size() + page_size does not fit without relief)", _hybrid_tight, timeout_s=30.0, source="model")
 
 
 # ----------------------------------------------------------- MambaHybrid
@@ -210,11 +200,11 @@ def _tripool(grid, claim):
 add("golden.tripool_empty_float", "golden",
     "TriPool, swa float transparent, the state END's high frontier on swa's grid: full's gate then the "
     "parked float's gate after full's bind holds iff P <= two_end_joint_pages (swa an up END at that "
-    "frontier, no holes)", _tripool(True, "equal"), timeout_s=30.0)
+    "frontier, no holes)", _tripool(True, "equal"), timeout_s=30.0, source="model")
 add("golden.tripool_empty_float.within_one_page", "golden",
     "TriPool, swa float transparent, any grid: P <= two_end_joint_pages - 1 => the coupled bind fits, "
     "and a fitting P <= two_end_joint_pages (grid rounding costs at most one page)",
-    _tripool(False, "within_one"), timeout_s=30.0)
+    _tripool(False, "within_one"), timeout_s=30.0, source="model")
 add("golden.tripool_empty_float.exact_off_grid", "golden",
     "REFUTED (finding): TriPool with a transparent float fits P iff P <= two_end_joint_pages, whatever "
-    "the state END's frontier", _tripool(False, "exact"), timeout_s=20.0, expect="counterexample")
+    "the state END's frontier", _tripool(False, "exact"), timeout_s=20.0, expect="counterexample", source="model")

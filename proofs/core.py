@@ -69,6 +69,27 @@ class Obligation:
     timeout_s: float = 20.0
     expect: str = "proved"  # or "counterexample" for a refutation (a finding)
     tautology: str = "conjuncts"  # what may be valid with no hypotheses: "none" | "conjuncts" | "any"
+    kind: str = "property"  # see KINDS
+    source: str = "spec"  # see SOURCES
+
+    @property
+    def lemma(self):
+        return self.kind == "lemma"
+
+
+KINDS = {
+    "property": "a fact about the arena, proved from its invariants and the operation's precondition",
+    "lemma": "valid by construction or by arithmetic alone (its goal holds with no hypotheses): a tool, "
+             "not a property of the arena",
+    "finding": "refuted on purpose: the counterexample is a documented finding about the spec",
+    "demo": "refuted on purpose: a bug class of the anchor, encoded as the anchor computed it, not the spec",
+}
+SOURCES = {
+    "spec": "every state, view and transition the goal speaks of is the spec's own code (spec.arith, "
+            "spec.chain, spec.transitions, spec.bands, spec.planner, spec.policy, spec.geometry), run on z3 terms",
+    "model": "a hand-written encoding in kvarena.proofs stands between the goal and the spec's code; tied to it "
+             "only by the Hypothesis fidelity tests",
+}
 
 
 REGISTRY = {}
@@ -76,20 +97,23 @@ TAUTOLOGY_S = 2.0  # seconds per obligation for the tautology check, all its que
 _TAUT_ALLOWED = {"none": ("none",), "conjuncts": ("none", "conjuncts"), "any": ("none", "conjuncts", "goal")}
 
 
-def register(name, group, statement, timeout_s=20.0, expect="proved", tautology="conjuncts"):
-    def deco(fn):
-        add(name, group, statement, fn, timeout_s, expect, tautology)
-        return fn
-
-    return deco
-
-
-def add(name, group, statement, build, timeout_s=20.0, expect="proved", tautology="conjuncts"):
+def add(name, group, statement, build, timeout_s=20.0, expect="proved", tautology="conjuncts", kind=None,
+        source="spec"):
+    """Register an obligation.  ``kind`` defaults to "finding" for a
+    refutation and "property" otherwise; a lemma is declared (and may have
+    a goal valid alone: ``tautology="any"``), and nothing else may."""
     if name in REGISTRY:
         raise ValueError(f"obligation {name!r} registered twice")
     if tautology not in _TAUT_ALLOWED:
         raise ValueError(f"obligation {name!r}: tautology must be one of {tuple(_TAUT_ALLOWED)}")
-    REGISTRY[name] = Obligation(name, group, statement, build, timeout_s, expect, tautology)
+    kind = kind or ("finding" if expect == "counterexample" else "property")
+    if kind not in KINDS or source not in SOURCES:
+        raise ValueError(f"obligation {name!r}: kind must be one of {tuple(KINDS)}, source one of {tuple(SOURCES)}")
+    if (kind in ("finding", "demo")) != (expect == "counterexample"):
+        raise ValueError(f"obligation {name!r}: a refutation is a finding or a demo, and only a refutation is")
+    if (tautology == "any") != (kind == "lemma"):
+        raise ValueError(f"obligation {name!r}: a goal that may hold with no hypotheses is a lemma, and a lemma's may")
+    REGISTRY[name] = Obligation(name, group, statement, build, timeout_s, expect, tautology, kind, source)
 
 
 class Fresh:
@@ -270,7 +294,7 @@ def run_obligation(ob, tautology_s=None):
     """Run one obligation; returns a JSON-able result dict."""
     t0 = time.perf_counter()
     res = {"name": ob.name, "group": ob.group, "kind": "z3", "statement": ob.statement,
-           "limit_s": ob.timeout_s, "expect": ob.expect}
+           "limit_s": ob.timeout_s, "expect": ob.expect, "obligation_kind": ob.kind, "source": ob.source}
     try:
         built = ob.build()
         hyps = list(built.hyps)

@@ -16,6 +16,8 @@ ENDs, and ``make_room``/``compact_holes`` both sides: each variant is a
 disjunct, and each must be satisfiable on its own (the vacuity witnesses).
 """
 
+from kvarena.spec import arith
+
 from . import abstract as A
 from .core import Built, Fresh, add
 
@@ -46,10 +48,14 @@ def _variants(op, s, t, f):
         return [A.rel_free_eager(s, t, i, k) for i in ENDS]
     if op == "free_lazy":
         return [A.rel_free_lazy(s, t, i, k) for i in ENDS]
+    # a transition that branches inside (parks, or leaves a transparent float
+    # alone) is split on that branch: one query each, which z3 finds far easier
     if op == "free_float":
-        return [A.rel_free_float(s, t, i, k) for i in FLOATS]
+        return [A.and_(c, A.rel_free_float(s, t, i, k)) for i in FLOATS
+                for c in (s.bands[i].live == k, s.bands[i].live != k)]
     if op == "flush":
-        return [A.rel_flush_end(s, t, i) for i in ENDS] + [A.rel_flush_float(s, t, i) for i in FLOATS]
+        return [A.rel_flush_end(s, t, i) for i in ENDS] + [A.and_(c, A.rel_flush_float(s, t, i)) for i in FLOATS
+                                                          for c in (A.opaque(s, i), A.parked(s, i))]
     if op == "make_room_boundary":
         return [A.and_(side == v, A.rel_make_room_boundary(s, t, i, side, mb))
                 for i in FLOATS for v in (True, False)]
@@ -57,7 +63,8 @@ def _variants(op, s, t, f):
         return [A.and_(side == v, A.rel_make_room_leapfrog(s, t, i, side, mb))
                 for i in FLOATS for v in (True, False)]
     if op == "compact_holes":
-        return [A.and_(side == v, A.rel_compact_holes(s, t, i, side)) for i in FLOATS for v in (True, False)]
+        return [A.and_(side == v, c, A.rel_compact_holes(s, t, i, side)) for i in FLOATS for v in (True, False)
+                for c in (A.opaque(s, i), A.parked(s, i))]
     raise KeyError(op)
 
 
@@ -149,3 +156,65 @@ add("inv.conservation.bytes_localize_drift", "invariants",
     "REFUTED (finding): 2 pools, with order and grid, verify()'s byte equation implies span = live + holes "
     "for both ENDs (two drifts that cancel in bytes pass it)",
     _drift_build(2, False), timeout_s=30.0, expect="counterexample")
+
+
+# ------------------------------------------------------------- base case
+
+
+def _init_build(n):
+    """``chain.boot`` (what ``Arena.__init__`` leaves) on any valid layout
+    satisfies each invariant: one query per invariant."""
+
+    def build():
+        f = Fresh()
+        s = A.symbolic_state(f, "s_", n=n)
+        boot = A.boot_state(s)
+        goals = [A.INVARIANTS[k](boot) for k in STATEMENTS]
+        return Built([A.layout_ok(s)], None, cases=[[]] * len(goals), case_goals=goals, hints=A.layout_hint(s))
+
+    return build
+
+
+for _n in (4, 3, 2):
+    add(f"inv.init.n{_n}", "invariants",
+        f"{_n} pools, symbolic layout: the boot state (chain.boot: up END empty at min_page, floats parked, "
+        "down END empty at num_pages) satisfies order, conservation and grid: the induction's base case",
+        _init_build(_n), timeout_s=30.0)
+
+
+# ------------------------------------------------------------ dead terms
+
+
+def _dead_build(n, term):
+    """A clamp or cap the spec keeps that never binds on a reachable state
+    (every invariant holds there)."""
+
+    def build():
+        f = Fresh()
+        s = A.symbolic_state(f, "s_", n=n)
+        hyps = [A.layout_ok(s, first_pages=False), A.inv_all(s)]
+        if term == "golden_clamp":  # golden_gap's max(0, .) argument is never negative
+            up, down = s.pools[0], s.pools[-1]
+            goal = (s.bands[-1].lo - 1 + 1) * down.epp - s.bands[0].hi * up.epp >= 0
+            return Built(hyps, goal, hints=A.layout_hint(s), lemmas="floor")
+        # end_available's min_(gap // epp, room): the gap never holds more pages than the room
+        cases, goals = [], []
+        for i in (0, n - 1):
+            gap, e, room = A.gap(s, i), s.pools[i].epp, A.end_room(s, i)
+            # the floor's Galois connection at this point (capacity.lemma.fdiv_galois's twin)
+            cases.append([A.implies(e > 0, (arith.fdiv(gap, e) <= room) == (gap < room * e + e))])
+            goals.append(arith.fdiv(gap, e) <= room)
+        return Built(hyps, None, cases=cases, case_goals=goals, hints=A.layout_hint(s), lemmas="floor")
+
+    return build
+
+
+for _n in (4, 3, 2):
+    add(f"dead.golden_clamp.n{_n}", "invariants",
+        f"{_n} pools: on every state satisfying the invariants, golden_gap's argument (wm_down+1)*epp_down - "
+        "wm_up*epp_up is >= 0, so its max(0, .) never binds (kept: it is the closed form's definition)",
+        _dead_build(_n, "golden_clamp"), timeout_s=30.0, tautology="none")
+    add(f"dead.end_room_cap.n{_n}", "invariants",
+        f"{_n} pools: on every state satisfying the invariants, an END's gap // epp <= its room on its grid, "
+        "so end_available's min(., room) never binds (kept: it is the ids' bound, which the bytes imply)",
+        _dead_build(_n, "end_room_cap"), timeout_s=30.0, tautology="none")

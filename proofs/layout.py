@@ -1,10 +1,9 @@
 """Layout obligations: the sink, min_page, grids, float regions, pool order.
 
-``layout_terms`` mirrors ``spec.geometry.make_layout``'s arithmetic over the
-shim (sink = max of epp over the pools in the order given, then
-``arith.num_pages`` and ``arith.min_page`` per pool), and ``_valid`` its
-acceptance test: ``arith.first_pages`` on the grids in chain order, the
-very function make_layout calls; ``tests/test_proofs_fidelity`` checks both
+``layout_terms`` is ``arith.layout_grids``, the function
+``spec.geometry.make_layout`` calls for the sink and every grid, and
+``_valid`` its acceptance test: ``arith.first_pages`` on the grids in chain
+order, the very function make_layout calls; ``tests/test_proofs_fidelity`` checks both
 against ``make_layout`` on concrete configurations.  The pools of a
 symbolic configuration are given in chain order (pool 0 the up END, the
 last the down END, floats between).
@@ -26,15 +25,7 @@ from .core import Built, Fresh, add
 PAGE_SIZES = (1, 2, 4, 8, 16, 32, 64)
 
 
-def layout_terms(total, entries, page_sizes):
-    """(sink, [(epp, num_pages, min_page)]) for pools in the order given."""
-    epps = [e * p for e, p in zip(entries, page_sizes)]
-    sink = epps[0]
-    for e in epps[1:]:
-        sink = arith.max_(sink, e)
-    geo = [(e, arith.num_pages(total, en, ps), arith.min_page(sink, e))
-           for e, en, ps in zip(epps, entries, page_sizes)]
-    return sink, geo
+layout_terms = arith.layout_grids  # (sink, [(epp, num_pages, min_page)]): the code make_layout runs
 
 
 def _config(f, n):
@@ -130,7 +121,8 @@ for _n in (2, 3, 4):
             timeout_s=60.0 if _fact == "order_independent" else 30.0,
             # the same sink and grids in any order holds by construction of
             # layout_terms (max is commutative; each grid is its own pool's)
-            tautology="any" if _fact == "order_independent" else "conjuncts")
+            tautology="any" if _fact == "order_independent" else "conjuncts",
+            kind="lemma" if _fact == "order_independent" else "property")
 
 
 # ------------------------------------------------- every pool allocates

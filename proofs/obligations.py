@@ -6,7 +6,7 @@ obligations themselves live by topic in ``layout``, ``golden``,
 ``invariants``, ``capacity``, ``policy``, ``planner`` and ``composites``; the runner is ``core``.
 """
 
-from . import capacity, composites, golden, invariants, layout, planner, policy  # noqa: F401  (they register)
+from . import capacity, composites, golden, integrity, invariants, layout, planner, policy  # noqa: F401  (they register)
 from .core import REGISTRY, Built, Obligation, run_obligation
 
 __all__ = ["REGISTRY", "Built", "Obligation", "run_obligation", "run"]

@@ -1,10 +1,11 @@
 """The chain planner (``spec.planner``): completeness, soundness, movement, order.
 
-One source: ``inputs`` gathers the planner's integers from an abstract state
-as ``Arena.planner_inputs`` gathers them from a real one, and every
-obligation calls the spec's own ``plan_chain`` and ``move_rank`` on z3
-terms.  ``planned`` is the state the arena leaves: a float the plan moves
-is packed at its start with no hole; every other band is as it was.
+One source: ``inputs`` (``chain.planner_inputs``) gathers the planner's
+integers as ``Arena.plan_floats`` does, every obligation calls the spec's
+own ``plan_chain`` and ``move_rank`` on z3 terms, and ``planned``
+(``transitions.planned``) is the state the arena leaves, which
+``Arena.plan_floats`` asserts: a float the plan moves is packed at its
+start with no hole; every other band is as it was.
 Capacity after the plan is ``abstract.available``, the same ``arith``
 calls as ``Arena.available_pages``.
 
@@ -27,35 +28,16 @@ Chains of 3 and 4 pools (1 and 2 floats), every size symbolic:
 import z3
 
 from kvarena.spec import arith
-from kvarena.spec.planner import End, Float, move_rank, plan_chain
+from kvarena.spec import transitions as T
+from kvarena.spec.chain import planner_inputs
+from kvarena.spec.planner import move_rank, plan_chain
 
 from . import abstract as A
 from .core import Built, Fresh, add
 
 
-def inputs(s, d):
-    """``(up, floats, down)`` for demand ``d`` (a list per pool), as
-    ``Arena.planner_inputs`` gathers them."""
-    n = s.n
-
-    def end(i, frontier):
-        p, b = s.pools[i], s.bands[i]
-        return End(frontier, p.epp, arith.max_(0, d[i] - b.holes), p.num_pages - p.min_page - (b.hi - b.lo))
-
-    floats = [Float(s.pools[i].epp, s.pools[i].min_page, s.pools[i].num_pages, s.bands[i].lo, s.bands[i].hi,
-                    s.bands[i].live, s.bands[i].holes, d[i], A.index_room(s, i)) for i in range(1, n - 1)]
-    return end(0, A.high_f(s, 0)), floats, end(n - 1, A.low_f(s, n - 1))
-
-
-def planned(s, plan):
-    """The state after the repacks: movers packed at their start, no hole."""
-    bands = list(s.bands)
-    for k, i in enumerate(range(1, s.n - 1)):
-        b = s.bands[i]
-        moved = A.BandState(plan.starts[k], plan.starts[k] + b.live, b.live, 0)
-        bands[i] = A.BandState(*(arith.ite(plan.moves[k], m, o) for m, o in zip(
-            (moved.lo, moved.hi, moved.live, moved.holes), (b.lo, b.hi, b.live, b.holes))))
-    return A.AState(s.total, s.sink, s.pools, bands)
+inputs = planner_inputs  # (up, floats, down) for demand d: the spec's, as Arena.plan_floats gathers them
+planned = T.planned  # the chain after the repacks: the spec's, which Arena.plan_floats asserts it reaches
 
 
 def _setup(n):
@@ -128,9 +110,11 @@ def _complete(n, j):
         pre = _single(d, j) + placed + [A.available(w, j) >= d[j]]
         cases = _cases(s, plan, with_moves=False)
         if 0 < j < n - 1:  # a float's demand: split on the side of its larger gap in the placement
-            lo, hi = A.region(w, j)
+            lo, hi = A.region(w, j)  # (only when it is opaque: a parked float has no side)
             low_larger = w.bands[j].lo - lo >= hi - w.bands[j].hi
-            cases = [c + [side] for c in cases for side in (low_larger, z3.Not(low_larger))]
+            opaque = s.bands[j].live > 0
+            cases = [c + [side] for c in cases for side in (low_larger, z3.Not(low_larger))
+                     if any(z3.eq(x, opaque) for x in c)] + [c for c in cases if not any(z3.eq(x, opaque) for x in c)]
         return Built(hyps + pre, plan.feasible, cases=cases,
                      witnesses=[[arith.or_(*plan.moves)], [A.available(s, j) < d[j]]],
                      hints=A.layout_hint(s), lemmas="floor")
@@ -211,22 +195,20 @@ def _order_safe():
         f, s, d, hyps = _setup(4)
         up, floats, down = inputs(s, d)
         plan = plan_chain(up, floats, down)
-        goals = []
-        for a in range(2):
-            for b in range(2):
-                if a == b:
-                    continue
-                i, j = a + 1, b + 1  # chain indices
-                first = move_rank(floats, plan, a) < move_rank(floats, plan, b)
-                ei, ej = s.pools[i].epp, s.pools[j].epp
-                lo_t, hi_t = plan.starts[a] * ei, (plan.starts[a] + s.bands[i].live) * ei
-                lo_j, hi_j = s.bands[j].lo * ej, s.bands[j].hi * ej
-                disjoint = z3.Or(hi_t <= lo_j, hi_j <= lo_t)
-                # float a's repack runs while b still sits at its old span: b has not moved
-                # yet (it moves later) or never moves
-                b_unmoved = z3.Or(z3.Not(plan.moves[b]), first)
-                goals.append(z3.Implies(z3.And(plan.moves[a], s.bands[j].live > 0, b_unmoved), disjoint))
-        return Built(hyps, z3.And(*goals), witnesses=[[plan.moves[0], plan.moves[1]]], hints=A.layout_hint(s), lemmas=True)
+        cases, goals = [], []
+        for a, b in ((0, 1), (1, 0)):
+            i, j = a + 1, b + 1  # chain indices
+            first = move_rank(floats, plan, a) < move_rank(floats, plan, b)
+            ei, ej = s.pools[i].epp, s.pools[j].epp
+            lo_t, hi_t = plan.starts[a] * ei, (plan.starts[a] + s.bands[i].live) * ei
+            lo_j, hi_j = s.bands[j].lo * ej, s.bands[j].hi * ej
+            # float a's repack runs while b still sits at its old span: b never
+            # moves, or moves later (one query each)
+            for b_unmoved in ([z3.Not(plan.moves[b])], [plan.moves[b], first]):
+                cases.append([plan.moves[a], s.bands[j].live > 0] + b_unmoved)
+                goals.append(z3.Or(hi_t <= lo_j, hi_j <= lo_t))
+        return Built(hyps, None, cases=cases, case_goals=goals, witnesses=[[plan.moves[0], plan.moves[1]]],
+                     hints=A.layout_hint(s), lemmas=True)
 
     return build
 

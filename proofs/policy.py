@@ -18,6 +18,8 @@ The far side's surplus, stated precisely:
 import z3
 
 from kvarena.spec import arith
+from kvarena.spec import transitions as T
+from kvarena.spec.chain import demand_skipped, short_side_inputs
 from kvarena.spec.policy import short_side_decision
 
 from . import abstract as A
@@ -25,24 +27,12 @@ from .core import Built, Fresh, add
 
 
 def decision(s, i, d):
-    """(skip, act, side_is_low, target, inputs) of ``open_short_side(float i, d)``."""
-    n = s.n
-    skip = A.or_(A.not_(A.opaque(s, i)), A.and_(*[dj == 0 for dj in d]),
-                 A.or_(*[d[j] > A.index_room(s, j) for j in range(n)]))
-
-    def need_bytes(j):
-        return arith.max_(0, d[j] - s.bands[j].holes) * s.pools[j].epp
-
-    band_low = A.low_f(s, i) - A.below(s, i)
-    band_high = A.above(s, i) - A.high_f(s, i)
-    slack = 0
-    for j in range(n):
-        slack = arith.max_(slack, arith.ite(d[j] > 0, s.pools[j].epp, 0))
-    sides_low, sides_high = need_bytes(0), need_bytes(n - 1)
-    fb = need_bytes(i)
-    act, side_is_low, target = short_side_decision(sides_low, sides_high, band_low, band_high, fb, slack)
-    inputs = dict(sides_low=sides_low, sides_high=sides_high, band_low=band_low, band_high=band_high,
-                  float_bytes=fb, slack=slack)
+    """(skip, act, side_is_low, target, inputs) of ``open_short_side(float i, d)``:
+    the spec's own ``chain.demand_skipped`` and ``chain.short_side_inputs``,
+    then ``short_side_decision``, as ``Arena.open_short_side`` calls them."""
+    skip = demand_skipped(s, i, d)
+    inputs = short_side_inputs(s, i, d)
+    act, side_is_low, target = short_side_decision(**inputs)
     return skip, act, side_is_low, target, inputs
 
 
@@ -157,21 +147,23 @@ add("policy.float_short_fits_after", "policy",
 
 
 def _cost_bound():
+    """The pages moved are the spec's ``transitions.make_room_moved``, the
+    count ``Arena.make_room`` asserts its moves equal; ``spared`` is the
+    page-level fact it reads (pages already in place, or holes among the
+    cleared ones), bounded by the guard the arena also asserts."""
     def build():
         f, s, t, d, hyps = _setup(n=3)
         i = 1
         a, p = s.bands[i], s.pools[i]
         skip, act, low, target, x = decision(s, i, d)
         band_side, feasible, need = A.make_room_terms(s, i, low, target)
-        w, stay = f.int("window_live"), f.int("stay")
-        # boundary: the sources are the live pages among the `need` edge pages;
-        # leapfrog: the live pages not already inside the target range
-        moved = z3.If(need >= a.live, a.live - stay, w)
-        window = [w >= 0, w <= a.live, w <= need, stay >= 0, stay <= a.live]
-        pre = [z3.Not(skip), act, A.make_room_moves(s, i, low, target)] + window
+        spared = f.int("spared")
+        moved = T.make_room_moved(s, i, low, target, spared)
+        pre = [z3.Not(skip), act, A.make_room_moves(s, i, low, target),
+               T.make_room_moved_ok(s, i, low, target, spared)]
         short_by = z3.If(low, x["sides_low"] - x["band_low"], x["sides_high"] - x["band_high"])
         one_short = (x["sides_low"] > x["band_low"]) != (x["sides_high"] > x["band_high"])
-        goal = z3.And(need >= 1, moved <= arith.min_(a.live, need),
+        goal = z3.And(need >= 1, moved >= 0, moved <= arith.min_(a.live, need),
                       # the cost is driven by the deficit: need pages cover at most the
                       # short side's deficit, the float's uncovered need and the slack
                       z3.Implies(one_short, (need - 1) * p.epp < short_by + x["float_bytes"] + x["slack"]))
@@ -181,7 +173,8 @@ def _cost_bound():
 
 
 add("policy.cost_bound", "policy",
-    "policy-driven make_room: need >= 1, pages moved <= min(live, need), and (one side short) "
+    "policy-driven make_room: need >= 1, 0 <= pages moved (transitions.make_room_moved) <= min(live, need), "
+    "and (one side short) "
     "(need-1)*epp < deficit + float bytes + slack", _cost_bound(), timeout_s=30.0)
 
 

@@ -7,11 +7,13 @@ Modules, in reading order:
 
 - ``arith``     integer formulas, written once for ints and z3 terms;
 - ``geometry``  sub-pools, page grids, the sink, the chain;
+- ``chain``     the arena in numbers: spans and counts, walks, capacity views;
+- ``transitions`` each operation's update of the counts (the proofs' source);
 - ``bands``     one band: span, page tables, holes, content model;
 - ``moves``     relocation plans: which live pages go where, and why they fit;
 - ``policy``    the anchor's demand-vector decision for sliding a float;
 - ``planner``   kvarena's chain planner: one placement of every float;
-- ``arena``     the chain, capacity views, operations, relieve, verify;
+- ``arena``     the API: views and operations over chain and transitions, relieve, verify;
 - ``composites`` the token-level composites over one arena (DESIGN section 6).
 """
 

@@ -13,7 +13,7 @@ bug in the arena.
 
 import operator
 
-from . import arith, moves, planner, policy
+from . import chain, moves, planner, policy, transitions
 from .bands import Band
 from .geometry import AccountingError, borrowing, check_policy, lazy_ends, make_layout
 
@@ -26,6 +26,13 @@ def _index(i):
     if isinstance(i, bool):
         raise TypeError
     return operator.index(i)
+
+
+def _new_pages(b, new):
+    """The pages a transition adds to band ``b``'s span, ascending: those of
+    ``[new.lo, new.hi)`` outside ``[b.lo, b.hi)`` (all of them for a parked
+    float)."""
+    return list(range(new.lo, min(new.hi, b.lo))) + list(range(max(new.lo, b.hi), new.hi))
 
 
 class Arena:
@@ -48,7 +55,21 @@ class Arena:
         self.bands = {n: Band(layout.pools[n], layout.geometry[n], n in lazy_set, lenders.get(n),
                               layout.geometry.get(lenders.get(n)))
                       for n in layout.chain}
+        self._index = {n: i for i, n in enumerate(layout.chain)}
+        self._shapes = tuple(chain.Shape(b.grow, b.geom.epp, b.geom.num_pages, b.geom.min_page, b.lazy)
+                             for b in self.bands.values())
         self.verify()
+
+    def state(self):
+        """The arena in numbers (``chain.Chain``): what every view and every
+        transition reads.  Built afresh on each call, so never stale."""
+        return chain.Chain(self.total_bytes, self.sink_bytes, self._shapes,
+                           tuple(self.bands[n].counts for n in self.chain))
+
+    def _at(self, name):
+        """``(state, index)`` for a named pool; ``ValueError`` if unknown."""
+        self._band(name)
+        return self.state(), self._index[name]
 
     # ------------------------------------------------------------ access
 
@@ -96,37 +117,35 @@ class Arena:
         return dict(self._band(name).content)
 
     # ------------------------------------------------------- chain walks
+    #
+    # Every view is a function of ``state()`` in ``chain``, the code the
+    # proofs run on z3 terms.
 
     def above(self, name):
         """Low frontier of the first opaque band above, or ``total_bytes``.
 
         post: 0 <= __return__ <= self.total_bytes
         """
-        nb = self._neighbour(name, upward=True)
-        return self.total_bytes if nb is None else nb.frontiers[0]
+        return chain.above(*self._at(name))
 
     def below(self, name):
         """High frontier of the first opaque band below, or 0.
 
         post: 0 <= __return__ <= self.total_bytes
         """
-        nb = self._neighbour(name, upward=False)
-        return 0 if nb is None else nb.frontiers[1]
+        return chain.below(*self._at(name))
 
     def _neighbour(self, name, upward):
         """The first opaque band above (``upward``) or below, or None."""
-        i = self.chain.index(self._band(name).name)
-        rest = self.chain[i + 1:] if upward else reversed(self.chain[:i])
-        return next((self.bands[n] for n in rest if self.bands[n].opaque), None)
+        j = chain.neighbour(*self._at(name), upward)
+        return None if j is None else self.bands[self.chain[j]]
 
     def frontiers(self, name):
         return self._band(name).frontiers
 
     def region(self, name):
         """A float's pages ``[lo, hi)`` between its opaque neighbours."""
-        b = self._band(name)
-        g = b.geom
-        return arith.float_region(self.below(name), self.above(name), g.epp, g.min_page, g.num_pages)
+        return chain.region(*self._at(name))
 
     def gap_bytes(self, name):
         """Free bytes an END can grow into; for a float, free bytes on both sides.
@@ -134,15 +153,8 @@ class Arena:
         post: __return__ >= 0
         raises: ValueError
         """
-        b = self._band(name)
-        low, high = b.frontiers
-        if b.grow == "up":
-            return arith.up_gap(self.above(name), high)
-        if b.grow == "down":
-            return arith.down_gap(low, self.below(name))
-        if not b.opaque:
-            return self.above(name) - self.below(name)
-        return (low - self.below(name)) + (self.above(name) - high)
+        s, i = self._at(name)
+        return chain.gap(s, i) if chain.is_end(s, i) else chain.float_gap_bytes(s, i)
 
     def band_bytes(self, name, side):
         """Free bytes between a float and its opaque neighbour on ``side``.
@@ -150,13 +162,11 @@ class Arena:
         post: __return__ >= 0
         raises: ValueError
         """
-        b = self._float(name)
+        self._float(name)
         if side not in SIDES:
             raise ValueError(f"pool {name!r}: side must be 'low' or 'high', got {side!r}")
-        low, high = b.frontiers
-        if not b.opaque:
-            return self.above(name) - self.below(name)
-        return low - self.below(name) if side == "low" else self.above(name) - high
+        s, i = self._at(name)
+        return chain.band_bytes(s, i, side == "low")
 
     def holes(self, name):
         return sorted(self._band(name).holes)
@@ -169,13 +179,7 @@ class Arena:
         post: 0 <= __return__ <= self.geometry(name).num_pages - self.geometry(name).min_page - self.live_pages(name)
         raises: ValueError
         """
-        b = self._band(name)
-        g = b.geom
-        if b.is_end:
-            room = g.num_pages - g.min_page - b.span
-            return arith.end_available(self.gap_bytes(name), g.epp, room, len(b.holes))
-        region_lo, region_hi = self.region(name)
-        return arith.float_available(not b.opaque, region_lo, region_hi, b.lo, b.hi, len(b.holes), b.index_room)
+        return chain.available(*self._at(name))
 
     def available_size(self, name):
         """Tokens (slots) ``alloc`` hands out now.
@@ -195,15 +199,9 @@ class Arena:
         post: __return__ >= self.available_size(name)
         raises: ValueError
         """
-        b = self._band(name)
-        if not b.is_end:
-            return self.available_size(name)
-        g = b.geom
-        nb = self._neighbour(name, upward=(b.grow == "up"))
-        credit = len(nb.holes) * nb.geom.epp if nb.is_end and nb.lazy else 0
-        room = g.num_pages - g.min_page - b.span
-        pages = arith.end_available(self.gap_bytes(name) + credit, g.epp, room, len(b.holes))
-        return pages * b.pool.page_size
+        s, i = self._at(name)
+        pages = chain.schedulable(s, i) if chain.is_end(s, i) else chain.available(s, i)
+        return pages * self._band(name).pool.page_size
 
     def conserved_available_size(self, name):
         """Capacity minus allocated tokens: the leak invariant's view.
@@ -290,34 +288,15 @@ class Arena:
             return []
         if n > self.available_pages(name):
             return None
-        k = min(n, len(b.holes))
-        pages, b.holes = b.holes[:k], b.holes[k:]
-        m = n - k
-        if m:
-            pages += self._extend(b, m)
+        s, i = self._at(name)
+        new = transitions.alloc(s, i, n)
+        k = s.bands[i].holes - new.holes  # holes reused, oldest first
+        pages = b.holes[:k] + _new_pages(b, new)
+        assert len(pages) == n, f"pool {name!r}: the transition bound {len(pages)} pages for n={n}"
         ids = b.take_ids(n, ids)
         b.bind(ids, pages)
+        b.install(new, b.holes[k:])
         return ids
-
-    def _extend(self, b, m):
-        """Grow ``b``'s span by ``m`` pages; the gate has checked they fit."""
-        if b.grow == "up":
-            b.hi += m
-            return list(range(b.hi - m, b.hi))
-        if b.grow == "down":
-            b.lo -= m
-            return list(range(b.lo, b.lo + m))
-        region_lo, region_hi = self.region(b.name)
-        if not b.opaque:
-            b.lo = arith.park_start(region_lo, region_hi, m)
-            b.hi = b.lo + m
-            return list(range(b.lo, b.hi))
-        gap_low, gap_high = b.lo - region_lo, region_hi - b.hi
-        if gap_high >= gap_low:  # toward the larger gap, high wins ties; the gate
-            b.hi += m            # priced exactly this side, so it fits
-            return list(range(b.hi - m, b.hi))
-        b.lo -= m
-        return list(range(b.lo, b.lo + m))
 
     def free(self, name, ids):
         """Free pages by virtual id; ``ValueError`` on any bad id, nothing changed.
@@ -336,17 +315,15 @@ class Arena:
         ids = self._ids(b, ids, bound=True)
         if not ids:
             return None
+        s, i = self._at(name)
+        new = transitions.free(s, i, len(ids))
         pages = b.unbind(ids)
-        if b.is_end and not b.lazy:
-            if b.grow == "up":
-                b.hi -= len(pages)
-            else:
-                b.lo += len(pages)
-            b.move(*moves.eager_free_plan(b.grow, (b.lo, b.hi), pages, lambda p: b.p2v[p] >= 0))
+        if b.is_end and not b.lazy:  # survivors in the vacated pages fill the freed ones
+            b.move(*moves.eager_free_plan(b.grow, (new.lo, new.hi), pages, lambda p: b.p2v[p] >= 0))
+            b.install(new, [])
         else:
-            b.holes.extend(pages)
-            if not b.is_end and b.live == 0:
-                b.park()
+            parks = not b.is_end and not new.live  # a float with no live page parks
+            b.install(new, [] if parks else b.holes + pages)
         return None
 
     def flush(self, name, max_moves=None):
@@ -366,21 +343,23 @@ class Arena:
         b = self._band(name)
         if max_moves is not None:
             max_moves = self._count(name, max_moves, "max_moves")
-        if not b.is_end:
+        s, i = self._at(name)
+        if not b.is_end:  # absorb the boundary holes
             if b.opaque:
-                b.refit()
+                lo, hi = b.live_span()
+                assert transitions.refit_ok(s, i, lo, hi)
+                b.install(transitions.refit(s, i, lo, hi), [h for h in b.holes if lo <= h < hi])
             return 0
         g = b.geom
         edge = g.min_page + b.live if b.grow == "up" else g.num_pages - b.live  # the packed band's edge
         dst, src = moves.flush_plan(b.grow, b.occupied_pages(), b.holes, edge, max_moves)
         moved = b.move(dst, src)
-        live = b.occupied_pages()
-        if b.grow == "up":
-            b.hi = live[-1] + 1 if live else g.min_page
-        else:
-            b.lo = live[0] if live else g.num_pages
+        lo, hi = b.live_span()
+        frontier = (hi if b.live else g.min_page) if b.grow == "up" else (lo if b.live else g.num_pages)
+        assert transitions.flush_end_ok(s, i, frontier)
+        new = transitions.flush_end(s, i, frontier)
         used = set(dst)
-        b.holes = [h for h in b.holes if h not in used and b.lo <= h < b.hi]
+        b.install(new, [h for h in b.holes if h not in used and new.lo <= h < new.hi])
         return moved
 
     def make_room(self, name, side, min_bytes):
@@ -404,22 +383,42 @@ class Arena:
         if side not in SIDES:
             raise ValueError(f"pool {name!r}: side must be 'low' or 'high', got {side!r}")
         min_bytes = self._count(name, min_bytes, "min_bytes")
-        if not b.opaque:
+        s, i = self._at(name)
+        low = side == "low"
+        if not chain.make_room_acts(s, i, low, min_bytes):
             return 0
-        g = b.geom
-        below, above = self.below(name), self.above(name)
-        band_side = self.band_bytes(name, side)
-        if band_side >= min_bytes:
-            return 0
-        region = self.region(name)
-        if not arith.make_room_feasible(side == "low", below, above, *region, b.live, g.epp, min_bytes):
-            return 0
-        edge_pages = arith.make_room_need(band_side, min_bytes, g.epp)
-        dst, src = moves.make_room_plan(side, b.occupied_pages(), b.holes, (b.lo, b.hi), region, edge_pages)
+        _, _, edge_pages = chain.make_room_terms(s, i, low, min_bytes)
+        live = b.occupied_pages()
+        leaps = transitions.make_room_leaps(s, i, low, min_bytes)
+        if leaps:  # spared: live pages already inside the packed target
+            target = transitions.make_room(s, i, low, min_bytes, 0, 0)
+            spared = sum(1 for p in live if target.lo <= p < target.hi)
+        else:  # spared: holes among the cleared edge pages
+            cleared = range(b.lo, b.lo + edge_pages) if low else range(b.hi - edge_pages, b.hi)
+            spared = sum(1 for h in b.holes if h in cleared)
+        assert transitions.make_room_moved_ok(s, i, low, min_bytes, spared)
+        dst, src = moves.make_room_plan(side, live, b.holes, (b.lo, b.hi), chain.region(s, i), edge_pages)
         moved = b.move(dst, src)
-        b.refit()
-        assert moved <= min(b.live, edge_pages)  # the cost bound (proved in kvarena.proofs)
+        assert moved == transitions.make_room_moved(s, i, low, min_bytes, spared)  # the cost the proofs bound
+        lo, hi = b.live_span()
+        assert leaps or transitions.make_room_ok(s, i, low, min_bytes, lo, hi)
+        new = transitions.make_room(s, i, low, min_bytes, lo, hi)
+        assert (new.lo, new.hi) == (lo, hi), f"pool {name!r}: pages at [{lo}, {hi}), transition says {new}"
+        b.install(new, [h for h in b.holes if lo <= h < hi and b.p2v[h] < 0])
         return moved
+
+    def _refit(self, name):
+        """Shrink float ``name``'s span to its live pages after a caller moved
+        them itself (``Band.move``), as the conformance classifier's replays
+        of the anchor's own placements do; every free page left inside the
+        span is a hole (the old ones first).  Returns None."""
+        b = self._float(name)
+        s, i = self._at(name)
+        lo, hi = b.live_span()
+        holes = [h for h in b.holes if lo <= h < hi and b.p2v[h] < 0]
+        kept = set(holes)
+        holes += [p for p in range(lo, hi) if b.p2v[p] < 0 and p not in kept]  # pages a move vacated
+        b.install(transitions.refit(s, i, lo, hi), holes)
 
     def compact_holes(self, name, retreat_side):
         """Pack a float's live pages toward the edge opposite ``retreat_side``.
@@ -435,8 +434,11 @@ class Arena:
             raise ValueError(f"pool {name!r}: retreat_side must be 'low' or 'high', got {retreat_side!r}")
         if not b.opaque:
             return 0
+        s, i = self._at(name)
+        new = transitions.compact(s, i, retreat_side == "low")
         moved = b.move(*moves.compact_plan(b.occupied_pages(), (b.lo, b.hi), retreat_side))
-        b.refit()
+        assert b.live_span() == (new.lo, new.hi)
+        b.install(new, [])
         return moved
 
     def translate(self, name, ids):
@@ -470,36 +472,30 @@ class Arena:
         post: 0 <= __return__ <= self.live_pages(name)
         raises: ValueError
         """
-        b = self._float(name)
-        for n in demand:
-            self._band(n)  # unknown pool: ValueError
-        demand = {n: self._count(n, d, "demand") for n, d in demand.items()}
-        if not b.opaque or not any(demand.values()):
+        self._float(name)
+        s, i = self._at(name)
+        d = self._demand(demand)
+        if chain.demand_skipped(s, i, d):
             return 0
-        if any(d > self.bands[n].index_room for n, d in demand.items()):
-            return 0
-
-        def end_bytes(end):
-            e = self.bands[end]
-            return max(0, demand.get(end, 0) - len(e.holes)) * e.geom.epp
-
-        band_low, band_high = self.band_bytes(name, "low"), self.band_bytes(name, "high")
-        float_bytes = max(0, demand.get(name, 0) - len(b.holes)) * b.geom.epp
-        slack = max(self.bands[n].geom.epp for n, d in demand.items() if d)
-        act, side_is_low, target = policy.short_side_decision(
-            end_bytes(self.chain[0]), end_bytes(self.chain[-1]), band_low, band_high, float_bytes, slack
-        )
+        act, side_is_low, target = policy.short_side_decision(**chain.short_side_inputs(s, i, d))
         if not act:
             return 0
         return self.make_room(name, "low" if side_is_low else "high", target)
+
+    def _demand(self, demand):
+        """A demand vector ``{pool: pages}`` as a count per pool, chain order."""
+        for n in demand:
+            self._band(n)  # unknown pool: ValueError
+        demand = {n: self._count(n, d, "demand") for n, d in demand.items()}
+        return [demand.get(n, 0) for n in self.chain]
 
     def plan_floats(self, demand):
         """The planner's rung (DESIGN section 4b): place every float at once so
         that the demand vector ``{pool: pages}`` fits; pages moved.
 
-        Gathers each END's frontier, extension and room and each float's
-        span, counts and demand, asks ``planner.plan_chain``, then repacks
-        the floats it names in ``planner.move_order`` (``moves.pack_plan``).
+        Asks ``planner.plan_chain`` (its inputs: ``chain.planner_inputs``),
+        then repacks the floats it names in ``planner.move_order``
+        (``moves.pack_plan``); the bands end as ``transitions.planned`` says.
         Nothing moves when no placement fits, nor when the demand already
         fits where the floats are.
 
@@ -508,44 +504,28 @@ class Arena:
         post: __old__.self.plan(demand).feasible or self.snapshot() == __old__.self.snapshot()
         raises: ValueError
         """
-        names, up, floats, down = self.planner_inputs(demand)
+        s, d = self.state(), self._demand(demand)
+        up, floats, down = chain.planner_inputs(s, d)
         plan = planner.plan_chain(up, floats, down)
         moved = 0
-        for i in planner.move_order(floats, plan):
-            b = self.bands[names[i]]
-            dst, src = moves.pack_plan(b.occupied_pages(), plan.starts[i])
-            self._check_clear(b, plan.starts[i])
-            moved += b.move(dst, src)
-            b.refit()
+        for k in planner.move_order(floats, plan):
+            i = k + 1
+            b = self.bands[self.chain[i]]
+            new = transitions.repack(s, i, plan.starts[k])
+            live = b.occupied_pages()
+            spared = sum(1 for p in live if new.lo <= p < new.hi)
+            self._check_clear(b, new.lo)
+            step = b.move(*moves.pack_plan(live, new.lo))
+            assert step == transitions.repack_moved(s, i, spared)
+            assert b.live_span() == (new.lo, new.hi)
+            b.install(new, [])
+            moved += step
+        assert self.state() == transitions.planned(s, plan)
         return moved
 
     def plan(self, demand):
         """The planner's decision for a demand vector, without acting on it."""
-        return planner.plan_chain(*self.planner_inputs(demand)[1:])
-
-    def planner_inputs(self, demand):
-        """``(float names, up End, [Float], down End)`` for a demand vector:
-        the integers ``plan_floats`` hands ``planner.plan_chain``."""
-        for n in demand:
-            self._band(n)  # unknown pool: ValueError
-        demand = {n: self._count(n, d, "demand") for n, d in demand.items()}
-
-        def end(name, frontier):
-            b = self.bands[name]
-            g = b.geom
-            return planner.End(frontier, g.epp, max(0, demand.get(name, 0) - len(b.holes)),
-                               g.num_pages - g.min_page - b.span)
-
-        names = self.chain[1:-1]
-        floats = []
-        for n in names:
-            b = self.bands[n]
-            g = b.geom
-            floats.append(planner.Float(g.epp, g.min_page, g.num_pages, b.lo, b.hi, b.live, len(b.holes),
-                                        demand.get(n, 0), b.index_room))
-        up = end(self.chain[0], self.bands[self.chain[0]].frontiers[1])
-        down = end(self.chain[-1], self.bands[self.chain[-1]].frontiers[0])
-        return names, up, floats, down
+        return planner.plan_chain(*chain.planner_inputs(self.state(), self._demand(demand)))
 
     def _check_clear(self, b, start):
         """A repack of ``b`` to ``start`` must not write over another band
@@ -659,7 +639,7 @@ class Arena:
         """DESIGN section 5: the sink, every opaque band's pages *counted*
         (live + holes, not read off its frontiers), and the free bytes
         before, between and after the bands, each clamped at 0, add up to the
-        buffer.  A frontier that drifts from its band's count fails here, and
+        buffer (``chain.counted_bytes``, the sum the proofs reason about).  A frontier that drifts from its band's count fails here, and
         only here (``tests/test_spec_verify.py`` plants one).
 
         The sum sees a band whose span holds more pages than it counts.  The
@@ -667,13 +647,7 @@ class Arena:
         live pages and holes leaves one of them outside the span, which
         ``Band.check`` reports, so two drifts that cancel in the sum (proof
         finding 6) are still caught."""
-        covered, prev_high = self.sink_bytes, self.sink_bytes
-        for name in opaque:
-            b = self.bands[name]
-            low, high = b.frontiers
-            covered += max(0, low - prev_high) + (b.live + len(b.holes)) * b.geom.epp
-            prev_high = high
-        covered += max(0, self.total_bytes - prev_high)
+        covered = chain.counted_bytes(self.state())
         if covered != self.total_bytes:
             drift = [n for n in opaque if self.bands[n].span != self.bands[n].live + len(self.bands[n].holes)]
             b = self.bands[(drift or opaque[-1:])[0]]

@@ -114,6 +114,19 @@ def min_page(sink_bytes: int, epp: int) -> int:
     return cdiv(sink_bytes, epp)
 
 
+def layout_grids(total_bytes: int, entries: list, page_sizes: list) -> tuple:
+    """``(sink, [(epp, num_pages, min_page), ...])`` for pools given in this
+    order: the sink is the largest ``epp``, and each pool's grid follows
+    from it (``make_layout`` calls this; so does ``kvarena.proofs.layout``).
+    """
+    epps = [e * p for e, p in zip(entries, page_sizes)]
+    sink = epps[0]
+    for e in epps[1:]:
+        sink = max_(sink, e)
+    return sink, [(e, num_pages(total_bytes, en, ps), min_page(sink, e))
+                  for e, en, ps in zip(epps, entries, page_sizes)]
+
+
 def first_pages(grids: list) -> list:
     """Where one page of every pool lands, packed from byte 0 up the chain.
 

@@ -21,7 +21,53 @@ live id's bytes are where ``v2p`` says, which is what the implementation's
 byte tests check on real memory.
 """
 
+from .chain import Counts
 from .geometry import AccountingError
+
+
+# ---------------------------------------------------------- page tables
+#
+# Three functions are all that ever writes a page table.  They read and
+# write ``v2p``, ``p2v`` and ``content`` only by index, so they run on
+# lists and dicts here and on z3 arrays in ``kvarena.proofs.integrity``,
+# which proves they keep the tables inverse and the data with its id.
+
+
+def bind_pages(v2p, p2v, content, ids, pages):
+    """Bind id ``ids[k]`` to page ``pages[k]``; the page now holds its bytes."""
+    for v, p in zip(ids, pages):
+        v2p[v] = p
+        p2v[p] = v
+        content[p] = v
+
+
+def unbind_ids(v2p, p2v, ids):
+    """Unbind ``ids``; returns their pages (which keep stale bytes)."""
+    pages = [v2p[v] for v in ids]
+    for v, p in zip(ids, pages):
+        v2p[v] = -1
+        p2v[p] = -1
+    return pages
+
+
+def move_pages(v2p, p2v, content, dst, src):
+    """Relocate ``src[k] -> dst[k]`` as one batched copy: every source is
+    read before any destination is written."""
+    moved = [(d, p2v[s], content[s]) for d, s in zip(dst, src)]
+    for s in src:
+        p2v[s] = -1
+    for d, v, data in moved:
+        p2v[d] = v
+        v2p[v] = d
+        content[d] = data
+
+
+def move_ok(p2v, dst, src):
+    """A move's precondition: distinct live sources, distinct destinations,
+    each free or itself a source."""
+    sources = set(src)
+    return (len(sources) == len(src) and len(set(dst)) == len(dst) and all(p2v[s] >= 0 for s in src)
+            and all(p2v[d] < 0 or d in sources for d in dst))
 
 
 class Band:
@@ -65,6 +111,11 @@ class Band:
         return self.lo * self.geom.epp, self.hi * self.geom.epp
 
     @property
+    def counts(self):
+        """This band as ``chain.Counts``: what the transitions read."""
+        return Counts(self.lo, self.hi, self.live, len(self.holes))
+
+    @property
     def index_room(self):
         """Pages of this pool's grid not yet bound (for a pool that mints its
         ids, also the ids not yet handed out; a borrower's ids are its
@@ -89,52 +140,38 @@ class Band:
         return ids
 
     def bind(self, ids, pages):
-        for v, p in zip(ids, pages):
-            self.v2p[v], self.p2v[p] = p, v
-            self.content[p] = v
-        self.live += len(ids)
+        bind_pages(self.v2p, self.p2v, self.content, ids, pages)
 
     def unbind(self, ids):
         """Unbind ``ids``; their ids go to the back of the FIFO (a borrower's
         go back to nobody: its lender still holds them).  Returns pages."""
-        pages = [self.v2p[v] for v in ids]
-        for v, p in zip(ids, pages):
-            self.v2p[v] = self.p2v[p] = -1
+        pages = unbind_ids(self.v2p, self.p2v, ids)
         if not self.lender:
             self.free_ids.extend(ids)
-        self.live -= len(ids)
         return pages
 
     def move(self, dst, src):
-        """Relocate live pages ``src[i] -> dst[i]``, all at once.
+        """Relocate live pages ``src[i] -> dst[i]``, all at once; returns
+        the number of pages moved.
 
         Both lists are ascending and paired in that order.  A destination
-        may be another pair's source; every source is read before any
-        destination is written, as in the implementation's batched copy.
-        Returns the number of pages moved.
-        """
+        is free or another pair's source (``move_ok``, checked here and
+        assumed by the integrity proofs)."""
         assert len(dst) == len(src)
-        assert all(self.p2v[s] >= 0 for s in src)
-        moved = [(d, self.p2v[s], self.content.get(s)) for d, s in zip(dst, src)]
-        for s in src:
-            self.p2v[s] = -1
-        for d, v, data in moved:
-            self.p2v[d], self.v2p[v] = v, d
-            self.content[d] = data
+        assert move_ok(self.p2v, dst, src)
+        move_pages(self.v2p, self.p2v, self.content, dst, src)
         return len(src)
 
-    def refit(self):
-        """Shrink a float's span to its live pages; drop the holes left outside."""
-        live = self.occupied_pages()
-        if not live:
-            self.park()
-            return
-        self.lo, self.hi = live[0], live[-1] + 1
-        self.holes = [h for h in self.holes if self.lo <= h < self.hi and self.p2v[h] < 0]
+    def install(self, counts, holes):
+        """Take the span and live count that ``transitions`` computed, and
+        the hole list the page logic left, which must agree with them."""
+        assert len(holes) == counts.holes, f"pool {self.name!r}: {len(holes)} holes, counts say {counts.holes}"
+        self.lo, self.hi, self.live, self.holes = counts.lo, counts.hi, counts.live, list(holes)
 
-    def park(self):
-        self.lo = self.hi = self.geom.num_pages
-        self.holes = []
+    def live_span(self):
+        """``(lo, hi)``: the extent of the live pages, or the parked span."""
+        live = self.occupied_pages()
+        return (live[0], live[-1] + 1) if live else (self.geom.num_pages, self.geom.num_pages)
 
     # ----------------------------------------------------------- checks
 

@@ -114,14 +114,10 @@ def make_layout(total_bytes: int, pools: "list[SubPool]") -> Layout:
             raise ValueError(f"arena (pools {names}): no {side!r} pool; an arena has exactly one")
 
     chain = (ups[0].name, *(f.name for f in floats), downs[0].name)
-    sink = max(p.epp for p in pools)
+    sink, grids = arith.layout_grids(total_bytes, [p.entry_bytes for p in pools], [p.page_size for p in pools])
     geometry = {}
-    for p in pools:
-        g = Geometry(
-            epp=p.epp,
-            num_pages=arith.num_pages(total_bytes, p.entry_bytes, p.page_size),
-            min_page=arith.min_page(sink, p.epp),
-        )
+    for p, (epp, n_pages, lowest) in zip(pools, grids):
+        g = Geometry(epp=epp, num_pages=n_pages, min_page=lowest)
         if g.num_pages <= g.min_page:
             raise ValueError(
                 f"pool {p.name!r}: buffer of {total_bytes} bytes leaves no page above "

@@ -66,6 +66,37 @@ def test_decode_loop_gives_both_the_same_page_work(lazy):
     ours.verify()
 
 
+@pytest.mark.parametrize("mode, trusted", [("lazy", True), ("lazy_checked", False), ("eager", True)])
+def test_each_decode_row_drives_the_path_it_names(monkeypatch, mode, trusted):
+    """The target's row runs the trusted path (``check=False``) and the
+    checked row the default path, in all three calls; seen by spying on
+    the trusted path's own helpers."""
+    from kvarena.impl import composites
+
+    seen = []
+    for owner, name in ((composites._Composite, "_decode_trusted"), (composites._Composite, "_translate"),
+                        (composites._WithSWA, "_live_once")):
+        raw = vars(owner)[name]
+        fn = getattr(raw, "__func__", raw)  # a staticmethod's function
+
+        def spy(*a, _fn=fn, _n=name, **k):
+            seen.append(_n)
+            return _fn(*a, **k)
+
+        monkeypatch.setattr(owner, name, staticmethod(spy) if isinstance(raw, staticmethod) else spy)
+    args = loop_args(steps=4)
+    ours_mk, _, ps = bench._decode_pair(mode, args, "cpu")
+    loop = bench.DecodeLoop(ours_mk(), args.batch, ps, 127, args.start, args.steps, "cpu")
+    del seen[:]
+    for _ in range(args.steps):
+        loop.step()
+    if trusted:
+        assert {"_decode_trusted", "_translate"} <= set(seen)
+    else:
+        assert "_decode_trusted" not in seen and "_translate" not in seen
+    assert "_live_once" in seen  # both paths' one selection: window pages were freed
+
+
 def test_eager_moves_are_counted_and_lazy_moves_nothing():
     args = loop_args(steps=24)
     for mode, expect_moves in (("eager", True), ("lazy", False)):
@@ -109,6 +140,7 @@ def test_one_clock_for_the_whole_arena():
     assert a._memo.clock.now == now + 1 and not a._memo.entries()  # ... ticks the clock, empties the memo
     b = copy.deepcopy(a)
     assert b._memo.clock is not a._memo.clock and b.bands["full"].clock is b._memo.clock
+    assert b._cache is b._memo.cache and any(c is b._cache for c in b._memo.clock.caches)  # the copy's own dict
     b.alloc("full", 1)
     assert a._memo.clock.now == now + 1
 
@@ -127,14 +159,22 @@ def test_a_memoised_read_does_not_walk_the_chain():
         for v in VIEWS:
             a._view(v, name)  # fill
     a._order = NoWalk(a._order)
-    hits = a._memo.hits
+    misses = a._memo.misses
     for name in a.chain:
         for v in VIEWS:
             a._view(v, name)
-    assert a._memo.hits == hits + len(a.chain) * len(VIEWS)
+    assert a._memo.misses == misses  # every read a hit
 
     planted = memo_arena()
-    planted._memo = type(planted._memo)(lambda: sum(b.epoch for b in planted._order))
+    for name in planted.chain:
+        for v in VIEWS:
+            planted._view(v, name)
+
+    def summed_key(view, name):  # the old read: key on the sum of the bands' epochs first
+        sum(b.epoch for b in planted._order)
+        return Arena._view(planted, view, name)
+
+    planted._view = summed_key
     planted._order = NoWalk(planted._order)
     with pytest.raises(AssertionError, match="walked the chain"):
         planted._view("available_pages", "full")
@@ -163,11 +203,12 @@ def test_bench_command_writes_every_section(tmp_path, capsys):
                    "--copy-page-kib", "16", "--json", str(out)])
     assert rc == 0
     text = capsys.readouterr().out
-    for word in ("decode step, lazy", "decode step, eager", "memo, 2 pools", "memo, 5 pools", "spec oracle",
-                 "churn, tri-synthetic", "copy,"):
+    for word in ("decode step, lazy (check=False)", "decode step, lazy (checked)", "decode step, eager",
+                 "memo, 2 pools", "memo, 5 pools", "spec oracle", "churn, tri-synthetic", "copy,"):
         assert word in text
     data = json.loads(out.read_text())
-    for mode in ("lazy", "eager"):
+    assert list(data["decode"]) == ["lazy", "lazy_checked", "eager"]
+    for mode in ("lazy", "lazy_checked", "eager"):
         r = data["decode"][mode]
         assert r["ratio"]["min"] <= r["ratio"]["median"] <= r["ratio"]["max"]
         assert r["ours_us"]["median"] > 0 and r["static_us"]["median"] > 0

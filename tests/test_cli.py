@@ -91,15 +91,16 @@ def test_checker_catches_a_broken_postcondition(monkeypatch):
 
 
 def test_checker_catches_a_broken_invariant(monkeypatch):
-    """A bind that forgets to count its pages breaks the class invariant."""
-    real_bind = bands.Band.bind
+    """A band that forgets to count its new pages breaks the class invariant."""
+    import dataclasses
 
-    def forgetful(self, ids, pages):
-        real_bind(self, ids, pages)
-        self.live -= len(ids)
+    real_install = bands.Band.install
+
+    def forgetful(self, counts, holes):
+        real_install(self, dataclasses.replace(counts, live=self.live), holes)
 
     a = Arena(4096, [SubPool("a", 16, 1, "up"), SubPool("b", 16, 1, "down")])
-    monkeypatch.setattr(bands.Band, "bind", forgetful)
+    monkeypatch.setattr(bands.Band, "install", forgetful)
     with checking():
         with pytest.raises(AssertionError, match="live"):
             a.alloc("a", 3)

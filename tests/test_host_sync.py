@@ -1,5 +1,7 @@
 """No host sync on the decode path: ``alloc`` (also binding borrowed ids
-with ``check=False``), ``free(check=False)`` and ``translate``.
+with ``check=False``), ``_bind`` (the composites' trusted path binds through
+it), ``free(check=False)`` and ``translate``; and the composites' trusted
+decode step (``check=False``) makes only its documented reads.
 
 Two independent checks: an AST scan of the path's source (every impl helper
 it calls is followed, so a new helper cannot hide a sync), and a run of the
@@ -20,7 +22,7 @@ from kvarena.impl import arena as arena_mod
 from kvarena.impl import band as band_mod
 
 # Entry points of the sync-free path.
-ROOTS = [("Arena", "alloc"), ("Arena", "free"), ("Arena", "translate")]
+ROOTS = [("Arena", "alloc"), ("Arena", "_bind"), ("Arena", "free"), ("Arena", "translate")]
 # Helpers the path may call that do sync, each for a documented reason.
 EXEMPT = {
     "_checked": "alloc/free(check=True) validation: a documented host read, skipped by check=False",
@@ -104,8 +106,8 @@ def scan_path(methods=None):
 
 def test_decode_path_has_no_host_sync():
     offences, seen = scan_path()
-    assert {"alloc", "free", "translate", "_compact_eager", "_move", "put", "take", "remove", "_extend",
-            "available_pages"} <= seen  # the walk reached the helpers
+    assert {"alloc", "_bind", "free", "translate", "_compact_eager", "_move", "put", "take", "remove", "_extend",
+            "available_pages", "_view"} <= seen  # the walk reached the helpers
     assert not offences, offences
 
 
@@ -238,3 +240,102 @@ def test_decode_path_under_cuda_sync_debug_error(lazy, name):
         torch.cuda.set_sync_debug_mode(0)
     assert out.tolist() == want
     a.verify()
+
+
+# ------------------------------------------- the composites' trusted step
+
+
+def trusted_run(kind, lazy, device="cpu", steps=20):
+    """A composite with requests in flight, and a closure running one trusted
+    decode step (``alloc_decode`` + ``free_swa`` + ``translate``, all
+    ``check=False``) for every request, freeing each window page as it
+    leaves (ps 4, window 4).  Sized so that no step runs short (a shortfall's
+    relief is a cold path)."""
+    from kvarena.impl import HybridSWA, MambaHybrid, TriPool
+
+    ps, e = 4, 8
+    total = 4096 * e * ps
+    c = {"hybrid": lambda: HybridSWA(total, e, e, ps, lazy=lazy, device=device),
+         "mamba": lambda: MambaHybrid(total, e, e * ps, ps, lazy=lazy, device=device),
+         "tri": lambda: TriPool(total, e, e, e * ps, ps, lazy=lazy, device=device)}[kind]()
+    lens = [5, 9, 12]
+    reqs = [c.alloc_extend([0], [n], [-1]) for n in lens]
+    table = torch.zeros(len(lens), max(lens) + steps + 1, dtype=torch.int64, device=device)
+    for i, r in enumerate(reqs):
+        table[i, :r.numel()] = r
+    state = {"seq": torch.tensor(lens, device=device), "last": torch.stack([r[-1] for r in reqs]),
+             "rows": torch.arange(len(lens), device=device)}
+
+    def step():
+        seq = state["seq"] + 1
+        out = c.alloc_decode(seq, state["last"], check=False)
+        table[state["rows"], seq - 1] = out
+        state["seq"], state["last"] = seq, out
+        if kind != "mamba":
+            # each request's page [end - ps, end) with end = floor_ps(seq - 4 - ps); -1 where none left
+            end = torch.div(seq - 4 - ps, ps, rounding_mode="floor") * ps
+            cols = torch.clamp(end - ps, min=0).unsqueeze(1) + torch.arange(ps, device=device)
+            toks = torch.where((end >= ps).unsqueeze(1), table[state["rows"].unsqueeze(1), cols], -1)
+            c.free_swa(toks.reshape(-1), 0, check=False)
+            c.translate(out, "swa", check=False)
+        c.translate(out, check=False)
+        return out
+
+    return c, step
+
+
+@pytest.mark.parametrize("lazy", [False, True])
+@pytest.mark.parametrize("kind", ["hybrid", "mamba", "tri"])
+def test_trusted_decode_step_makes_only_its_documented_reads(monkeypatch, kind, lazy):
+    """With every sync-forcing tensor method poisoned, a trusted step reads
+    the host once in ``alloc_decode`` and once in ``free_swa``, each time
+    through ``_host_read`` (counted here), and never in ``translate``."""
+    from kvarena.impl import composites
+
+    c, step = trusted_run(kind, lazy)
+    orig, reads = torch.Tensor.tolist, []
+
+    def read(t):
+        reads.append(t.numel())
+        return orig(t)
+
+    monkeypatch.setattr(composites, "_host_read", read)
+    _poison(monkeypatch)
+    for _ in range(12):
+        step()
+    assert reads == [1, 1] * 12 if kind != "mamba" else reads == [1] * 12
+    monkeypatch.undo()
+    c.verify()
+    live_swa = c.arena.live_pages("swa") if kind != "mamba" else None
+    assert live_swa is None or 0 < live_swa < c.arena.live_pages("full")  # window pages were freed
+
+
+@pytest.mark.cuda
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="no CUDA device")
+@pytest.mark.parametrize("kind", ["hybrid", "tri"])
+def test_trusted_decode_step_under_cuda_sync_debug_error(monkeypatch, kind):
+    """On CUDA the driver reports any sync but the documented reads, which
+    lift the check around themselves."""
+    from kvarena.impl import composites
+
+    c, step = trusted_run(kind, True, device="cuda")
+    orig, reads = composites._host_read, []
+
+    def read(t):
+        reads.append(1)
+        torch.cuda.set_sync_debug_mode(0)
+        try:
+            return orig(t)
+        finally:
+            torch.cuda.set_sync_debug_mode("error")
+
+    monkeypatch.setattr(composites, "_host_read", read)
+    torch.cuda.synchronize()
+    torch.cuda.set_sync_debug_mode("error")
+    try:
+        for _ in range(8):
+            step()
+    finally:
+        torch.cuda.set_sync_debug_mode(0)
+    assert len(reads) == 16
+    c.verify()

@@ -392,12 +392,19 @@ def test_joint_view_closed_forms_match_a_linear_scan(pages):
 def test_joint_view_is_memoised_on_the_chain_epoch():
     c = make("tri", 16)
     c.alloc_extend([0], [40], [-1])
-    m = c._memo
+    computed = []
+    fresh = c._joint_pages
+
+    def counting(ext=0):
+        computed.append(ext)
+        return fresh(ext)
+
+    c._joint_pages = counting
     a = c.available_size()
-    h = m.hits
-    assert c.available_size() == a and m.hits == h + 1
-    c.alloc_state(1)
-    assert c.available_size() == c._joint_pages(0) * 16 and m.hits == h + 1
+    assert c.available_size() == a and computed == [0]  # the second read is a hit
+    assert c._memo.clock is c.arena._memo.clock  # one clock for the arena and the composite
+    c.alloc_state(1)  # ticks the arena's clock: the composite's memo is empty again
+    assert c.available_size() == fresh(0) * 16 and computed == [0, 0]
     h = make("hybrid", 16)
     h.alloc_extend([0], [40], [-1])
     assert h.available_size() == 16 * ((40 - 1 - 3 - 3) // 2)
@@ -638,7 +645,8 @@ def test_bad_construction_and_snapshot():
 
 
 HOT = ["alloc_decode", "alloc_extend", "free_swa", "translate", "_request_flags", "_new_pages", "_slots",
-       "_take_pages", "_vec", "joint_pages", "_joint_pages", "_end_room", "_epoch_key"]
+       "_take_pages", "_vec", "joint_pages", "_joint_pages", "_end_room", "_decode_trusted", "_translate",
+       "_live_once"]
 SYNC_ATTRS = {"item", "tolist", "cpu", "nonzero", "numpy", "unique", "unique_consecutive", "masked_select",
               "any", "all"}
 
@@ -661,6 +669,7 @@ def hot_sources():
     for cls in (composites._Composite, composites._WithSWA, HybridSWA, MambaHybrid, TriPool):
         for name in HOT:
             fn = vars(cls).get(name)
+            fn = getattr(fn, "__func__", fn)  # a staticmethod's function
             if inspect.isfunction(fn):
                 yield f"{cls.__name__}.{name}", inspect.getsource(fn)
 
@@ -669,12 +678,13 @@ def test_hot_path_source_has_no_sync_but_the_documented_read():
     """An AST scan of the per-step path: its one host read goes through
     ``_host_read``; ``_explain``/``_explain_reps`` run only to raise."""
     srcs = dict(hot_sources())
-    assert {"_Composite.alloc_decode", "_WithSWA.free_swa", "_Composite.translate", "TriPool._joint_pages"} <= set(srcs)
+    assert {"_Composite.alloc_decode", "_WithSWA.free_swa", "_Composite.translate", "TriPool._joint_pages",
+            "_Composite._decode_trusted", "_Composite._translate", "_WithSWA._live_once"} <= set(srcs)
     for where, src in srcs.items():
         assert scan(src) == [], where
     assert [c.attr for c in ast.walk(ast.parse(inspect.getsource(composites._host_read)))
             if isinstance(c, ast.Attribute)] == ["tolist"]
-    planted = srcs["_WithSWA.free_swa"].replace("reps = toks[::ps]", "reps = toks[::ps]; reps.item()")
+    planted = srcs["_WithSWA.free_swa"].replace("live = inside & (rows > 0)", "live = (rows > 0); live.any()")
     assert scan(planted)  # the scan can fail
 
 
@@ -948,3 +958,120 @@ def test_differential_against_spec_off_grid_geometries(seed):
                 if kind != "hybrid":
                     assert di.c.fits(probe, 2) == ds.c.fits(probe, 2)
         di.c.verify()
+
+
+# ------------------------------------------------------- the trusted path
+
+
+def _stamp(cs, pools, ids, value):
+    """Write the same bytes into the pages ``ids`` of every pool on both twins."""
+    for pool in pools:
+        epp = cs[0].arena.geometry(pool).epp
+        data = (torch.arange(ids.numel() * epp, dtype=torch.int64).reshape(-1, epp) + value) % 251
+        for c in cs:
+            c.arena.write_pages(pool, ids, data.to(torch.uint8))
+
+
+def _same(checked, trusted):
+    assert checked.arena.snapshot() == trusted.arena.snapshot()  # v2p, p2v, holes, frontiers, FIFOs
+    assert torch.equal(checked.arena.buffer, trusted.arena.buffer)  # and every byte
+
+
+def drive_checked_and_trusted(kind, ps, lazy, seed, steps=60, pages=40):
+    """One scheduler drives two twins: every decode-path call (``alloc_decode``,
+    ``free_swa``, ``translate``) checked on one and ``check=False`` on the
+    other, on the same valid inputs; admissions, finishes and relief alike.
+    After every step the states, the bytes and every result agree."""
+    rng = random.Random(seed)
+    C, T = make(kind, ps, pages=pages, lazy=lazy), make(kind, ps, pages=pages, lazy=lazy)
+    has_swa, has_state = kind != "mamba", kind != "hybrid"
+    pools = ["full"] + (["swa"] if has_swa else [])
+    window = rng.randint(1, 2 * ps)
+    reqs = []  # {"tokens": [...], "freed": int, "slot": [...] or None}
+    opened = 0
+    for step in range(steps):
+        if not reqs or rng.random() < 0.3:
+            slot = None
+            if has_state:
+                slot = C.alloc_state(1)
+                assert L(slot) == L(T.alloc_state(1))
+            n = rng.randint(1, 3 * ps)
+            a, b = C.alloc_extend([0], [n], [-1]), T.alloc_extend([0], [n], [-1])
+            assert L(a) == L(b)
+            if a is None:
+                if slot is not None:
+                    C.free_state(slot)
+                    T.free_state(slot)
+            else:
+                reqs.append({"tokens": a.tolist(), "freed": 0, "slot": None if slot is None else slot.tolist()})
+                _stamp((C, T), pools, torch.tensor(sorted({t // ps for t in a.tolist()})), step)
+        if reqs:
+            batch = rng.sample(range(len(reqs)), rng.randint(1, len(reqs)))
+            seq = torch.tensor([len(reqs[i]["tokens"]) + 1 for i in batch])
+            last = torch.tensor([reqs[i]["tokens"][-1] for i in batch])
+            a = C.alloc_decode(seq, last)
+            b = T.alloc_decode(seq.clone(), last.clone(), check=False)
+            assert L(a) == L(b)
+            if a is not None:
+                new = [t for s, t in zip(seq.tolist(), a.tolist()) if (s - 1) % ps == 0]
+                opened += len(new)
+                if new:
+                    _stamp((C, T), pools, torch.tensor([t // ps for t in new]), step + 100)
+                for i, t in zip(batch, a.tolist()):
+                    reqs[i]["tokens"].append(t)
+            elif reqs:  # a shortfall relief could not cover: retire the newest, as a scheduler would
+                r = reqs.pop()
+                for c in (C, T):
+                    c.free(r["tokens"])
+                    if r["slot"] is not None:
+                        c.free_state(r["slot"])
+        if has_swa and reqs:
+            chunks = []  # every request's pages that left the window, in one call, with -1 padding
+            for r in reqs:
+                end = swa_window_end(len(r["tokens"]), window, ps)
+                if end > r["freed"]:
+                    chunks += r["tokens"][r["freed"]:end]
+                    r["freed"] = end
+                if rng.random() < 0.2:
+                    chunks += [-1] * ps
+            toks = torch.tensor(chunks, dtype=torch.int64)
+            C.free_swa(toks, 0)
+            T.free_swa(toks.clone(), 0, check=False)
+        if reqs and rng.random() < 0.15:
+            r = reqs.pop(rng.randrange(len(reqs)))
+            for c in (C, T):
+                c.free(r["tokens"])
+                if r["slot"] is not None:
+                    c.free_state(r["slot"])
+        live = torch.tensor([t for r in reqs for t in r["tokens"]] + [-1], dtype=torch.int64)
+        for pool in pools:
+            assert L(C.translate(live, pool)) == L(T.translate(live, pool, check=False)), pool
+        if has_state:
+            slots = torch.tensor([s for r in reqs if r["slot"] for s in r["slot"]] + [-1], dtype=torch.int64)
+            assert L(C.translate(slots, "state")) == L(T.translate(slots, "state", check=False))
+        _same(C, T)
+    check(C)
+    check(T)
+    return opened
+
+
+@pytest.mark.parametrize("seed", range(3))
+@pytest.mark.parametrize("lazy", (False, True))
+@pytest.mark.parametrize("ps", (1, 4, 16))
+@pytest.mark.parametrize("kind", KINDS)
+def test_trusted_decode_path_matches_the_checked_path(kind, ps, lazy, seed):
+    assert drive_checked_and_trusted(kind, ps, lazy, seed) > 0  # pages were opened on the path
+
+
+def test_trusted_decode_path_comparison_can_fail(monkeypatch):
+    """Plant a slot bug in the trusted path alone (a new page's slot one past
+    its first): the twin drive catches it."""
+    orig = composites._Composite._decode_trusted
+
+    def off_by_one(self, seq, loc):
+        out = orig(self, seq, loc)
+        return None if out is None else torch.where(torch.remainder(seq - 1, self.page_size) == 0, out + 1, out)
+
+    monkeypatch.setattr(composites._Composite, "_decode_trusted", off_by_one)
+    with pytest.raises(AssertionError):
+        drive_checked_and_trusted("hybrid", 16, True, 0)

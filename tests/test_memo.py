@@ -54,20 +54,45 @@ def test_every_rebind_bumps_the_epoch():
         assert isinstance(type(b).__dict__[field], CapField)
 
 
+def spy_fresh(a):
+    """Record every view ``a`` computes (a memo miss) as ``(view, pool)``."""
+    computed = []
+
+    def counting(view, fn):
+        def compute(arena, b):
+            computed.append((view, b.name))
+            return fn(arena, b)
+        return compute
+
+    a._FRESH = {v: counting(v, fn) for v, fn in type(a)._FRESH.items()}
+    return computed
+
+
 def test_memo_hits_until_any_band_changes():
     a = arena()
-    memo = a._memo
-    a.available_pages("U")
-    misses, hits = memo.misses, memo.hits
+    computed = spy_fresh(a)
+    misses = a._memo.misses
+    want = a.available_pages("U")
+    assert computed == [("available_pages", "U")] and a._memo.misses == misses + 1
     for _ in range(5):
-        a.available_pages("U")
-    assert memo.hits == hits + 5 and memo.misses == misses
-    a.alloc("D", 1)  # another band: the key is the chain's epoch sum
-    misses = memo.misses
+        assert a.available_pages("U") == want
+    assert computed == [("available_pages", "U")] and a._memo.misses == misses + 1  # five hits, no compute
+    a.alloc("D", 1)  # another band: the arena-wide clock ticks and empties the memo
+    del computed[:]
     a.available_pages("U")
-    assert memo.misses == misses + 1
     a.available_pages("U")
-    assert memo.misses == misses + 1
+    assert computed == [("available_pages", "U")]
+
+
+def test_an_unknown_pool_is_still_a_value_error():
+    """The hit path is one dict lookup; a pool no arena has still raises
+    ValueError naming it (hashable or not), and is never memoised."""
+    a = arena()
+    a.available_pages("U")
+    for bad in ("X", ["U"], None, 3):
+        with pytest.raises(ValueError, match="unknown pool"):
+            a.available_pages(bad)
+    assert {p for _, p, _ in a._memo.entries()} == {"U"}
 
 
 def test_memo_tracks_neighbour_changes():
@@ -115,3 +140,18 @@ def test_a_deep_copy_keys_its_memo_on_its_own_bands():
     b.verify()  # no "stale memo"
     a.verify()
     assert a.available_pages("U") == before and b.available_pages("U") == before - 3
+
+
+def test_an_alloc_from_holes_alone_keeps_the_memo_fresh():
+    """An alloc served wholly from lazy holes moves no frontier: only the
+    ``holes`` and ``live`` rebinds tick the clock, so a write around their
+    descriptors would leave the memo stale (the planted bug
+    ``memo-field-mutated-in-place``)."""
+    a = arena(lazy=True)
+    ids = a.alloc("U", 4)
+    a.free("U", ids[:2])
+    before = a.available_pages("U")  # fills the memo
+    a.alloc("U", 2)  # from the two holes
+    assert a.bands["U"].n_holes == 0
+    assert a.available_pages("U") == a.fresh_view("available_pages", "U") == before - 2
+    a.verify()

@@ -12,7 +12,7 @@ from kvarena.proofs.core import Built, Obligation, run_obligation
 from kvarena.spec import Arena, SubPool, arith
 
 REG = cli.registry()
-GROUPS = {"layout", "golden", "invariants", "capacity", "policy", "composite", "planner"}
+GROUPS = {"layout", "golden", "invariants", "capacity", "policy", "composite", "planner", "integrity"}
 
 
 @pytest.fixture(scope="module")
@@ -44,10 +44,23 @@ def test_registry_covers_the_issue():
                 assert REG[f"planner.{what}.n{n}.pool{j}"].expect == "proved"
         assert REG[f"planner.sound.inv.n{n}"].expect == "proved"
     assert "planner.order_safe" in REG
+    for n in (2, 3, 4):  # issue 10: the base case, the dead terms, the tables
+        for name in (f"inv.init.n{n}", f"dead.golden_clamp.n{n}", f"dead.end_room_cap.n{n}",
+                     f"integrity.writes_disjoint.n{n}"):
+            assert REG[name].expect == "proved" and REG[name].kind == "property" and REG[name].source == "spec"
+    for op in ("bind", "unbind", "move"):
+        for k in (1, 2, 3):
+            assert f"integrity.{op}.k{k}" in REG and f"integrity.{op}.k{k}.bounded" in REG
+    for name in ("capacity.float.raw_bytes_overpromise", "capacity.end_down.floor_check_overlaps"):
+        assert REG[name].kind == "demo" and REG[name].expect == "counterexample"
     for ob in REG.values():
         assert ob.statement and ob.timeout_s > 0 and ob.expect in ("proved", "counterexample")
         assert ob.tautology in ("none", "conjuncts", "any")
-        if ob.group == "invariants" and ob.name.split(".")[1] != "conservation":
+        assert (ob.tautology == "any") == (ob.kind == "lemma"), ob.name  # a goal valid alone is a lemma
+        assert (ob.expect == "counterexample") == (ob.kind in ("finding", "demo")), ob.name
+        if ob.group == "invariants":  # every transition obligation is about the spec's own transitions
+            assert ob.source == "spec", ob.name
+        if ob.group == "invariants" and ob.name.split(".")[1] not in ("conservation", "init"):
             assert ob.tautology == "none", ob.name  # every conjunct of an invariant must be able to fail
 
 
@@ -68,10 +81,12 @@ def test_tautology_verdicts(results):
     """The invariants decide their tautology check (no conjunct holds alone);
     the by-construction obligations are the declared ones."""
     for name, r in results.items():
-        if name.startswith("inv.") and REG[name].expect == "proved":
+        if name.startswith("inv.") and not name.startswith("inv.init") and REG[name].expect == "proved":
             assert r["tautology"] == "none", r
     goal = {n for n, r in results.items() if r["tautology"] == "goal"}
-    assert goal <= {n for n, ob in REG.items() if ob.tautology == "any"}
+    lemmas = {n for n, ob in REG.items() if ob.kind == "lemma"}
+    assert goal <= lemmas  # a goal valid with no hypotheses is labelled a lemma ...
+    assert all(results[n]["tautology"] in ("goal", "unknown") for n in lemmas)  # ... and a lemma is one
     assert "capacity.lemma.cdiv_galois" in goal
 
 
@@ -109,6 +124,21 @@ def test_cli_only_and_json(tmp_path, capsys):
     text = capsys.readouterr().out
     assert "golden.up_gap.n2" in text and "kvarena prove:" in text
     assert cli.main(["--only", "no.such.obligation", "--no-crosshair"]) == 2
+
+
+def test_cli_list_shows_kind_and_source_and_only_takes_several_prefixes(tmp_path, capsys):
+    assert cli.main(["--list"]) == 0
+    rows = [line.split("\t") for line in capsys.readouterr().out.splitlines()]
+    assert len(rows) == len(REG) and all(len(r) == 5 for r in rows)
+    by_name = {r[0]: r for r in rows}
+    for name, ob in REG.items():
+        assert by_name[name][1:3] == [ob.kind, ob.source]
+    assert all(by_name[n][2] == "spec" for n in REG if n.startswith("inv."))  # the transitions: the spec's own
+    out = tmp_path / "p.json"
+    assert cli.main(["--only", "dead.golden_clamp.n2,inv.init.n2", "--no-crosshair", "--json", str(out),
+                     "--jobs", "1"]) == 0
+    names = [r["name"] for r in json.loads(out.read_text())["results"]]
+    assert names == ["inv.init.n2", "dead.golden_clamp.n2"]
 
 
 def test_cli_exits_nonzero_on_failure(monkeypatch, capsys):
@@ -208,9 +238,9 @@ def test_mutation_policy_both_short_guard(monkeypatch):
 
     real = spec_policy.short_side_decision
 
-    def mutant(sl, sh, bl, bh, fb, slack):
-        act, low, target = real(sl, sh, bl, bh, fb, slack)
-        return arith.ite(sl > bl, True, act), low, target
+    def mutant(sides_low, sides_high, band_low, band_high, float_bytes, slack):
+        act, low, target = real(sides_low, sides_high, band_low, band_high, float_bytes, slack)
+        return arith.ite(sides_low > band_low, True, act), low, target
 
     monkeypatch.setattr(P, "short_side_decision", mutant)
     assert _run("policy.no_move_both_short")["result"] == "counterexample"
@@ -394,3 +424,20 @@ def test_source_mutation_region_ceil_to_floor(monkeypatch):
     m = _mutant_module(arith, "lo = max_(cdiv(below, epp), lowest)", "lo = max_(fdiv(below, epp), lowest)")
     monkeypatch.setattr(arith, "float_region", m.float_region)
     assert _run("capacity.float.sound")["result"] == "counterexample"
+
+
+def test_readme_proof_table_matches_the_registry():
+    """The README's table of obligations by kind and source is the registry's."""
+    import collections
+    import pathlib
+    import re
+
+    text = (pathlib.Path(__file__).resolve().parent.parent / "README.md").read_text()
+    row = re.search(r"\| \*\*all (\d+)\*\* \| \*\*(\d+)\*\* \| \*\*(\d+)\*\* \| \*\*(\d+)\*\* \| \*\*(\d+)\*\* \| "
+                    r"\*\*(\d+)\*\* \|", text)
+    assert row, "the README's proof table has no totals row"
+    c = collections.Counter((ob.kind, ob.source if ob.kind == "property" else "") for ob in REG.values())
+    want = [len(REG), c[("property", "spec")], c[("property", "model")], c[("lemma", "")], c[("finding", "")],
+            c[("demo", "")]]
+    assert [int(x) for x in row.groups()] == want
+    assert f"z3: {len(REG)} named obligations" in text

@@ -22,6 +22,7 @@ def _overlap(a):
     v = f.free_ids.pop(0)
     f.holes.extend(range(p + 1, f.lo))
     f.bind([v], [p])
+    f.live += 1  # bind writes the tables; the counts are the transition's to set
     f.lo = p
 
 

@@ -158,7 +158,7 @@ def _make_room(arena, name, side, want, grid, placement):
         pairs = list(zip(srcs, dsts))
     if pairs:
         b.move([d for _, d in pairs], [s for s, _ in pairs])
-    b.refit()
+    arena._refit(name)
     return len(pairs)
 
 

@@ -1,0 +1,275 @@
+"""The chain in numbers: every band's span and counts, and what follows from them.
+
+A ``Chain`` is the arena with its page tables forgotten: for each pool, in
+chain order (up END, floats, down END), its grid (``Shape``) and its band
+(``Counts``: the span ``[lo, hi)`` in pages of its own grid, the live pages
+and the holes).  Everything ``Arena`` decides from frontiers and counts is
+a function here: the chain walks, the gaps, a float's region, the capacity
+views, make_room's terms and the inputs of both relief policies.
+``transitions`` holds each operation's update of the counts.
+
+Every function is written over the shim of ``arith``, so it runs on Python
+ints, where ``Arena`` calls it, and on z3 terms, where ``kvarena.proofs``
+calls the very same code: the obligations are about this file, not a copy
+of it.  Only ``neighbour`` (an index) is for ints alone.
+"""
+
+from dataclasses import dataclass, replace
+
+from . import arith
+from .arith import and_, ite, max_, not_
+from .planner import End, Float
+
+
+@dataclass(frozen=True)
+class Shape:
+    """A pool's grid: what ``make_layout`` fixed at boot."""
+
+    grow: str  # "up" | "down" | "float"
+    epp: object
+    num_pages: object
+    min_page: object
+    lazy: object = False  # a bool (or z3 Bool); always False for a float
+
+
+@dataclass(frozen=True)
+class Counts:
+    """A band: its span ``[lo, hi)`` in pages, its live pages and its holes."""
+
+    lo: object
+    hi: object
+    live: object
+    holes: object
+
+
+@dataclass(frozen=True)
+class Chain:
+    total: object
+    sink: object
+    pools: tuple  # Shape, chain order
+    bands: tuple  # Counts, chain order
+
+    @property
+    def n(self):
+        return len(self.pools)
+
+    def with_band(self, i, band):
+        bands = list(self.bands)
+        bands[i] = band
+        return replace(self, bands=tuple(bands))
+
+
+def boot_band(p):
+    """A band as the arena boots it: the up END empty at ``min_page``; the
+    down END empty at ``num_pages``; a float parked at ``num_pages``."""
+    at = p.min_page if p.grow == "up" else p.num_pages
+    return Counts(at, at, 0, 0)
+
+
+def boot(total, sink, pools):
+    return Chain(total, sink, tuple(pools), tuple(boot_band(p) for p in pools))
+
+
+# ------------------------------------------------------------ frontiers
+
+
+def is_end(s, i):
+    return s.pools[i].grow != "float"
+
+
+def opaque(s, i):
+    """An END always; a float while it holds a live page."""
+    return True if is_end(s, i) else s.bands[i].live > 0
+
+
+def low_f(s, i):
+    return s.bands[i].lo * s.pools[i].epp
+
+
+def high_f(s, i):
+    return s.bands[i].hi * s.pools[i].epp
+
+
+def span(s, i):
+    return s.bands[i].hi - s.bands[i].lo
+
+
+def _walk(s, i, upward, value, default):
+    """``value(j)`` of the first opaque band above ``i`` (``upward``) or
+    below it, else ``default``: built from the far end inward, so the
+    nearest opaque band wins."""
+    others = range(i + 1, s.n) if upward else range(0, i)
+    r = default
+    for j in (reversed(others) if upward else others):
+        r = ite(opaque(s, j), value(j), r)
+    return r
+
+
+def above(s, i):
+    """Low frontier of the first opaque band above ``i``, or ``total``."""
+    return _walk(s, i, True, lambda j: low_f(s, j), s.total)
+
+
+def below(s, i):
+    """High frontier of the first opaque band below ``i``, or 0."""
+    return _walk(s, i, False, lambda j: high_f(s, j), 0)
+
+
+def neighbour(s, i, upward):
+    """The index of the first opaque band above (``upward``) or below, or
+    None (ints only)."""
+    others = range(i + 1, s.n) if upward else reversed(range(0, i))
+    return next((j for j in others if opaque(s, j)), None)
+
+
+def region(s, i):
+    """A float's pages ``[lo, hi)`` between its opaque neighbours."""
+    p = s.pools[i]
+    return arith.float_region(below(s, i), above(s, i), p.epp, p.min_page, p.num_pages)
+
+
+def gap(s, i):
+    """Free bytes an END can grow into."""
+    if s.pools[i].grow == "up":
+        return arith.up_gap(above(s, i), high_f(s, i))
+    return arith.down_gap(low_f(s, i), below(s, i))
+
+
+def band_bytes(s, i, side_is_low):
+    """Free bytes between float ``i`` and its neighbour on one side; a
+    transparent float sees its whole region in bytes."""
+    whole = above(s, i) - below(s, i)
+    side = ite(side_is_low, low_f(s, i) - below(s, i), above(s, i) - high_f(s, i))
+    return ite(opaque(s, i), side, whole)
+
+
+def float_gap_bytes(s, i):
+    """Free bytes on both sides of float ``i``."""
+    return ite(opaque(s, i), band_bytes(s, i, True) + band_bytes(s, i, False), above(s, i) - below(s, i))
+
+
+def counted_bytes(s):
+    """The conservation sum ``Arena.verify`` checks against ``total``: the
+    sink; for every opaque band in chain order, the free bytes since the
+    previous high frontier (the sink's at first), clamped at 0, plus its
+    pages *counted*, ``(live + holes) * epp``; then the free bytes after the
+    last high frontier, clamped at 0.
+
+    A band enters by its counts, not by ``hi - lo``, so the sum does not
+    telescope: a frontier that drifts from its band's count changes it."""
+    prev = covered = s.sink
+    for i in range(s.n):
+        o = opaque(s, i)
+        b = s.bands[i]
+        covered = ite(o, covered + max_(0, low_f(s, i) - prev) + (b.live + b.holes) * s.pools[i].epp, covered)
+        prev = ite(o, high_f(s, i), prev)
+    return covered + max_(0, s.total - prev)
+
+
+# -------------------------------------------------------------- capacity
+
+
+def index_room(s, i):
+    """Pages of the pool's grid not yet bound: its ids' room."""
+    p = s.pools[i]
+    return p.num_pages - p.min_page - s.bands[i].live
+
+
+def end_room(s, i):
+    """Pages an END can still extend by on its own grid."""
+    p = s.pools[i]
+    return p.num_pages - p.min_page - span(s, i)
+
+
+def available(s, i):
+    """Pages ``alloc`` hands out now, with no relocation: the gate."""
+    p, b = s.pools[i], s.bands[i]
+    if is_end(s, i):
+        return arith.end_available(gap(s, i), p.epp, end_room(s, i), b.holes)
+    lo, hi = region(s, i)
+    return arith.float_available(not_(opaque(s, i)), lo, hi, b.lo, b.hi, b.holes, index_room(s, i))
+
+
+def flush_credit(s, i):
+    """Bytes an END gains once its growth-side neighbour flushes: that
+    neighbour's holes, when it is a lazy END (a float's holes stay its own)."""
+    def credit(j):
+        q = s.pools[j]
+        return ite(q.lazy, s.bands[j].holes * q.epp, 0) if q.grow != "float" else 0
+
+    return _walk(s, i, s.pools[i].grow == "up", credit, 0)
+
+
+def schedulable(s, i):
+    """Pages an END hands out once its growth-side neighbour flushes."""
+    p, b = s.pools[i], s.bands[i]
+    return arith.end_available(gap(s, i) + flush_credit(s, i), p.epp, end_room(s, i), b.holes)
+
+
+# ------------------------------------------------------------- make_room
+
+
+def _make_room_side(s, i, side_is_low, min_bytes):
+    """``(band_side, feasible)``: the band make_room has on that side, and
+    whether a full leapfrog reaches ``min_bytes``."""
+    p, b = s.pools[i], s.bands[i]
+    bl, ab = below(s, i), above(s, i)
+    band_side = ite(side_is_low, low_f(s, i) - bl, ab - high_f(s, i))
+    lo, hi = region(s, i)
+    return band_side, arith.make_room_feasible(side_is_low, bl, ab, lo, hi, b.live, p.epp, min_bytes)
+
+
+def make_room_terms(s, i, side_is_low, min_bytes):
+    """``(band_side, feasible, need)`` of ``make_room(float i, side, min_bytes)``:
+    ``_make_room_side`` and the edge pages to clear.  ``need`` presumes the
+    side is short (``arith.make_room_need``'s precondition): ask only once
+    ``make_room_acts`` holds."""
+    band_side, feasible = _make_room_side(s, i, side_is_low, min_bytes)
+    return band_side, feasible, arith.make_room_need(band_side, min_bytes, s.pools[i].epp)
+
+
+def make_room_acts(s, i, side_is_low, min_bytes):
+    """``make_room`` moves something: the float is opaque, the side is short
+    of ``min_bytes``, and a leapfrog would reach it."""
+    band_side, feasible = _make_room_side(s, i, side_is_low, min_bytes)
+    return and_(opaque(s, i), band_side < min_bytes, feasible)
+
+
+# ------------------------------------------------- the relief policies' inputs
+
+
+def demand_skipped(s, i, d):
+    """The anchor policy leaves float ``i`` alone for demand ``d`` (a count
+    per pool): it is transparent, nothing is demanded, or some demanded pool
+    lacks the ids (bytes cannot fix that)."""
+    return arith.or_(not_(opaque(s, i)), and_(*[dj == 0 for dj in d]),
+                     arith.or_(*[d[j] > index_room(s, j) for j in range(s.n)]))
+
+
+def short_side_inputs(s, i, d):
+    """``short_side_decision``'s arguments for float ``i`` and demand ``d``
+    (DESIGN section 4, steps 2, 3, 5 and 6): each END's demand beyond its
+    holes in bytes, the float's two bands, the float's own demand beyond its
+    holes, and the slack (the largest epp among the demanded pools)."""
+    def need_bytes(j):
+        return max_(0, d[j] - s.bands[j].holes) * s.pools[j].epp
+
+    slack = 0
+    for j in range(s.n):
+        slack = max_(slack, ite(d[j] > 0, s.pools[j].epp, 0))
+    return dict(sides_low=need_bytes(0), sides_high=need_bytes(s.n - 1),
+                band_low=band_bytes(s, i, True), band_high=band_bytes(s, i, False),
+                float_bytes=need_bytes(i), slack=slack)
+
+
+def planner_inputs(s, d):
+    """``(up, floats, down)`` for ``planner.plan_chain`` and demand ``d``."""
+    def end(i, frontier):
+        p, b = s.pools[i], s.bands[i]
+        return End(frontier, p.epp, max_(0, d[i] - b.holes), end_room(s, i))
+
+    floats = []
+    for i in range(1, s.n - 1):
+        p, b = s.pools[i], s.bands[i]
+        floats.append(Float(p.epp, p.min_page, p.num_pages, b.lo, b.hi, b.live, b.holes, d[i], index_room(s, i)))
+    return end(0, high_f(s, 0)), floats, end(s.n - 1, low_f(s, s.n - 1))

@@ -1,0 +1,216 @@
+"""Each operation's update of the counts: one source for the arena and the proofs.
+
+A transition takes a ``chain.Chain`` (the state before), the pool's index
+and the operation's arguments, and returns the pool's new ``chain.Counts``;
+every other band is unchanged (the arena touches only that band).
+``Arena`` computes the new counts here first, lays its pages out to match
+(``moves`` plans the relocations) and then installs them
+(``Band.install``, which checks that the page lists agree).
+``kvarena.proofs`` calls the same functions on z3 terms.
+
+Where the outcome depends on *where* the holes lie, which counts do not
+record, the page-level fact is an argument (``edge`` for a flush, the span
+a boundary make_room leaves, the pages a move spares) and a ``*_ok``
+function states what the page logic guarantees of it.  The arena asserts
+that guard on every call; the proofs assume it, and nothing more.
+
+Pages moved are derived here too (``make_room_moved``, ``repack_moved``):
+the arena's move count must equal them, so the cost bound the proofs
+derive is the cost the arena pays.
+"""
+
+from . import arith
+from .arith import and_, ite, min_
+from .chain import Counts, available, make_room_terms, opaque, region
+
+
+def alloc_end(s, i, n):
+    """``alloc`` on an END: its holes first (oldest first), then it extends
+    its frontier by the rest (up: ``hi`` grows; down: ``lo`` falls)."""
+    a = s.bands[i]
+    k = min_(n, a.holes)
+    m = n - k
+    if s.pools[i].grow == "up":
+        return Counts(a.lo, a.hi + m, a.live + n, a.holes - k)
+    return Counts(a.lo - m, a.hi, a.live + n, a.holes - k)
+
+
+def float_extends_high(s, i, n):
+    """An opaque float that its holes do not cover extends toward its larger
+    gap; the high side wins ties."""
+    a = s.bands[i]
+    lo, hi = region(s, i)
+    return hi - a.hi >= a.lo - lo
+
+
+def alloc_float(s, i, n):
+    """``alloc`` on a float: holes cover it, or a parked float places a
+    span mid-region (``arith.park_start``), or it takes its holes and
+    extends toward its larger gap (``float_extends_high``)."""
+    a = s.bands[i]
+    lo, hi = region(s, i)
+    start = arith.park_start(lo, hi, n)
+    parked = Counts(start, start + n, n, 0)
+    m = n - a.holes
+    high = Counts(a.lo, a.hi + m, a.live + n, 0)
+    low = Counts(a.lo - m, a.hi, a.live + n, 0)
+    holes = Counts(a.lo, a.hi, a.live + n, a.holes - n)
+    extended = pick(float_extends_high(s, i, n), high, low)
+    return pick(opaque(s, i), pick(n <= a.holes, holes, extended), parked)
+
+
+def alloc(s, i, n):
+    """``alloc(pool i, n)`` for ``1 <= n <= available(s, i)`` (the gate)."""
+    return alloc_end(s, i, n) if s.pools[i].grow != "float" else alloc_float(s, i, n)
+
+
+def alloc_ok(s, i, n):
+    return and_(n >= 1, n <= available(s, i))
+
+
+def free(s, i, k):
+    """``free`` of ``k`` live pages: an eager END's frontier retreats by
+    ``k`` (its survivors compact); a lazy END or a float records ``k``
+    holes; a float left with no live page parks."""
+    p, a = s.pools[i], s.bands[i]
+    holes = Counts(a.lo, a.hi, a.live - k, a.holes + k)
+    if p.grow == "float":
+        return pick(a.live == k, park(s, i), holes)
+    retreat = Counts(a.lo, a.hi - k, a.live - k, a.holes) if p.grow == "up" else \
+        Counts(a.lo + k, a.hi, a.live - k, a.holes)
+    return pick(p.lazy, holes, retreat)
+
+
+def free_ok(s, i, k):
+    return and_(k >= 1, k <= s.bands[i].live)
+
+
+def park(s, i):
+    """A float with no live page: its span empty at ``num_pages``, no hole."""
+    np_ = s.pools[i].num_pages
+    return Counts(np_, np_, 0, 0)
+
+
+def flush_end(s, i, edge):
+    """A lazy END's flush leaves its frontier at page ``edge`` (one past its
+    top live page for the up END, its bottom live page for the down END);
+    every page between the anchored end and ``edge`` not live is a hole."""
+    a = s.bands[i]
+    if s.pools[i].grow == "up":
+        return Counts(a.lo, edge, a.live, edge - a.lo - a.live)
+    return Counts(edge, a.hi, a.live, a.hi - edge - a.live)
+
+
+def flush_end_ok(s, i, edge):
+    """The frontier of a flush lies between the packed band's edge and
+    where it was (a move cap can stop it anywhere between)."""
+    a = s.bands[i]
+    if s.pools[i].grow == "up":
+        return and_(a.lo + a.live <= edge, edge <= a.hi)
+    return and_(a.lo <= edge, edge <= a.hi - a.live)
+
+
+def refit(s, i, lo, hi):
+    """A float's span shrunk (or moved) to ``[lo, hi)``, the extent of its
+    live pages; parked when it has none."""
+    a = s.bands[i]
+    return pick(a.live > 0, Counts(lo, hi, a.live, hi - lo - a.live), park(s, i))
+
+
+def refit_ok(s, i, lo, hi):
+    """A float's flush only absorbs boundary holes: the new span lies in
+    the old one and holds the live pages."""
+    a = s.bands[i]
+    return and_(a.lo <= lo, hi <= a.hi, hi - lo >= a.live)
+
+
+def compact(s, i, retreat_low):
+    """``compact_holes``: the live pages packed against the edge opposite
+    ``retreat_low``, order kept, no hole left; a transparent float stays."""
+    a = s.bands[i]
+    packed = pick(retreat_low, Counts(a.hi - a.live, a.hi, a.live, 0), Counts(a.lo, a.lo + a.live, a.live, 0))
+    return pick(opaque(s, i), packed, a)
+
+
+# ------------------------------------------------------------ make_room
+
+
+def make_room_leaps(s, i, side_is_low, min_bytes):
+    """A make_room that acts leapfrogs when the edge to clear holds every
+    live page: it packs them against the far edge of the region."""
+    _, _, need = make_room_terms(s, i, side_is_low, min_bytes)
+    return need >= s.bands[i].live
+
+
+def make_room(s, i, side_is_low, min_bytes, lo, hi):
+    """The float's band after a ``make_room`` that acts: a leapfrog packs it
+    against the far edge of its region; otherwise the span is ``[lo, hi)``,
+    where the boundary moves left the live pages (``make_room_ok``)."""
+    a = s.bands[i]
+    r_lo, r_hi = region(s, i)
+    leap = pick(side_is_low, Counts(r_hi - a.live, r_hi, a.live, 0), Counts(r_lo, r_lo + a.live, a.live, 0))
+    return pick(make_room_leaps(s, i, side_is_low, min_bytes), leap, Counts(lo, hi, a.live, hi - lo - a.live))
+
+
+def make_room_ok(s, i, side_is_low, min_bytes, lo, hi):
+    """What the boundary moves guarantee: the ``need`` cleared pages are
+    free, the span moved at most ``need`` pages, stays in the region and
+    holds the live pages.  (A leapfrog ignores ``lo`` and ``hi``.)"""
+    a = s.bands[i]
+    r_lo, r_hi = region(s, i)
+    _, _, need = make_room_terms(s, i, side_is_low, min_bytes)
+    low = and_(lo >= a.lo + need, hi <= r_hi, hi <= a.hi + need)
+    high = and_(hi <= a.hi - need, lo >= r_lo, lo >= a.lo - need)
+    return and_(ite(side_is_low, low, high), hi - lo >= a.live)
+
+
+def make_room_moved(s, i, side_is_low, min_bytes, spared):
+    """Pages a make_room that acts moves.  A leapfrog moves every live page
+    but the ``spared`` already inside its target; the boundary case moves
+    the live pages among the ``need`` cleared ones, ``need`` less the
+    ``spared`` holes among them."""
+    _, _, need = make_room_terms(s, i, side_is_low, min_bytes)
+    return ite(make_room_leaps(s, i, side_is_low, min_bytes), s.bands[i].live - spared, need - spared)
+
+
+def make_room_moved_ok(s, i, side_is_low, min_bytes, spared):
+    """``spared`` counts pages: at least 0, and at most the live pages
+    (leapfrog), or the holes and the cleared pages (boundary)."""
+    a = s.bands[i]
+    _, _, need = make_room_terms(s, i, side_is_low, min_bytes)
+    return and_(spared >= 0, spared <= ite(make_room_leaps(s, i, side_is_low, min_bytes), a.live, min_(a.holes, need)))
+
+
+# ------------------------------------------------------------- the planner
+
+
+def repack(s, i, start):
+    """The planner repacks float ``i``: its live pages at ``[start, start +
+    live)``, no hole."""
+    a = s.bands[i]
+    return Counts(start, start + a.live, a.live, 0)
+
+
+def repack_moved(s, i, spared):
+    """Pages a repack moves: every live page but the ``spared`` already in
+    its target (``moves.pack_plan``)."""
+    return s.bands[i].live - spared
+
+
+def planned(s, plan):
+    """The chain after ``plan_floats`` carries out ``plan``: each float the
+    plan moves repacked at its start; every other band as it was."""
+    for k, i in enumerate(range(1, s.n - 1)):
+        s = s.with_band(i, pick(plan.moves[k], repack(s, i, plan.starts[k]), s.bands[i]))
+    return s
+
+
+# --------------------------------------------------------------- helpers
+
+
+def pick(cond, a, b):
+    """``a if cond else b`` for two ``Counts``, field by field on z3 terms."""
+    if isinstance(cond, bool):
+        return a if cond else b
+    return Counts(*(ite(cond, x, y) for x, y in zip(
+        (a.lo, a.hi, a.live, a.holes), (b.lo, b.hi, b.live, b.holes))))
