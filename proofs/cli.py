@@ -57,10 +57,15 @@ def run_z3(only=None, jobs=2):
     names = selected(only)
     if jobs > 1 and len(names) > 1:
         ctx = multiprocessing.get_context("fork" if sys.platform != "win32" else "spawn")
+        # the largest limits (the slowest obligations) first, so that no long one
+        # is left running alone at the end; rows come back in registry order
+        limits = {n: ob.timeout_s for n, ob in registry().items()}
+        order = sorted(names, key=lambda n: -limits[n])
         # a fresh process per obligation: z3 terms built by one obligation change
         # the search of the next in the same context, which made run times vary
         with ctx.Pool(jobs, maxtasksperchild=1) as pool:
-            results = pool.map(run_one, names, chunksize=1)
+            rows = dict(zip(order, pool.map(run_one, order, chunksize=1)))
+        results = [rows[n] for n in names]
     else:
         results = [run_one(n) for n in names]
     return results

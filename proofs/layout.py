@@ -13,8 +13,6 @@ member of {1, 2, 4, 8, 16, 32, 64} (so every size in the set, for every pool
 independently, is covered by one obligation).
 """
 
-import itertools
-
 import z3
 
 from kvarena.spec import arith
@@ -89,9 +87,15 @@ def _num_pages_by_epp(f, total, entries, pss, sink, geo):
 
 
 def _order_goals(total, entries, pss, sink, geo):
-    """One goal per permutation: the permuted layout has the same sink and grids."""
+    """One goal per swap of two neighbouring pools: the swapped layout has
+    the same sink and grids.  The swaps generate every permutation, and
+    "same layout" composes, so this covers every pool order (the n4 lemma
+    took 24 queries and 15 s as one per permutation; 3 queries now)."""
     goals = []
-    for perm in itertools.permutations(range(len(entries))):
+    n = len(entries)
+    for k in range(n - 1):
+        perm = list(range(n))
+        perm[k], perm[k + 1] = perm[k + 1], perm[k]
         s2, g2 = layout_terms(total, [entries[i] for i in perm], [pss[i] for i in perm])
         cs = [s2 == sink]
         for k, i in enumerate(perm):

@@ -441,3 +441,25 @@ def test_readme_proof_table_matches_the_registry():
             c[("demo", "")]]
     assert [int(x) for x in row.groups()] == want
     assert f"z3: {len(REG)} named obligations" in text
+
+
+def test_finding_cost_guard_bounds_spared_holes_by_the_cleared_pages():
+    """z3's counterexample to the first ``policy.cost_bound`` over
+    ``transitions.make_room_moved``: with the guard ``spared <= holes`` only,
+    a boundary make_room could "spare" more holes than the ``need`` pages it
+    clears and move a negative number of pages.  The guard now bounds
+    ``spared`` by ``min(holes, need)``; this is that state."""
+    from kvarena.proofs import policy as P
+    from kvarena.spec import chain as C
+    from kvarena.spec import transitions as T
+
+    s = C.Chain(480, 10, (C.Shape("up", 4, 120, 3, True), C.Shape("float", 6, 80, 2, False),
+                          C.Shape("down", 10, 48, 1, False)),
+                (C.Counts(3, 7, 3, 1), C.Counts(9, 16, 3, 4), C.Counts(12, 48, 36, 0)))
+    skip, act, low, target, _ = P.decision(s, 1, [7, 5, 2])
+    assert not skip and act and not T.make_room_leaps(s, 1, low, target)
+    _, _, need = C.make_room_terms(s, 1, low, target)
+    assert need == 2 < s.bands[1].holes == 4
+    assert T.make_room_moved(s, 1, low, target, 3) == -1  # 3 spared holes among 2 cleared pages: impossible
+    assert not T.make_room_moved_ok(s, 1, low, target, 3)
+    assert T.make_room_moved_ok(s, 1, low, target, 2) and T.make_room_moved(s, 1, low, target, 2) == 0

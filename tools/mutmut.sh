@@ -12,7 +12,8 @@
 # there under `nice`.  With MODULE arguments only those files are mutated
 # (the default is [tool.mutmut] source_paths).  KVARENA_MUTMUT_PYTEST_ARGS
 # adds pytest arguments for one run (e.g. a --deselect while a test is being
-# rewritten).  Results: `mutmut results` in that folder; this script prints
+# rewritten); a small plugin always runs a mutant's tests fastest first.  KVARENA_MUTMUT_CHILDREN (default 2) sets mutmut's --max-children
+# (1 on a loaded machine).  Results: `mutmut results` in that folder; this script prints
 # the totals.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -36,19 +37,38 @@ new = block
 if only:  # spec/arith.py -> kvarena/spec/arith.py
     paths = ["kvarena/" + p if not p.startswith("kvarena/") else p for p in only]
     new = new.replace(json.dumps(cfg["source_paths"]), json.dumps(paths))
-extra = shlex.split(os.environ.get("KVARENA_MUTMUT_PYTEST_ARGS", ""))
-if extra:
-    new = new.replace(json.dumps(cfg["pytest_add_cli_args"]), json.dumps(cfg["pytest_add_cli_args"] + extra))
-assert (new != block) == bool(only or extra), "write source_paths and pytest_add_cli_args on one line each"
+extra = ["-p", "kvarena_fastfirst"] + shlex.split(os.environ.get("KVARENA_MUTMUT_PYTEST_ARGS", ""))
+new = new.replace(json.dumps(cfg["pytest_add_cli_args"]), json.dumps(cfg["pytest_add_cli_args"] + extra))
+assert new.count("kvarena_fastfirst") == 1 and (json.dumps(cfg["source_paths"]) in new) != bool(only), \
+    "write source_paths and pytest_add_cli_args on one line each"
 open(dst, "w").write(text.replace(block, new))
 PY
+# A mutant's tests run fastest first (the durations of mutmut's stats run), so
+# that -x stops at the first, usually cheap, test that kills it.
+mkdir -p "$STAGE/plugins"
+cat > "$STAGE/plugins/kvarena_fastfirst.py" <<'PY'
+import json
+
+
+def pytest_collection_modifyitems(session, config, items):
+    try:
+        with open("mutmut-stats.json") as f:  # pytest runs in mutants/
+            took = json.load(f)["duration_by_test"]
+    except (OSError, ValueError, KeyError):
+        return  # the stats run itself: no durations yet
+    items.sort(key=lambda item: took.get(item.nodeid, float("inf")))
+PY
+export PYTHONPATH="$STAGE/plugins${PYTHONPATH:+:$PYTHONPATH}"
 cd "$STAGE"
-# mutmut keeps results and its test-coverage stats in mutants/; the stats of a
-# run over other modules do not cover these, so start afresh when the set changes
-MODULES="$(grep '^source_paths' pyproject.toml)"
-if [ "$(cat .modules 2>/dev/null)" != "$MODULES" ]; then rm -rf mutants; fi
-echo "$MODULES" > .modules
-KVARENA_VECTORS="$REPO/tests/vectors" nice -n 10 mutmut run --max-children 2 || true
+# mutmut keeps verdicts and test-coverage stats in mutants/ and lets an old
+# verdict stand even when a test that would now kill the mutant was edited in,
+# so start afresh whenever the modules, the configuration, the tests or the
+# package changed since the last run here
+KEY="$(cat pyproject.toml; find kvarena tests -type f ! -name '*.pyc' | sort | xargs cat)"
+KEY="$(printf '%s' "$KEY" | sha256sum)"
+if [ "$(cat .key 2>/dev/null)" != "$KEY" ]; then rm -rf mutants; fi
+echo "$KEY" > .key
+KVARENA_VECTORS="$REPO/tests/vectors" nice -n 15 mutmut run --max-children "${KVARENA_MUTMUT_CHILDREN:-2}" || true
 mutmut results --all true > "$STAGE/results.txt" 2>&1 || true
 python - "$STAGE/results.txt" <<'PY'
 import collections, sys
