@@ -316,6 +316,7 @@ class Arena:
         if not ids:
             return None
         s, i = self._at(name)
+        assert transitions.free_ok(s, i, len(ids))  # the precondition the proofs assume
         new = transitions.free(s, i, len(ids))
         pages = b.unbind(ids)
         if b.is_end and not b.lazy:  # survivors in the vacated pages fill the freed ones

@@ -21,7 +21,7 @@ live id's bytes are where ``v2p`` says, which is what the implementation's
 byte tests check on real memory.
 """
 
-from .chain import Counts
+from .chain import Counts, Shape, boot_band
 from .geometry import AccountingError
 
 
@@ -86,10 +86,9 @@ class Band:
         self.holes = []  # physical pages, oldest first
         self.content = {}  # physical page -> virtual id whose bytes it holds
         self.live = 0
-        if self.grow == "up":
-            self.lo = self.hi = geom.min_page
-        else:  # down END, or a parked float
-            self.lo = self.hi = n
+        # the boot span: the up END empty at min_page, the others at num_pages
+        start = boot_band(Shape(self.grow, geom.epp, n, geom.min_page, lazy))
+        self.lo, self.hi = start.lo, start.hi
 
     # ------------------------------------------------------------ facts
 

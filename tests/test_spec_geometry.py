@@ -174,3 +174,13 @@ def test_float_region_rounds_inward_off_grid():
     a.alloc("u", 1)  # 120 -> ceil 7.5 = 8
     assert a.region("f") == (8, 243)
     assert arith.float_region(72, 3950, 16, 3, 249) == (5, 246)  # floor(3950/16) = 246
+
+
+def test_walks_end_at_the_buffer_edges():
+    """Nothing below the up END: its walk down gives 0; nothing above the
+    down END: its walk up gives total_bytes (a mutant that starts the walk
+    at 1 survived the mutation run before this test)."""
+    a = Arena(1000, [SubPool("u", 4, 1, "up"), SubPool("f", 6, 1, "float"), SubPool("d", 8, 1, "down")])
+    a.alloc("f", 2)
+    assert a.below("u") == 0 and a.above("d") == 1000
+    assert a.below("f") == a.frontiers("u")[1] and a.above("f") == a.frontiers("d")[0]
