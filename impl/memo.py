@@ -15,17 +15,16 @@ that goes around the descriptor (``obj.__dict__``) bumps nothing;
 
 
 class Clock:
-    """One arena-wide epoch, shared by every band of the arena.  Each tick
-    also empties the caches on it, so a memoised read is one lookup."""
+    """The arena-wide epoch, shared by every band of the arena.  A tick
+    empties the caches on it (nothing reads a count), so a memoised read
+    is one lookup."""
 
-    __slots__ = ("now", "caches")
+    __slots__ = ("caches",)
 
     def __init__(self):
-        self.now = 0
         self.caches = []
 
     def tick(self):
-        self.now += 1
         for c in self.caches:
             c.clear()
 
@@ -53,7 +52,7 @@ class CapField:
     def __set__(self, obj, value):
         d = obj.__dict__
         d[self.name] = value
-        d["epoch"] = d.get("epoch", 0) + 1
+        d["epoch"] += 1  # the band sets epoch = 0 before its first field
         clock = d.get("clock")
         if clock is not None:
             clock.tick()
@@ -83,13 +82,6 @@ class Memo:
         self.misses += 1
         self.cache[view, pool] = value
         return value
-
-    def get(self, view, pool, compute):
-        """The cached value, or ``compute()`` stored."""
-        try:
-            return self.cache[view, pool]
-        except KeyError:
-            return self.put(view, pool, compute())
 
     def entries(self):
         """``(view, pool, value)`` for every entry (each is valid: a tick empties them)."""

@@ -624,16 +624,14 @@ class Arena:
                 if stray:
                     raise AccountingError(b.name, "borrowed ids live in the lender",
                                           f"ids {stray} are not live in {lender.name!r}")
+        # The ENDs' own checks keep the first band clear of the sink and the
+        # last inside the buffer; what is left is neighbours overlapping.
         opaque = [n for n in self.chain if self.bands[n].opaque]
-        prev_name, prev_high = None, self.sink_bytes
-        for name in opaque:
-            low, high = self.bands[name].frontiers
-            if low < prev_high:
+        for below, name in zip(opaque, opaque[1:]):
+            low, high = self.bands[name].frontiers[0], self.bands[below].frontiers[1]
+            if low < high:
                 raise AccountingError(name, "opaque bands overlap",
-                                      f"low frontier {low} < {prev_name or 'sink'} high frontier {prev_high}")
-            prev_name, prev_high = name, high
-        if prev_high > self.total_bytes:
-            raise AccountingError(prev_name, "bounds", f"high frontier {prev_high} > total {self.total_bytes}")
+                                      f"low frontier {low} < {below} high frontier {high}")
         self._conservation(opaque)
 
     def _conservation(self, opaque):

@@ -13,6 +13,11 @@ settings.register_profile("kvarena", deadline=None, print_blob=True,
 settings.load_profile("kvarena")
 
 
+def ints(xs):
+    """A list of ints from the spec's lists and the implementation's tensors."""
+    return [int(x) for x in xs]
+
+
 def live_ids(a, name):
     """Virtual ids currently bound in ``name`` (the sink, id 0, excluded)."""
     return [v for v, p in enumerate(a.v2p(name)) if v > 0 and p >= 0]

@@ -26,3 +26,14 @@ def test_composites_coverage(device):
     print("composite cases:", dict(CASES))
     missing = [c for c in REQUIRED if CASES[c] == 0]
     assert not missing, f"cases never reached: {missing}; counts {dict(CASES)}"
+
+
+def test_verify_fuzz_part_reports_rows():
+    """The composite rows ``kvarena verify`` prints: one per device, passing
+    here (a short derandomized run; a disagreement fails it)."""
+    from kvarena.differential_composites import run_differential
+
+    rows = run_differential(examples=15, steps=20)
+    assert rows[0]["name"] == "composites impl vs spec on cpu"
+    assert all(set(r) == {"name", "ok", "detail", "seconds"} for r in rows)
+    assert all(r["ok"] or "never reached" in r["detail"] for r in rows), rows

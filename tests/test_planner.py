@@ -396,3 +396,23 @@ def test_pack_plan_moves_exactly_the_pages_outside_the_target(live, start):
     assert len(dst) == len(src) <= len(live) and dst == sorted(dst)
     after = (set(live) - set(src)) | set(dst)
     assert after == target  # packed: the live pages fill the target exactly
+
+
+@pytest.mark.parametrize("Arena", [spec.Arena, impl.Arena], ids=["spec", "impl"])
+def test_plan_floats_counts_the_pages_of_every_float_it_moves(Arena):
+    """The up END asks for 80 pages: both floats pack at the top, four pages
+    each.  The count is checked against the ids whose pages changed."""
+    a = Arena(1600, [SubPool("u", 16, 1, "up"), SubPool("f1", 16, 1, "float"), SubPool("f2", 16, 1, "float"),
+                     SubPool("d", 16, 1, "down")],
+              policy="planner")
+    a.alloc("u", 5)
+    a.alloc("d", 5)
+    a.alloc("f1", 4)
+    a.alloc("f2", 4)
+    assert a.available_pages("u") == 42
+    before = {n: list(a.v2p(n)) for n in ("f1", "f2")}
+    moved = a.plan_floats({"u": 80})
+    changed = sum(p != q for n in ("f1", "f2") for p, q in zip(before[n], a.v2p(n)))
+    assert moved == changed == 8
+    assert a.available_pages("u") == 80
+    a.verify()

@@ -1,6 +1,9 @@
 """END bands: eager compaction, lazy holes, flush, FIFO ids, borrowed ids."""
 
-from conftest import check_all, live_ids, unchanged
+import pytest
+
+from conftest import check_all, ints, live_ids, unchanged
+from kvarena import impl, spec
 from kvarena.spec import Arena, SubPool
 
 U = SubPool("u", 16, 1, "up")
@@ -232,3 +235,23 @@ def test_lazy_free_everything_then_flush_returns_to_boot():
     assert a.frontiers("u") == (16, 16) and a.frontiers("d") == (640, 640)
     assert a.holes("u") == a.holes("d") == []
     check_all(a)
+
+
+# ------------------------------------- in the spec and the implementation
+
+ARENAS = [pytest.param(spec.Arena, id="spec"), pytest.param(impl.Arena, id="impl")]
+TRI = [SubPool("u", 16, 1, "up"), SubPool("f", 16, 1, "float"), SubPool("d", 16, 1, "down")]
+
+
+@pytest.mark.parametrize("Arena", ARENAS)
+def test_a_capped_flush_keeps_the_hole_at_the_far_edge(Arena):
+    """``flush(max_moves=0)`` only absorbs holes at the frontier; a hole at
+    the up END's first page (its far edge) stays a hole."""
+    a = Arena(1600, TRI, lazy=True)
+    ids = ints(a.alloc("u", 5))
+    assert a.v2p("u")[ids[0]] == a.geometry("u").min_page
+    a.free("u", [ids[0], ids[-1]])  # the first page, and the one at the frontier
+    assert a.flush("u", max_moves=0) == 0
+    assert ints(a.holes("u")) == [a.geometry("u").min_page]
+    assert a.frontiers("u")[1] == 5 * 16  # the frontier hole was absorbed
+    a.verify()

@@ -5,6 +5,7 @@ import re
 import pytest
 
 from conftest import check_all
+from kvarena import impl, spec
 from kvarena.spec import Arena, SubPool
 
 U = SubPool("u", 24, 1, "up", "state")
@@ -59,8 +60,9 @@ def test_buffer_exactly_big_enough_is_accepted():
 # ------------------------------------------------------------- operations
 
 
-def busy_arena():
-    """A state with lazy holes, a holey float, and live pages in every band."""
+def busy_arena(Arena=Arena):
+    """A state with lazy holes, a holey float, and live pages in every band
+    (the spec's, or any package's ``Arena``)."""
     a = Arena(8192, [U, F, D], lazy=True)
     a.alloc("u", 10)
     a.alloc("d", 6)
@@ -68,7 +70,10 @@ def busy_arena():
     a.free("u", [5, 7])
     a.free("d", [3])
     a.free("f", [4, 9])
-    check_all(a)
+    if Arena is spec.Arena:
+        check_all(a)  # with the content model, which only the spec keeps
+    else:
+        a.verify()
     return a
 
 
@@ -179,3 +184,46 @@ def test_the_unchanged_check_catches_a_partial_free(monkeypatch):
     with pytest.raises(ValueError, match="'u'"):
         a.free("u", [3, 4, 6, 5])
     assert a.snapshot() != before
+
+
+# ----------------------------------------------- the words, in both packages
+
+ARENAS = [pytest.param(spec.Arena, id="spec"), pytest.param(impl.Arena, id="impl")]
+
+
+# The message each bad argument gets, word for word: the pool, which argument,
+# and what was wrong with it.
+MESSAGES = [
+    (lambda a: a.alloc("u", -1), "pool 'u': n must be >= 0, got -1"),
+    (lambda a: a.alloc("d", 1.5), "pool 'd': n must be an int, got 1.5"),
+    (lambda a: a.flush("u", max_moves=-1), "pool 'u': max_moves must be >= 0, got -1"),
+    (lambda a: a.flush("u", max_moves="x"), "pool 'u': max_moves must be an int, got 'x'"),
+    (lambda a: a.make_room("f", "low", -1), "pool 'f': min_bytes must be >= 0, got -1"),
+    (lambda a: a.relieve("d", -2), "pool 'd': need_pages must be >= 0, got -2"),
+    (lambda a: a.open_short_side("f", {"u": -1}), "pool 'u': demand must be >= 0, got -1"),
+    (lambda a: a.plan_floats({"u": -3}), "pool 'u': demand must be >= 0, got -3"),
+    (lambda a: a.alloc("zz", 1), "pool 'zz': unknown pool (arena has u, f, d)"),
+    (lambda a: a.free("u", [5]), "pool 'u': id 5 is not allocated"),
+    (lambda a: a.alloc("u", 1, ids=[4]), "pool 'u': id 4 is already allocated"),
+    # one past the last id: a range error, not an index error
+    (lambda a: a.free("d", [128]), "pool 'd': id 128 out of range [1, 128)"),
+    (lambda a: a.alloc("d", 1, ids=[128]), "pool 'd': id 128 out of range [1, 128)"),
+]
+
+
+@pytest.mark.parametrize("Arena", ARENAS)
+@pytest.mark.parametrize("op,message", MESSAGES, ids=[m for _, m in MESSAGES])
+def test_each_bad_argument_gets_its_own_message(Arena, op, message):
+    a = busy_arena(Arena)
+    assert a.geometry("d").num_pages == 128  # the table's last id
+    before = a.snapshot()
+    with pytest.raises(ValueError) as e:
+        op(a)
+    assert str(e.value) == message
+    assert a.snapshot() == before
+
+
+def test_band_bytes_names_a_bad_side():
+    with pytest.raises(ValueError) as e:
+        busy_arena().band_bytes("f", "up")
+    assert str(e.value) == "pool 'f': side must be 'low' or 'high', got 'up'"

@@ -2,7 +2,10 @@
 
 import copy
 
-from conftest import check_all, live_ids, unchanged
+import pytest
+
+from conftest import check_all, ints, live_ids, unchanged
+from kvarena import impl, spec
 from kvarena.spec import Arena, SubPool
 from kvarena.spec import arith
 
@@ -330,3 +333,91 @@ def test_leapfrog_moves_every_live_page_even_when_few_sit_at_the_edge():
     assert b.v2p("f")[1] == 44
     check_all(a)
     check_all(b)
+
+
+# ------------------------------------- in the spec and the implementation
+
+ARENAS = [pytest.param(spec.Arena, id="spec"), pytest.param(impl.Arena, id="impl")]
+TRI = [SubPool("u", 16, 1, "up"), SubPool("f", 16, 1, "float"), SubPool("d", 16, 1, "down")]
+
+
+def _split_float(Arena):
+    """A float spanning [47, 95) of a 100-page buffer with live pages only at
+    50 and 93: every page between them is a hole."""
+    a = Arena(1600, TRI)
+    a.alloc("u", 5)
+    a.alloc("d", 5)
+    ids = ints(a.alloc("f", 6)) + ints(a.alloc("f", 42))
+    assert a.frontiers("f") == (47 * 16, 95 * 16) and a.region("f") == (6, 95)
+    keep = [v for v in ids if a.v2p("f")[v] in (50, 93)]
+    a.free("f", [v for v in ids if v not in keep])
+    return a, keep
+
+
+@pytest.mark.parametrize("Arena", ARENAS)
+def test_a_leapfrog_spares_the_page_already_at_its_target(Arena):
+    """The low side asks for the whole region but two pages: both live pages
+    pack at [93, 95), and the one already at 93 stays.  One page moves."""
+    a, (x, y) = _split_float(Arena)
+    assert a.make_room("f", "low", (93 - 6) * 16) == 1
+    assert sorted(a.v2p("f")[v] for v in (x, y)) == [93, 94]
+    assert a.v2p("f")[y if a.v2p("f")[y] == 93 else x] == 93
+    assert a.frontiers("f") == (93 * 16, 95 * 16)
+    a.verify()
+
+
+def test_refit_shrinks_a_float_to_its_live_pages_after_a_callers_move():
+    """``_refit`` (the conformance classifier's replays move pages
+    themselves): the span shrinks to the live pages, the old holes inside it
+    stay holes, first, and a page the move vacated inside the span joins
+    them."""
+    a = spec.Arena(1600, TRI)
+    a.alloc("u", 5)
+    a.alloc("d", 5)
+    ids = a.alloc("f", 6)
+    assert a.frontiers("f") == (47 * 16, 53 * 16)
+    at = {a.v2p("f")[v]: v for v in ids}
+    a.free("f", [at[50], at[49]])  # holes 50, 49, in that order
+    b = a.bands["f"]
+    b.move([49], [47])  # the lowest page moves into a hole: 47 leaves the span
+    b.move([50], [51])  # and one inside it: 51 is vacated
+    a._refit("f")
+    assert a.frontiers("f") == (48 * 16, 53 * 16)
+    assert b.holes == [51]
+    assert sorted(a.v2p("f")[v] for v in ids if a.v2p("f")[v] >= 0) == [48, 49, 50, 52]
+    a.verify()
+    b.move([51], [52])  # the top page moves down: the span shrinks from above
+    a._refit("f")
+    assert a.frontiers("f") == (48 * 16, 52 * 16) and b.holes == []
+    a.verify()
+
+
+def _six_with_holes_at_49_and_51():
+    a = spec.Arena(1600, TRI)
+    a.alloc("u", 5)
+    a.alloc("d", 5)
+    ids = a.alloc("f", 6)
+    assert a.frontiers("f") == (47 * 16, 53 * 16)
+    at = {a.v2p("f")[v]: v for v in ids}
+    a.free("f", [at[51], at[49]])
+    return a, a.bands["f"]
+
+
+def test_refit_keeps_an_old_hole_still_inside_the_span():
+    """Page 47 moves into the hole at 49: the span starts at 48, and the old
+    hole at 51 is still a hole."""
+    a, b = _six_with_holes_at_49_and_51()
+    b.move([49], [47])
+    a._refit("f")
+    assert a.frontiers("f") == (48 * 16, 53 * 16) and b.holes == [51]
+    a.verify()
+
+
+def test_refit_drops_an_old_hole_at_the_new_edge():
+    """Page 52 moves into the hole at 49: the span ends at 51, so the old
+    hole there is outside it now."""
+    a, b = _six_with_holes_at_49_and_51()
+    b.move([49], [52])
+    a._refit("f")
+    assert a.frontiers("f") == (47 * 16, 51 * 16) and b.holes == []
+    a.verify()

@@ -13,7 +13,8 @@
 # (the default is [tool.mutmut] source_paths).  KVARENA_MUTMUT_PYTEST_ARGS
 # adds pytest arguments for one run (e.g. a --deselect while a test is being
 # rewritten); a small plugin always runs a mutant's tests fastest first.  KVARENA_MUTMUT_CHILDREN (default 2) sets mutmut's --max-children
-# (1 on a loaded machine).  Results: `mutmut results` in that folder; this script prints
+# (1 on a loaded machine).  KVARENA_MUTMUT_NAMES (names or globs) runs only
+# those mutants.  Results: `mutmut results` in that folder; this script prints
 # the totals.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -68,13 +69,18 @@ KEY="$(cat pyproject.toml; find kvarena tests -type f ! -name '*.pyc' | sort | x
 KEY="$(printf '%s' "$KEY" | sha256sum)"
 if [ "$(cat .key 2>/dev/null)" != "$KEY" ]; then rm -rf mutants; fi
 echo "$KEY" > .key
-KVARENA_VECTORS="$REPO/tests/vectors" nice -n 15 mutmut run --max-children "${KVARENA_MUTMUT_CHILDREN:-2}" || true
+# KVARENA_MUTMUT_NAMES: run only the mutants these names or globs match (a
+# module at a time, or a seeded sample; README "Mutation score")
+# shellcheck disable=SC2086
+KVARENA_VECTORS="$REPO/tests/vectors" nice -n 15 mutmut run --max-children "${KVARENA_MUTMUT_CHILDREN:-2}" \
+    ${KVARENA_MUTMUT_NAMES:-} || true
 mutmut results --all true > "$STAGE/results.txt" 2>&1 || true
 python - "$STAGE/results.txt" <<'PY'
 import collections, sys
 counts = collections.Counter(line.rsplit(":", 1)[-1].strip() for line in open(sys.argv[1]) if ":" in line)
+unrun = counts.pop("not checked", 0)  # outside KVARENA_MUTMUT_NAMES, or an interrupted run
 killed = counts.get("killed", 0)
 total = sum(counts.values())
-print(dict(counts))
+print(dict(counts), f"(and {unrun} not run)" if unrun else "")
 print(f"mutation score: {killed}/{total} killed" + (f" = {100 * killed / total:.1f}%" if total else ""))
 PY
