@@ -126,6 +126,20 @@ def swa_window_end(seq_len: int, window: int, page_size: int) -> int:
 # ------------------------------------------------------------ the common part
 
 
+def _live_token(v2p, t, ps, what):
+    """Error path only: raise, in the spec's words, unless token ``t`` lies
+    in a live page of ``v2p`` (a host list)."""
+    page = t // ps
+    if t < 0:
+        raise ValueError(f"{what} {t} names no token (-1 is the empty-prefix sentinel)")
+    if page == 0:
+        raise ValueError(f"{what} {t} lies in page 0, the sink, which is never allocated")
+    if page >= len(v2p):
+        raise ValueError(f"{what} {t} is out of range: page {page} >= {len(v2p)} pages")
+    if v2p[page] < 0:
+        raise ValueError(f"{what} {t} is not allocated (page {page} is unknown or already freed)")
+
+
 class _Composite:
     """What every composite shares: token allocation, free, views, relief."""
 
@@ -290,8 +304,7 @@ class _Composite:
                 if l != -1:
                     raise ValueError(f"{what}: request {i}: empty prefix needs last_loc -1, got {l}")
                 continue
-            if l < 0 or l // ps == 0 or l // ps >= len(v2p) or v2p[l // ps] < 0:
-                raise ValueError(f"{what}: request {i}: last_loc {l} is not a live token of pool 'full'")
+            _live_token(v2p, l, ps, f"{what}: request {i}: last_loc")
             if l % ps != (p - 1) % ps:
                 raise ValueError(f"{what}: request {i}: last_loc {l} is at offset {l % ps} of its page, "
                                  f"but position {p - 1} belongs at offset {(p - 1) % ps}")

@@ -557,7 +557,7 @@ class _WithSWA:
         reps = toks[::ps]
         for t in reps:
             if t < -1 or t // ps >= len(swa):
-                raise ValueError(f"free_swa: token {t} out of range [-1, {len(swa) * ps})")
+                raise ValueError(f"free_swa: pool 'swa': token {t} out of range [-1, {len(swa) * ps})")
         self.arena.free(SWA, sorted({t // ps for t in reps if t >= ps and swa[t // ps] > 0}))
 
     def swa_available_size(self):

@@ -110,7 +110,7 @@ def _errors():
         (lambda: c.free_swa(toks, 1), "free_swa: start_pos 1 must be a non-negative multiple of page_size 2"),
         (lambda: c.free_swa(toks, -2), "free_swa: start_pos -2 must be a non-negative multiple of page_size 2"),
         (lambda: c.free_swa(toks, 0.0), "free_swa: start_pos must be an int, got 0.0"),
-        (lambda: c.free_swa([top], 0), f"free_swa: token {top} out of range [-1, {top})"),
+        (lambda: c.free_swa([top], 0), f"free_swa: pool 'swa': token {top} out of range [-1, {top})"),
         (lambda: c.free_swa("ab", 0), "free_swa: token_ids must be a sequence of ints, got str"),
         (lambda: c.fits(-1), "fits: tokens must be >= 0, got -1"),
         (lambda: c.fits(0, -1), "fits: state_slots must be >= 0, got -1"),

@@ -177,3 +177,47 @@ def test_policy_is_anchor_planner_or_a_value_error(Arena):
     for bad in ("Planner", "Anchor", "greedy", None, 1):
         with pytest.raises(ValueError, match="policy"):
             Arena(1600, pools, policy=bad)
+
+
+# ------------------------------------------- the ladder's edges, both packages
+
+TRI = [SubPool("u", 16, 1, "up"), SubPool("f", 16, 1, "float"), SubPool("d", 16, 1, "down")]
+
+
+def float_with_a_boundary_hole(Arena):
+    """u at [1, 6), d at [95, 100), f at [47, 53) with its page 47 freed:
+    the up END's gap is 41 pages, and 42 once f's flush absorbs the hole."""
+    a = Arena(1600, TRI, lazy={"u", "d"})
+    a.alloc("u", 5)
+    a.alloc("d", 5)
+    ids = ids_of(a.alloc("f", 6))
+    a.free("f", [v for v in ids if ids_of(a.v2p("f"))[v] == 47])
+    assert a.available_pages("u") == 41
+    return a
+
+
+@pytest.mark.parametrize("Arena", ARENAS)
+def test_a_need_that_fits_exactly_runs_no_rung(Arena):
+    a = float_with_a_boundary_hole(Arena)
+    before = a.snapshot()
+    assert a.relieve("u", 41) is True
+    assert a.snapshot() == before  # not even f's free flush
+
+
+@pytest.mark.parametrize("Arena", ARENAS)
+def test_a_need_the_flush_meets_exactly_ends_the_ladder_with_true(Arena):
+    a = float_with_a_boundary_hole(Arena)
+    assert a.relieve("u", 42) is True
+    assert a.frontiers("f") == (48 * 16, 53 * 16)  # flushed, not slid
+    assert a.available_pages("u") == 42
+
+
+@pytest.mark.parametrize("Arena", ARENAS)
+def test_flush_targets_and_pool_facts(Arena):
+    a = float_with_a_boundary_hole(Arena)
+    assert [a.flush_targets(n) for n in ("u", "f", "d")] == [["f"], ["u", "d"], ["f"]]
+    a.free("f", [v for v, p in enumerate(ids_of(a.v2p("f"))) if v and p >= 0])  # f parks: transparent
+    assert [a.flush_targets(n) for n in ("u", "f", "d")] == [["d"], ["u", "d"], ["u"]]
+    assert [a.pool(n) for n in ("u", "f", "d")] == TRI
+    assert [a.is_lazy(n) for n in ("u", "f", "d")] == [True, False, True]
+    assert a.layout == spec.make_layout(1600, TRI)

@@ -297,3 +297,13 @@ def test_write_pages_rejects_a_wrong_shape():
     with pytest.raises(ValueError, match=r"pool 'a': data must be a tensor of shape \(2, 16\)"):
         a.write_pages("a", ids, torch.ones(2, 15, dtype=torch.uint8))
     assert torch.equal(a.read_pages("a", ids), before)
+
+
+def test_write_pages_stores_any_integer_tensor_as_bytes():
+    """``write_pages`` converts its data to uint8 on the arena's device, so a
+    caller's int64 pattern (values below 256) lands byte for byte."""
+    a = Arena(4096, [SubPool("a", 16, 1, "up"), SubPool("b", 16, 1, "down")])
+    ids = a.alloc("a", 2)
+    data = torch.arange(32, dtype=torch.int64).reshape(2, 16)
+    a.write_pages("a", ids, data)
+    assert torch.equal(a.read_pages("a", ids), data.to(torch.uint8))

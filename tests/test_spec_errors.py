@@ -203,6 +203,7 @@ MESSAGES = [
     (lambda a: a.open_short_side("f", {"u": -1}), "pool 'u': demand must be >= 0, got -1"),
     (lambda a: a.plan_floats({"u": -3}), "pool 'u': demand must be >= 0, got -3"),
     (lambda a: a.alloc("zz", 1), "pool 'zz': unknown pool (arena has u, f, d)"),
+    (lambda a: a.compact_holes("f", "middle"), "pool 'f': retreat_side must be 'low' or 'high', got 'middle'"),
     (lambda a: a.free("u", [5]), "pool 'u': id 5 is not allocated"),
     (lambda a: a.alloc("u", 1, ids=[4]), "pool 'u': id 4 is already allocated"),
     # one past the last id: a range error, not an index error

@@ -14,7 +14,7 @@
 # adds pytest arguments for one run (e.g. a --deselect while a test is being
 # rewritten); a small plugin always runs a mutant's tests fastest first.  KVARENA_MUTMUT_CHILDREN (default 2) sets mutmut's --max-children
 # (1 on a loaded machine).  KVARENA_MUTMUT_NAMES (names or globs) runs only
-# those mutants.  Results: `mutmut results` in that folder; this script prints
+# those mutants; KVARENA_MUTMUT_SAMPLE=N a seeded sample of N per module.  Results: `mutmut results` in that folder; this script prints
 # the totals.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -69,8 +69,24 @@ KEY="$(cat pyproject.toml; find kvarena tests -type f ! -name '*.pyc' | sort | x
 KEY="$(printf '%s' "$KEY" | sha256sum)"
 if [ "$(cat .key 2>/dev/null)" != "$KEY" ]; then rm -rf mutants; fi
 echo "$KEY" > .key
-# KVARENA_MUTMUT_NAMES: run only the mutants these names or globs match (a
-# module at a time, or a seeded sample; README "Mutation score")
+# KVARENA_MUTMUT_SAMPLE=N: a seeded random sample of N mutants of each module
+# (README "Mutation score").  mutmut makes every mutant, and its per-test
+# stats, before it filters by name, so a name that matches nothing prepares
+# the folder without running a mutant; the sample is then drawn from the
+# mutants it made.
+if [ -n "${KVARENA_MUTMUT_SAMPLE:-}" ]; then
+    [ -d mutants ] || nice -n 15 mutmut run "no-such-mutant" > /dev/null 2>&1 || true
+    KVARENA_MUTMUT_NAMES="$(python - "$KVARENA_MUTMUT_SAMPLE" <<'PY'
+import glob, json, random, sys
+n = int(sys.argv[1])
+for meta in sorted(glob.glob("mutants/kvarena/**/*.py.meta", recursive=True)):
+    keys = sorted(json.load(open(meta))["exit_code_by_key"])
+    print(*random.Random(0).sample(keys, min(n, len(keys))))
+PY
+)"
+fi
+# KVARENA_MUTMUT_NAMES: run only the mutants these names or globs match (one
+# module of a folder, or chosen survivors)
 # shellcheck disable=SC2086
 KVARENA_VECTORS="$REPO/tests/vectors" nice -n 15 mutmut run --max-children "${KVARENA_MUTMUT_CHILDREN:-2}" \
     ${KVARENA_MUTMUT_NAMES:-} || true
