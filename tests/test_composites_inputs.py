@@ -89,10 +89,13 @@ BAD_CALLS = [
     (lambda c: c.alloc_extend([6], [7], [8]),
      "alloc_extend: request 0: last_loc 8 is at offset 0 of its page, but position 5 belongs at offset 1"),
     (lambda c: c.alloc_extend([6, 6], [7, 8], [9, 9]), "alloc_extend: requests 0 and 1 both continue page 2"),
+    (lambda c: c.alloc_extend([3, 3], [4, 4], [6, 6]), "alloc_extend: requests 0 and 1 both continue page 1"),
     (lambda c: c.alloc_decode([1, 7, 7], [-1, 9, 9]), "alloc_decode: requests 1 and 2 both continue page 2"),
     (lambda c: c.alloc_extend([0, 0], [3], [-1]),
      "alloc_extend: length mismatch: 2 prefix_lens, 1 seq_lens, 1 last_loc"),
     (lambda c: c.free_swa([10 ** 6], 0), "free_swa: pool 'swa': token 1000000 out of range [-1, 1024)"),
+    (lambda c: c.free_swa([-1, -1, -1, -1, 10 ** 6], 0),  # a -1 representative is skipped, not named
+     "free_swa: pool 'swa': token 1000000 out of range [-1, 1024)"),
     (lambda c: c.free_swa([4, 5, 6, 7, -2], 0), "free_swa: pool 'swa': token -2 out of range [-1, 1024)"),
     (lambda c: c.free_swa([4], 3), "free_swa: start_pos 3 must be a non-negative multiple of page_size 4"),
     (lambda c: c.relieve(tokens=-1), "relieve: tokens must be >= 0, got -1"),
@@ -117,6 +120,8 @@ def test_a_bad_state_call_gets_the_same_words_in_both(pkg):
     slot = int(c.alloc_state(1)[0])
     for call, message in [
         (lambda: c.alloc_state(-1), "alloc_state: n must be >= 0, got -1"),
+        (lambda: c.relieve(state_slots=-1), "relieve: state_slots must be >= 0, got -1"),
+        (lambda: pkg.composites.swa_window_end(10, 4, 0), "swa_window_end: page_size must be >= 1, got 0"),
         (lambda: c.free_state([0]), "free_state: pool 'state': id 0 is the sink and is never allocated"),
         (lambda: c.free_state([slot, slot]), f"free_state: pool 'state': repeated id in [{slot}, {slot}]"),
         (lambda: c.free_state([10 ** 6]), "free_state: pool 'state': id 1000000 out of range [512, 32768)"),
@@ -124,3 +129,20 @@ def test_a_bad_state_call_gets_the_same_words_in_both(pkg):
         with pytest.raises(ValueError) as e:
             call()
         assert str(e.value) == message
+
+
+@pytest.mark.parametrize("pkg", PACKAGES)
+def test_the_defaults_are_one_token_pages_and_eager_ends(pkg):
+    for c in (pkg.HybridSWA(1 << 16, 64, 32), pkg.MambaHybrid(1 << 20, 64, 4096), pkg.TriPool(1 << 20, 64, 32, 4096)):
+        assert c.page_size == 1
+        assert not any(c.arena.is_lazy(n) for n in c.arena.chain)
+
+
+def test_a_wrong_type_names_the_argument_and_what_it_takes():
+    """The implementation also takes a tensor; each says what it accepts."""
+    for pkg, takes in ((spec, "a sequence of ints"), (impl, "a tensor or a sequence of ints")):
+        for call, arg in ((lambda c: c.translate("ab"), "translate: token_ids"),
+                          (lambda c: c.alloc_extend([0], [1], "ab"), "alloc_extend: last_loc")):
+            with pytest.raises(ValueError) as e:
+                call(made(pkg))
+            assert str(e.value) == f"{arg} must be {takes}, got str"

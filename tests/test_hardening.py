@@ -75,7 +75,7 @@ def test_borrower_rules(Arena):
         (lambda: a.alloc("swa", 1), "pass ids="),  # a borrower mints no ids
         (lambda: a.alloc("swa", 1, ids=[full[-1] + 1]), "not live in its lender"),
         (lambda: a.alloc("swa", 1, ids=[full[0]]), "already allocated"),
-        (lambda: a.free("full", [full[0]]), "still bound in its borrower 'swa'"),
+        (lambda: a.free("full", [full[0]]), f"id {full[0]} is still bound in its borrower 'swa'; free it there first"),
         (lambda: a.free("full", [full[2], full[1]]), "still bound"),  # nothing freed, even full[2]
     ]
     for call, why in bad:

@@ -294,8 +294,10 @@ def test_write_pages_rejects_a_wrong_shape():
     a = Arena(4096, [SubPool("a", 16, 1, "up"), SubPool("b", 16, 1, "down")])
     ids = a.alloc("a", 2)
     before = a.read_pages("a", ids).clone()
-    with pytest.raises(ValueError, match=r"pool 'a': data must be a tensor of shape \(2, 16\)"):
-        a.write_pages("a", ids, torch.ones(2, 15, dtype=torch.uint8))
+    for data, got in ((torch.ones(2, 15, dtype=torch.uint8), "(2, 15)"), ([[1] * 16] * 2, "list")):
+        with pytest.raises(ValueError) as e:
+            a.write_pages("a", ids, data)
+        assert str(e.value) == f"pool 'a': data must be a tensor of shape (2, 16), got {got}"
     assert torch.equal(a.read_pages("a", ids), before)
 
 
@@ -307,3 +309,14 @@ def test_write_pages_stores_any_integer_tensor_as_bytes():
     data = torch.arange(32, dtype=torch.int64).reshape(2, 16)
     a.write_pages("a", ids, data)
     assert torch.equal(a.read_pages("a", ids), data.to(torch.uint8))
+
+
+def test_verify_names_a_written_sentinel_row():
+    """The tables' trailing row (the sentinel that -1 and tombstones gather
+    from) must hold -1; the implementation checks it."""
+    a = Arena(4096, [SubPool("a", 16, 1, "up"), SubPool("b", 16, 1, "down")])
+    b = a.bands["b"]
+    b.v2p[b.id_end] = 3
+    with pytest.raises(AccountingError) as e:
+        a.verify()
+    assert str(e.value) == "pool 'b': sentinel (the trailing row must hold -1)"

@@ -411,8 +411,23 @@ def test_joint_view_is_memoised_on_the_chain_epoch():
     band = h.arena.bands["full"]
     band.__dict__["lo"] = band.lo - 2  # a write around the descriptor: the key does not move
     assert h.available_size() == 16 * ((40 - 1 - 3 - 3) // 2)  # served stale from the memo
-    with pytest.raises(composites.AccountingError, match="stale memo"):
+    with pytest.raises(composites.AccountingError) as e:
         h.verify()
+    assert str(e.value) == f"pool 'full': stale memo (joint_pages memo {(40 - 1 - 3 - 3) // 2}, fresh {h._joint_pages(0)})"
+
+
+def test_verify_names_the_composite_roles():
+    """The implementation's words are the spec's (``test_composites_oracles``)."""
+    c = composites.HybridSWA(1 << 14, 64, 32)
+    c.CHAIN = ("full", "swa")  # the roles this instance claims, not the arena's
+    with pytest.raises(composites.AccountingError) as e:
+        c.verify()
+    assert str(e.value) == "pool 'full': composite roles (chain ('swa', 'full'), expected ('full', 'swa'))"
+    c = composites.HybridSWA(1 << 14, 64, 32)
+    c.BORROW = {"swa": "zz"}
+    with pytest.raises(composites.AccountingError) as e:
+        c.verify()
+    assert str(e.value) == "pool 'swa': composite roles (borrow {'swa': 'full'}, expected {'swa': 'zz'})"
 
 
 # --------------------------------------------------------------- shortfalls

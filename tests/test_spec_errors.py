@@ -204,6 +204,8 @@ MESSAGES = [
     (lambda a: a.plan_floats({"u": -3}), "pool 'u': demand must be >= 0, got -3"),
     (lambda a: a.alloc("zz", 1), "pool 'zz': unknown pool (arena has u, f, d)"),
     (lambda a: a.compact_holes("f", "middle"), "pool 'f': retreat_side must be 'low' or 'high', got 'middle'"),
+    (lambda a: a.make_room("u", "high", 16), "pool 'u': only a float band can slide; this is the up END"),
+    (lambda a: a.compact_holes("d", "low"), "pool 'd': only a float band can slide; this is the down END"),
     (lambda a: a.free("u", [5]), "pool 'u': id 5 is not allocated"),
     (lambda a: a.alloc("u", 1, ids=[4]), "pool 'u': id 4 is already allocated"),
     # one past the last id: a range error, not an index error
