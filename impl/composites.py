@@ -127,8 +127,8 @@ def swa_window_end(seq_len: int, window: int, page_size: int) -> int:
 
 
 def _live_token(v2p, t, ps, what):
-    """Error path only: raise, in the spec's words, unless token ``t`` lies
-    in a live page of ``v2p`` (a host list)."""
+    """Raise, in the spec's words, unless token ``t`` lies in a live page of
+    ``v2p`` (a host list): the batch calls' error path and ``free``'s check."""
     page = t // ps
     if t < 0:
         raise ValueError(f"{what} {t} names no token (-1 is the empty-prefix sentinel)")
@@ -426,16 +426,8 @@ class _Composite:
         v2p = self.arena.v2p(FULL).tolist()  # SYNC: validation
         pages = set()
         for t in toks:
-            if t < 0:
-                raise ValueError(f"free: pool 'full': token {t} names no token (-1 is the empty-prefix sentinel)")
-            p = t // ps
-            if p == 0:
-                raise ValueError(f"free: pool 'full': token {t} lies in page 0, the sink")
-            if p >= len(v2p):
-                raise ValueError(f"free: pool 'full': token {t} is out of range")
-            if v2p[p] < 0:
-                raise ValueError(f"free: pool 'full': token {t} is not allocated (page {p} unknown or freed)")
-            pages.add(p)
+            _live_token(v2p, t, ps, "free: pool 'full': token")
+            pages.add(t // ps)
         pages = sorted(pages)
         if not pages:
             return None

@@ -366,19 +366,25 @@ def test_a_leapfrog_spares_the_page_already_at_its_target(Arena):
     a.verify()
 
 
-def test_refit_shrinks_a_float_to_its_live_pages_after_a_callers_move():
-    """``_refit`` (the conformance classifier's replays move pages
-    themselves): the span shrinks to the live pages, the old holes inside it
-    stay holes, first, and a page the move vacated inside the span joins
-    them."""
+def _six_live_pages(*freed):
+    """A float of six live pages at [47, 53), then the pages ``freed`` freed
+    in that order; the arena, the float's band and its ids."""
     a = spec.Arena(1600, TRI)
     a.alloc("u", 5)
     a.alloc("d", 5)
     ids = a.alloc("f", 6)
     assert a.frontiers("f") == (47 * 16, 53 * 16)
     at = {a.v2p("f")[v]: v for v in ids}
-    a.free("f", [at[50], at[49]])  # holes 50, 49, in that order
-    b = a.bands["f"]
+    a.free("f", [at[p] for p in freed])
+    return a, a.bands["f"], ids
+
+
+def test_refit_shrinks_a_float_to_its_live_pages_after_a_callers_move():
+    """``_refit`` (the conformance classifier's replays move pages
+    themselves): the span shrinks to the live pages, the old holes inside it
+    stay holes, first, and a page the move vacated inside the span joins
+    them."""
+    a, b, ids = _six_live_pages(50, 49)  # holes 50, 49, in that order
     b.move([49], [47])  # the lowest page moves into a hole: 47 leaves the span
     b.move([50], [51])  # and one inside it: 51 is vacated
     a._refit("f")
@@ -392,21 +398,12 @@ def test_refit_shrinks_a_float_to_its_live_pages_after_a_callers_move():
     a.verify()
 
 
-def _six_with_holes_at_49_and_51():
-    a = spec.Arena(1600, TRI)
-    a.alloc("u", 5)
-    a.alloc("d", 5)
-    ids = a.alloc("f", 6)
-    assert a.frontiers("f") == (47 * 16, 53 * 16)
-    at = {a.v2p("f")[v]: v for v in ids}
-    a.free("f", [at[51], at[49]])
-    return a, a.bands["f"]
 
 
 def test_refit_keeps_an_old_hole_still_inside_the_span():
     """Page 47 moves into the hole at 49: the span starts at 48, and the old
     hole at 51 is still a hole."""
-    a, b = _six_with_holes_at_49_and_51()
+    a, b, _ = _six_live_pages(51, 49)
     b.move([49], [47])
     a._refit("f")
     assert a.frontiers("f") == (48 * 16, 53 * 16) and b.holes == [51]
@@ -416,7 +413,7 @@ def test_refit_keeps_an_old_hole_still_inside_the_span():
 def test_refit_drops_an_old_hole_at_the_new_edge():
     """Page 52 moves into the hole at 49: the span ends at 51, so the old
     hole there is outside it now."""
-    a, b = _six_with_holes_at_49_and_51()
+    a, b, _ = _six_live_pages(51, 49)
     b.move([49], [52])
     a._refit("f")
     assert a.frontiers("f") == (47 * 16, 51 * 16) and b.holes == []
