@@ -442,9 +442,20 @@ class _Composite:
 
     # --------------------------------------------------------- relief
 
-    def _flush_members(self):
+    def _absorb_members(self):
         for name in self._floats() + [self.CHAIN[0], self.CHAIN[-1]]:
-            self.arena.flush(name)
+            self.arena.flush(name, max_moves=0)
+
+    def _compact_ends(self, fits, replan):
+        """The ENDs in chain order, each in doubling steps, until it fits
+        (the spec's ``_compact_ends``)."""
+        for name in (self.CHAIN[0], self.CHAIN[-1]):
+            k = 1
+            while self.arena.flush(name, max_moves=k):
+                if fits() or replan():
+                    return True
+                k *= 2
+        return False
 
     def _shortfall(self, tokens, state_slots):
         """Tokens ``evict`` is asked for: the joint token shortfall plus, for
@@ -462,13 +473,16 @@ class _Composite:
         """The shortfall ladder for a demand; True once it fits (DESIGN 4, 6).
 
         Demand vector ``{full: ceil(tokens/ps), swa: same (where present),
-        state: state_slots (where present)}``.  Unless it fits at once:
-        flush every member (floats first, then the ENDs in chain order),
-        recheck; ``open_short_side`` on each float in chain order, rechecking
-        after each; then with ``evict`` up to 4 rounds of
-        ``evict(shortfall_tokens)``, each followed by those two rungs, a
-        falsy return ending the rounds.  The verdict is judged after the
-        last step that ran."""
+        state: state_slots (where present)}``.  Unless it fits at once, the
+        spec's rungs: absorb every member's frontier holes (no move),
+        recheck; compact the ENDs in chain order in doubling steps,
+        rechecking after each; the policy's slide (``"planner"``:
+        ``plan_floats`` before the steps and after each; ``"anchor"``:
+        ``open_short_side`` on each float in chain order, once the ENDs
+        are packed, rechecking after each); then with ``evict`` up to 4
+        rounds of ``evict(shortfall_tokens)``, each followed by those
+        rungs, a falsy return ending the rounds.  The verdict is judged
+        after the last step that ran."""
         tokens, state_slots = self._demand_args("relieve", tokens, state_slots)
         if evict is not None and not callable(evict):
             raise ValueError(f"relieve: evict must be callable or None, got {evict!r}")
@@ -478,28 +492,40 @@ class _Composite:
             demand[SWA] = pages
         if self._has(STATE):
             demand[STATE] = state_slots
+        planner = self.arena.policy == "planner"
+
+        def fits():
+            return self._fits(tokens, state_slots)
+
+        def replan():
+            if not planner:
+                return False
+            self.arena.plan_floats(demand)
+            return fits()
+
+        def rungs():
+            self._absorb_members()
+            if fits() or replan() or self._compact_ends(fits, replan):
+                return True
+            if not planner:
+                for f in self._floats():
+                    self.arena.open_short_side(f, demand)
+                    if fits():
+                        return True
+            return False
 
         # Written as attempts (not the spec's nested rungs): attempt 0 is the
         # ladder alone, each later one an eviction round opened by evict.
         attempts = 1 + (MAX_EVICT_ROUNDS if evict is not None else 0)
         for attempt in range(attempts):
             if attempt == 0:
-                if self._fits(tokens, state_slots):
+                if fits():
                     return True
             elif not evict(self._shortfall(tokens, state_slots)):
                 break
-            self._flush_members()
-            if self.arena.policy == "planner":
-                if not self._fits(tokens, state_slots):
-                    self.arena.plan_floats(demand)
-            else:
-                for f in self._floats():
-                    if self._fits(tokens, state_slots):
-                        break
-                    self.arena.open_short_side(f, demand)
-            if self._fits(tokens, state_slots):
+            if rungs():
                 return True
-        return self._fits(tokens, state_slots)  # after the last step, whatever evict returned
+        return fits()  # after the last step, whatever evict returned
 
     # ------------------------------------------------------- translate
 

@@ -123,6 +123,10 @@ MUTATIONS = [
              unit=("tests/test_impl_composites.py",)),
     Mutation("flush-cap-ignored", "a capped lazy flush moves every survivor", "impl/arena.py",
              [("k = src.numel() if max_moves is None else min(src.numel(), max_moves)", "k = src.numel()")]),
+    Mutation("relief-flushes-whole", "the composite ladder flushes each END whole: one page short moves every "
+             "stray survivor (the churn the steps removed)", "impl/composites.py",
+             [("            while self.arena.flush(name, max_moves=k):", "            while self.arena.flush(name):")],
+             unit=("tests/test_relief_steps.py",)),
     Mutation("park-off-centre", "a parked float's new span rounds its centre up", "impl/capacity.py",
              [("    return lo + _floor(hi - lo - n, 2)", "    return lo + _ceil(hi - lo - n, 2)")]),
     Mutation("relieve-verdict-early", "hardening bug 1: relieve reports False after an evictor that freed "

@@ -392,11 +392,35 @@ class _Composite:
 
     # ----------------------------------------------------------- relief
 
-    def _flush_members(self):
-        """Rung 1: flush every member, floats first, then the ENDs in chain
-        order (DESIGN section 4, a composite's flush targets)."""
+    def _absorb_members(self):
+        """Rung 1: every member settles the holes at its own frontier, which
+        moves no data (``flush(max_moves=0)``): floats first, then the ENDs
+        in chain order."""
         for name in self._floats() + [self.CHAIN[0], self.CHAIN[-1]]:
-            self.arena.flush(name)
+            self.arena.flush(name, max_moves=0)
+
+    def _compact_ends(self, fits, replan):
+        """Rung 2: compact the ENDs in chain order, each in doubling steps
+        (``flush(max_moves=k)``, k = 1, 2, 4, ...), until ``fits()``;
+        ``replan()`` runs after each step that moved (the planner's
+        rung, which moves nothing when no placement fits).  True once it
+        fits.
+
+        Why steps: a whole flush hands every hole of an END to its
+        neighbours, and a composite's members differ in grain (a state
+        slot can be hundreds of KV pages), so one slot short would move
+        them all.  Doubling stops within twice the moves the fit needed, in
+        a number of flushes logarithmic in the holes.  An END whose flush
+        moves nothing is packed, so a rung that does not fit ends with
+        every END packed: the pages a whole flush leaves occupied (which
+        page holds which id may differ)."""
+        for name in (self.CHAIN[0], self.CHAIN[-1]):
+            k = 1
+            while self.arena.flush(name, max_moves=k):
+                if fits() or replan():
+                    return True
+                k *= 2
+        return False
 
     def _shortfall(self, tokens, state_slots):
         """What ``evict`` is asked for, in tokens.
@@ -425,21 +449,32 @@ class _Composite:
         state_slots (where present)}``; "fits" is ``self.fits(tokens,
         state_slots)``.  Unless it fits at once:
 
-        1. flush every member (floats first, then the ENDs in chain order),
-           recheck;
-        2. by the arena's policy: ``"anchor"``, for each float in chain
-           order, ``arena.open_short_side(float, demand)``, rechecking after
-           each; ``"planner"``, one ``arena.plan_floats(demand)``;
-        3. with ``evict``, up to ``MAX_EVICT_ROUNDS`` (4) rounds of
+        1. **absorb**: every member settles the holes at its frontier
+           (``_absorb_members``, no data moves), recheck;
+        2. **compact by steps**: the ENDs in chain order, in doubling steps
+           (``_compact_ends``), rechecking after each;
+        3. **slide**, by the arena's policy: ``"planner"``, one
+           ``arena.plan_floats(demand)``, which also runs before rung 2 and
+           after each of its steps (it moves nothing when no placement
+           fits, so it can run early); ``"anchor"``, for each float in
+           chain order, ``arena.open_short_side(float, demand)``,
+           rechecking after each (it can move in vain, so it runs once,
+           after the ENDs are packed);
+        4. with ``evict``, up to ``MAX_EVICT_ROUNDS`` (4) rounds of
            ``evict(shortfall_tokens)`` (see ``_shortfall``), each followed
-           by rungs 1 and 2; a falsy return ends the rounds.
+           by rungs 1 to 3; a falsy return ends the rounds.
 
         The verdict is judged after the last step that ran.  Never raises
         on a shortfall; an exception from ``evict`` is the caller's.  A
-        demand that fits at once runs nothing (no flush).  With the
-        ``"anchor"`` policy one run is not all the ladder can do (README,
-        findings 1 and 6): a second identical call can succeed where the
-        first failed (``tests/test_spec_composites.py`` pins a case).
+        demand that fits at once runs nothing (no flush).  Rungs 1 and 2,
+        when they do not fit first, end with every member as a whole flush
+        leaves it (up to which page holds which id), so the verdict is the
+        one a flush-everything ladder gives (flushing never lowers what a
+        placement can fit); only the bytes moved on the way differ
+        (README, "Churn").  With the ``"anchor"`` policy one run is not
+        all the ladder can do (README, findings 1 and 6): a second
+        identical call can succeed where the first failed
+        (``tests/test_spec_composites.py`` pins a case).
 
         post: __return__ == self.fits(tokens, state_slots)
         raises: ValueError
@@ -457,13 +492,18 @@ class _Composite:
         def fits():
             return self._fits_on(self.arena, tokens, state_slots)
 
+        def replan():
+            if self.arena.policy != "planner":
+                return False
+            self.arena.plan_floats(demand)
+            return fits()
+
         def rungs():
-            self._flush_members()
-            if fits():
+            self._absorb_members()
+            if fits() or replan() or self._compact_ends(fits, replan):
                 return True
             if self.arena.policy == "planner":
-                self.arena.plan_floats(demand)
-                return fits()
+                return False  # planned after the last step that moved
             for f in self._floats():
                 self.arena.open_short_side(f, demand)
                 if fits():

@@ -1,6 +1,7 @@
-"""The one difference the conformance campaign first filed as a kvarena
-deviation (``kvarena conform``; README "Conformance with the anchor"), now a
-documented design difference, pinned on its minimal case.
+"""Two composite differences pinned on their minimal cases (``kvarena
+conform``; README "Conformance with the anchor"): the one the campaign first
+filed as a kvarena deviation, now a documented design difference, and
+relief-steps (at the end of this file).
 
 tripool-ladder-finds-more: a coupled allocation that kvarena's TriPool
 (policy "anchor") refuses in one call while the anchor's three-pool
@@ -61,3 +62,33 @@ def test_tripool_policies_on_the_minimal_case(pkg):
         c.verify()
     assert results["anchor"] is None
     assert results["planner"] is not None and len(results["planner"]) == 336
+
+
+# relief-steps: kvarena's composite ladder compacts its ENDs in doubling
+# steps and stops at the fit; the anchor flushes its members whole.  The
+# minimal case from ``run_composites(steps=400, seed=3)``, shrunk.
+STEPS_CONFIG = {"full_entry_bytes": 256, "page_size": 8, "lazy": True, "swa_entry_bytes": 192,
+                "total_bytes": 24576}
+STEPS_CALLS = [["alloc", {"n": 48}], ["free_swa", {"request": 0, "pages": 5}], ["alloc", {"n": 8}],
+               ["alloc", {"n": 8}], ["free", {"request": 0}], ["alloc", {"n": 8}], ["alloc", {"n": 8}]]
+
+
+def test_relief_steps_leave_holes_that_a_whole_flush_takes():
+    import copy
+
+    from kvarena.anchor.classify import same_up_to_placement
+    from kvarena.anchor.composites import replay_composite as replay
+    from kvarena.anchor.observe import observe_anchor, observe_spec
+    case = {"kind": "HybridSWA", "config": STEPS_CONFIG, "calls": STEPS_CALLS}
+    classes, detail, _, anchor = replay(dict(case, calls=STEPS_CALLS[:-1]))
+    assert classes is None or "relief-steps" not in classes
+    classes, detail, spec, anchor = replay(case)
+    assert "relief-steps" in classes and detail["spec"] == detail["anchor"]
+    # the walk adopted the anchor's state; rebuild the spec's own to check the rule
+    _, _, before, _ = replay(dict(case, calls=STEPS_CALLS[:-1]))
+    before.alloc_extend([0], [8], [-1])
+    assert not same_up_to_placement(observe_spec(before.arena), observe_anchor(anchor))  # holes left
+    whole = copy.deepcopy(before)
+    for n in whole.arena.chain:
+        whole.arena.flush(n)
+    assert same_up_to_placement(observe_spec(whole.arena), observe_anchor(anchor))

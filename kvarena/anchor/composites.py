@@ -273,6 +273,11 @@ COMPOSITE_CLASSES = {
                                   "a coupled alloc that fails either way: kvarena's ladder has flushed every "
                                   "member before it refuses; the anchor flushes fewer (two ENDs: none unless "
                                   "the compacted state would fit; mamba + full: only the state END)"),
+    "relief-steps": ("design",
+                     "an allocation that needed relief: kvarena's ladder compacts the ENDs in doubling "
+                     "steps and stops at the fit, leaving the far holes; the anchor flushes its members "
+                     "whole.  Flushing every member of kvarena's state gives the anchor's (up to which "
+                     "page holds which id)"),
     "tripool-ladder-finds-more": ("design",
                                   "a coupled alloc on TriPool that kvarena's ladder under policy 'anchor' "
                                   "refuses in one call and the anchor's three-pool ladder makes: sglang's "
@@ -284,7 +289,7 @@ COMPOSITE_CLASSES = {
     "state-slot-ladder": ("design",
                           "a state slot: the anchor flushes full, then runs the state END's single-band "
                           "ladder (flush its neighbour, ask the float for {state: 1}); kvarena's composite "
-                          "runs its ladder with the demand vector, members flushed floats first"),
+                          "runs its ladder with the demand vector (absorb, compact in steps, slide)"),
     "tripool-ladder": ("design",
                        "the anchor's three-pool composite runs its own ladder (END-only flushes, a high-side "
                        "make_room target from its certificate, then the generic ladder); kvarena's runs the "
@@ -350,14 +355,21 @@ def classify_call(spec_pre, call, r_spec, r_anchor, obs_s, obs_a, views_s, views
             and (views_s != views_a or not same_up_to_placement(obs_s, obs_a)):
         # the same outcome by another relocation path; the spec accepts the anchor's state
         return classes + ["tripool-ladder"]
-    if views_a != views_s:
-        return []
-    if r_spec == r_anchor and obs_s == obs_a:
-        return classes
-    if r_spec == r_anchor and same_up_to_labels(obs_s, obs_a):
-        return classes + ["move-pairing"]
-    if r_spec == r_anchor and call in ("alloc", "alloc_state") and same_up_to_placement(obs_s, obs_a):
-        return classes + ["hole-reuse-order"]
+    if views_a == views_s:
+        if r_spec == r_anchor and obs_s == obs_a:
+            return classes
+        if r_spec == r_anchor and same_up_to_labels(obs_s, obs_a):
+            return classes + ["move-pairing"]
+        if r_spec == r_anchor and call in ("alloc", "alloc_state") and same_up_to_placement(obs_s, obs_a):
+            return classes + ["hole-reuse-order"]
+    if r_spec == r_anchor and isinstance(r_spec, list) and call in ("alloc", "alloc_state"):
+        # kvarena's ladder compacted its ENDs in steps and stopped at the fit; the
+        # anchor flushed them whole: flushing the rest of the spec's gives the anchor's
+        flushed = copy.deepcopy(spec)
+        for n in flushed.arena.chain:
+            flushed.arena.flush(n)
+        if same_up_to_placement(observe_spec(flushed.arena), obs_a):  # the views follow the state
+            return classes + ["relief-steps"]
     return []
 
 
