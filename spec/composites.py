@@ -409,8 +409,8 @@ class _Composite:
         Why steps: a whole flush hands every hole of an END to its
         neighbours, and a composite's members differ in grain (a state
         slot can be hundreds of KV pages), so one slot short would move
-        them all.  Doubling stops within twice the moves the fit needed, in
-        a number of flushes logarithmic in the holes.  An END whose flush
+        them all.  Doubling stops within twice the moves the END needed to
+        reach the fit, in a number of flushes logarithmic in its holes.  An END whose flush
         moves nothing is packed, so a rung that does not fit ends with
         every END packed: the pages a whole flush leaves occupied (which
         page holds which id may differ)."""
