@@ -74,21 +74,15 @@ STEPS_CALLS = [["alloc", {"n": 48}], ["free_swa", {"request": 0, "pages": 5}], [
 
 
 def test_relief_steps_leave_holes_that_a_whole_flush_takes():
-    import copy
-
     from kvarena.anchor.classify import same_up_to_placement
-    from kvarena.anchor.composites import replay_composite as replay
+    from kvarena.anchor.composites import flushed_whole, replay_composite as replay
     from kvarena.anchor.observe import observe_anchor, observe_spec
     case = {"kind": "HybridSWA", "config": STEPS_CONFIG, "calls": STEPS_CALLS}
-    classes, detail, _, anchor = replay(dict(case, calls=STEPS_CALLS[:-1]))
+    classes, _, before, _ = replay(dict(case, calls=STEPS_CALLS[:-1]))
     assert classes is None or "relief-steps" not in classes
-    classes, detail, spec, anchor = replay(case)
+    classes, detail, _, anchor = replay(case)
     assert "relief-steps" in classes and detail["spec"] == detail["anchor"]
-    # the walk adopted the anchor's state; rebuild the spec's own to check the rule
-    _, _, before, _ = replay(dict(case, calls=STEPS_CALLS[:-1]))
+    # the walk adopted the anchor's state; the spec's own, from the prefix, checks the rule
     before.alloc_extend([0], [8], [-1])
     assert not same_up_to_placement(observe_spec(before.arena), observe_anchor(anchor))  # holes left
-    whole = copy.deepcopy(before)
-    for n in whole.arena.chain:
-        whole.arena.flush(n)
-    assert same_up_to_placement(observe_spec(whole.arena), observe_anchor(anchor))
+    assert same_up_to_placement(observe_spec(flushed_whole(before.arena)), observe_anchor(anchor))

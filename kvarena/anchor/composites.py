@@ -304,6 +304,14 @@ COMPOSITE_CLASSES = {
 }
 
 
+def flushed_whole(arena):
+    """A copy of ``arena`` with every member flushed whole."""
+    out = copy.deepcopy(arena)
+    for n in out.chain:
+        out.flush(n)
+    return out
+
+
 def classify_call(spec_pre, call, r_spec, r_anchor, obs_s, obs_a, views_s, views_a, spec, anchor):
     """The classes explaining a composite step's difference (``[]``: none)."""
     classes = []
@@ -334,10 +342,7 @@ def classify_call(spec_pre, call, r_spec, r_anchor, obs_s, obs_a, views_s, views
     if r_spec is None and r_anchor is None and call == "alloc":
         # both refuse; the spec's ladder flushed every member, the anchor fewer:
         # flushing every member of the anchor's state gives the spec's
-        flushed = copy.deepcopy(adopted)
-        for n in flushed.chain:
-            flushed.flush(n)
-        if same_up_to_labels(observe_spec(flushed), obs_s):
+        if same_up_to_labels(observe_spec(flushed_whole(adopted)), obs_s):
             return classes + ["composite-refusal-flushes"]
     if call == "alloc" and anchor.kind == "TriPool" and r_spec is None and isinstance(r_anchor, list):
         # the anchor's three-pool ladder found room the spec's ladder did not;
@@ -365,10 +370,7 @@ def classify_call(spec_pre, call, r_spec, r_anchor, obs_s, obs_a, views_s, views
     if r_spec == r_anchor and isinstance(r_spec, list) and call in ("alloc", "alloc_state"):
         # kvarena's ladder compacted its ENDs in steps and stopped at the fit; the
         # anchor flushed them whole: flushing the rest of the spec's gives the anchor's
-        flushed = copy.deepcopy(spec)
-        for n in flushed.arena.chain:
-            flushed.arena.flush(n)
-        if same_up_to_placement(observe_spec(flushed.arena), obs_a):  # the views follow the state
+        if same_up_to_placement(observe_spec(flushed_whole(spec.arena)), obs_a):  # the views follow the state
             return classes + ["relief-steps"]
     return []
 
