@@ -446,13 +446,26 @@ class _Composite:
         for name in self._floats() + [self.CHAIN[0], self.CHAIN[-1]]:
             self.arena.flush(name, max_moves=0)
 
-    def _compact_ends(self, fits, replan):
-        """The ENDs in chain order, each in doubling steps, until it fits
-        (the spec's ``_compact_ends``)."""
+    def _compact_ends(self, demand, fits, replan):
+        """The ENDs' surplus holes (beyond their own demand) in chain order,
+        each in doubling steps capped at the surplus, until it fits; then,
+        with floats and the anchor policy (whose slide reads packed ENDs),
+        the ENDs whole in the same steps (the spec's ``_compact_ends``)."""
+        for name in (self.CHAIN[0], self.CHAIN[-1]):
+            band = self.arena.bands[name]
+            k = 1
+            while (surplus := band.n_holes - demand.get(name, 0)) > 0:
+                if not self.arena.flush(name, max_moves=min(k, surplus)):
+                    raise AccountingError(name, "relief", "a hole with no survivor above it after the absorb rung")
+                if fits() or replan():
+                    return True
+                k *= 2
+        if self.arena.policy == "planner" or not self._floats():
+            return False
         for name in (self.CHAIN[0], self.CHAIN[-1]):
             k = 1
             while self.arena.flush(name, max_moves=k):
-                if fits() or replan():
+                if fits():
                     return True
                 k *= 2
         return False
@@ -475,8 +488,9 @@ class _Composite:
         Demand vector ``{full: ceil(tokens/ps), swa: same (where present),
         state: state_slots (where present)}``.  Unless it fits at once, the
         spec's rungs: absorb every member's frontier holes (no move),
-        recheck; compact the ENDs in chain order in doubling steps,
-        rechecking after each; the policy's slide (``"planner"``:
+        recheck; compact the ENDs' surplus holes (beyond their own demand)
+        in chain order in doubling steps, rechecking after each, then, with
+        floats and the anchor policy, the ENDs whole; the policy's slide (``"planner"``:
         ``plan_floats`` before the steps and after each; ``"anchor"``:
         ``open_short_side`` on each float in chain order, once the ENDs
         are packed, rechecking after each); then with ``evict`` up to 4
@@ -505,7 +519,7 @@ class _Composite:
 
         def rungs():
             self._absorb_members()
-            if fits() or replan() or self._compact_ends(fits, replan):
+            if fits() or replan() or self._compact_ends(demand, fits, replan):
                 return True
             if not planner:
                 for f in self._floats():

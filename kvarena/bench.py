@@ -406,7 +406,7 @@ def bench_churn(args, device):
     out = {}
     trace = traces.generate("balanced", args.churn_requests, seed=1)
     cfg = engine.Config(record=False)
-    for name in ("gpt-oss-120b", "qwen3-next-80b-a3b", "tri-synthetic"):
+    for name in ("gpt-oss-120b", "gemma-3-27b", "qwen3-next-80b-a3b", "tri-synthetic"):
         sizes = presets.Sizes.of(presets.preset(name))
         row = {}
         for policy in ("anchor", "planner"):

@@ -44,7 +44,8 @@ if PROFILE not in PROFILES:
 CASES = Counter()
 REQUIRED = ("window-slide free", "joint-view exhaustion", "state starvation relieved without eviction",
             "extend crosses a page", "decode opens a page", "trusted decode", "retraction", "hybrid", "mamba",
-            "tri", "policy anchor", "policy planner", "relief stopped before the ENDs were packed")
+            "tri", "policy anchor", "policy planner", "relief stopped before the ENDs were packed",
+            "relief met an END with holes but no surplus")
 KINDS = ("hybrid", "mamba", "tri")
 
 
@@ -299,6 +300,11 @@ class CompositeMachine(RuleBasedStateMachine):
             return evict
 
         short = not self.S.fits(tokens, slots)
+        if short:
+            pages = -(-tokens // self.S.page_size)
+            own = {"state": slots}  # full and swa are asked for the token pages
+            if any(0 < len(self.S.arena.holes(n)) <= own.get(n, pages) for n in (self.S.arena.chain[0], self.S.arena.chain[-1])):
+                note("relief met an END with holes but no surplus")
         ok = self.S.relieve(tokens, slots, evictor(self.S, "spec") if evicting else None)
         got = self.I.relieve(tokens, slots, evictor(self.I, "impl") if evicting else None)
         assert ok == got and logs.get("spec") == logs.get("impl"), (ok, got, logs)

@@ -546,6 +546,37 @@ def _bug2(r, ps=4):
             "anchor-bug:2",)
 
 
+@scenario("composites/relief-compacts-in-steps", "MambaHybrid")
+def _relief_steps(r, ps=1):
+    slots = r("alloc_state", n=10)
+    r("free_state", slots=[slots[i] for i in (0, 2, 4, 6, 9)])  # holes at 1, 3, 5, 7 and the frontier
+    r("alloc_extend", prefix_lens=[0], seq_lens=[r("available_size")], last_loc=[-1])
+    r.start()
+    r("relieve", tokens=3)  # absorb the frontier hole, then a step of 1 move and one of 2
+    r("available_size")
+    r("relieve", tokens=6)  # refused: every state hole is surplus (no slot asked), so the END ends packed
+    r("available_size")
+    return "the composite ladder compacts an END in doubling steps and stops at the fit", ()
+
+
+@scenario("composites/relief-short-swa-end", "HybridSWA")
+def _relief_short_end(r, ps=1):
+    a = r("alloc_extend", prefix_lens=[0], seq_lens=[4], last_loc=[-1])
+    b = r("alloc_extend", prefix_lens=[0], seq_lens=[4], last_loc=[-1])
+    r("alloc_extend", prefix_lens=[0], seq_lens=[4], last_loc=[-1])
+    r("free_swa", token_ids=a, start_pos=0)
+    r("alloc_extend", prefix_lens=[0], seq_lens=[4], last_loc=[-1])
+    r("alloc_extend", prefix_lens=[0], seq_lens=[r("available_size")], last_loc=[-1])
+    r("free", token_ids=a)  # full: four deep holes; swa: none of a's
+    r("free_swa", token_ids=b[:1], start_pos=0)  # swa: one deep hole
+    r.start()
+    r("relieve", tokens=4)  # refused, nothing moved: neither END holds more holes than its demand
+    r("relieve", tokens=3)  # swa is short: one page of full's surplus moves, no swa page
+    r("available_size")
+    return "the composite ladder compacts only an END's surplus holes: a short SWA END is helped by " \
+        "compacting full, not itself", ()
+
+
 COMPOSITE_CONFIGS = {
     "composites/bug7-views-four-joint-three": lambda p: composite_cfg("HybridSWA", 16, p, pages=11, lazy=True),
     "composites/bug7-tri-views-four-joint-three": lambda p: composite_cfg("TriPool", 16, p, pages=13),
@@ -553,6 +584,8 @@ COMPOSITE_CONFIGS = {
     "composites/bug6-state-starvation-flushes": lambda p: composite_cfg("MambaHybrid", 16, p, pages=12,
                                                                         lazy=["full"]),
     "composites/bug2-three-kinds-free-swa-on-the-window": lambda p: composite_cfg("TriPool", 4, p, pages=40),
+    "composites/relief-compacts-in-steps": lambda p: composite_cfg("MambaHybrid", 1, p, pages=40, lazy=True),
+    "composites/relief-short-swa-end": lambda p: composite_cfg("HybridSWA", 1, p, pages=40, lazy=True),
 }
 
 

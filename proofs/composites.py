@@ -30,13 +30,22 @@ abstract arena's ``available`` (the spec's ``end_available`` /
 - ``golden.tripool_empty_float.within_one_page``: on any grid the TriPool
   view is the two-END one or one page less;
 - ``golden.tripool_empty_float.exact_off_grid`` (refuted, a finding): off
-  swa's grid the two differ.
+  swa's grid the two differ;
+- ``relief.surplus_only.nN`` (N = 2, 3 pools): the composite ladder's
+  stopping rule (``_compact_ends``).  A flush of a lazy END that leaves it
+  at most ``d`` holes, ``d`` its own demand, leaves the END extending for
+  that demand exactly as far as the packed END does, with the same verdict
+  on its grid room: the planner's inputs (``chain.planner_inputs``) of
+  the two states agree at that END.  So the ladder compacts an END only
+  while its holes exceed its demand; past that, every page its frontier
+  gives back is one its own extension takes again.
 """
 
 import z3
 
 from kvarena.spec import arith
 from kvarena.spec import transitions as T
+from kvarena.spec.chain import planner_inputs
 
 from . import abstract as A
 from .capacity import cdiv_galois, fdiv_galois
@@ -208,3 +217,45 @@ add("golden.tripool_empty_float.within_one_page", "golden",
 add("golden.tripool_empty_float.exact_off_grid", "golden",
     "REFUTED (finding): TriPool with a transparent float fits P iff P <= two_end_joint_pages, whatever "
     "the state END's frontier", _tripool(False, "exact"), timeout_s=20.0, expect="counterexample", source="model")
+
+
+# ------------------------------------------------------- the relief ladder
+
+
+def _end_reach(s, i, d):
+    """How far END ``i`` of ``s`` extends for the demand vector ``d``, and
+    whether its grid has the room: from the spec's ``planner_inputs``."""
+    up, _, down = planner_inputs(s, d)
+    if i == 0:
+        return up.frontier + up.ext * up.epp, up.ext <= up.room
+    return down.frontier - down.ext * down.epp, down.ext <= down.room
+
+
+def _surplus_only(n, slack=0):
+    """``slack`` > 0 lets the ladder stop that many holes past the demand:
+    a planted bug, which the tests refute."""
+    def build():
+        f, s, hyps = _state(n)
+        d = [f.int(f"demand{j}") for j in range(n)]
+        hyps += [dj >= 0 for dj in d]
+        cases, goals = [], []
+        for i in (0, n - 1):
+            a = s.bands[i]
+            edge = f.int(f"edge{i}")
+            packed = a.lo + a.live if s.pools[i].grow == "up" else a.hi - a.live
+            t = s.with_band(i, T.flush_end(s, i, edge))  # where the ladder stopped
+            p = s.with_band(i, T.flush_end(s, i, packed))  # a whole flush
+            (reach_t, room_t), (reach_p, room_p) = _end_reach(t, i, d), _end_reach(p, i, d)
+            cases.append([s.pools[i].lazy, T.flush_end_ok(s, i, edge), t.bands[i].holes <= d[i] + slack])
+            goals.append(z3.And(reach_t == reach_p, room_t == room_p))
+        return Built(hyps, None, cases=cases, case_goals=goals, hints=A.layout_hint(s))
+
+    return build
+
+
+for _n in (2, 3):
+    add(f"relief.surplus_only.n{_n}", "composite",
+        f"{_n} pools, either END, lazy: a flush that leaves the END at most d holes (d its own demand) "
+        "leaves it extending for d as far as a whole flush does, with the same grid-room verdict "
+        "(planner_inputs agree at that END): compacting past the surplus gains nothing",
+        _surplus_only(_n), timeout_s=20.0)

@@ -399,25 +399,51 @@ class _Composite:
         for name in self._floats() + [self.CHAIN[0], self.CHAIN[-1]]:
             self.arena.flush(name, max_moves=0)
 
-    def _compact_ends(self, fits, replan):
-        """Rung 2: compact the ENDs in chain order, each in doubling steps
-        (``flush(max_moves=k)``, k = 1, 2, 4, ...), until ``fits()``;
-        ``replan()`` runs after each step that moved (the planner's
-        rung, which moves nothing when no placement fits).  True once it
-        fits.
+    def _compact_ends(self, demand, fits, replan):
+        """Rung 2: compact the ENDs' surplus, in chain order, each in
+        doubling steps (``flush(max_moves=k)``, k = 1, 2, 4, ..., capped at
+        the surplus), until ``fits()``; ``replan()`` runs after each step
+        (the planner's rung, which moves nothing when no placement fits).
+        True once it fits.
+
+        An END's **surplus** is its holes beyond its own demand
+        (``demand[name]`` pages).  Only the surplus is worth moving: an END
+        reuses its holes before it extends, so below its demand every page
+        its frontier gives back is a page its own extension takes again
+        (``relief.surplus_only``: an END with holes at most its demand
+        extends exactly as far as the packed END).  An END with no surplus
+        is not touched; on ``HybridSWA`` a short SWA band is helped by
+        compacting full, never by compacting itself.
 
         Why steps: a whole flush hands every hole of an END to its
         neighbours, and a composite's members differ in grain (a state
         slot can be hundreds of KV pages), so one slot short would move
         them all.  Doubling stops within twice the moves the END needed to
-        reach the fit, in a number of flushes logarithmic in its holes.  An END whose flush
-        moves nothing is packed, so a rung that does not fit ends with
-        every END packed: the pages a whole flush leaves occupied (which
-        page holds which id may differ)."""
+        reach the fit, in a number of flushes logarithmic in its holes.
+
+        What the rung leaves when it does not fit: every END with holes at
+        most its demand, which extends as the packed END does; so the
+        planner's decision, and the fit of two ENDs alone, are those of a
+        whole flush.  The anchor's slide (``open_short_side``) reads the
+        ENDs' holes and gaps themselves, not only how far they extend, so
+        with floats and the ``"anchor"`` policy the rung then packs the
+        ENDs in the same doubling steps, and ends with every END packed:
+        the pages a whole flush leaves occupied (which page holds which id
+        may differ)."""
+        for name in (self.CHAIN[0], self.CHAIN[-1]):
+            k = 1
+            while (surplus := len(self.arena.holes(name)) - demand.get(name, 0)) > 0:
+                moved = self.arena.flush(name, max_moves=min(k, surplus))
+                assert moved > 0  # rung 1 absorbed the frontier's holes: each hole lies below a survivor
+                if fits() or replan():
+                    return True
+                k *= 2
+        if self.arena.policy == "planner" or not self._floats():
+            return False
         for name in (self.CHAIN[0], self.CHAIN[-1]):
             k = 1
             while self.arena.flush(name, max_moves=k):
-                if fits() or replan():
+                if fits():
                     return True
                 k *= 2
         return False
@@ -451,8 +477,10 @@ class _Composite:
 
         1. **absorb**: every member settles the holes at its frontier
            (``_absorb_members``, no data moves), recheck;
-        2. **compact by steps**: the ENDs in chain order, in doubling steps
-           (``_compact_ends``), rechecking after each;
+        2. **compact by steps**: the ENDs' surplus holes (beyond their own
+           demand), in chain order, in doubling steps (``_compact_ends``),
+           rechecking after each; with floats and the ``"anchor"`` policy,
+           then the ENDs whole, in the same steps;
         3. **slide**, by the arena's policy: ``"planner"``, one
            ``arena.plan_floats(demand)``, which also runs before rung 2 and
            after each of its steps (it moves nothing when no placement
@@ -467,11 +495,11 @@ class _Composite:
         The verdict is judged after the last step that ran.  Never raises
         on a shortfall; an exception from ``evict`` is the caller's.  A
         demand that fits at once runs nothing (no flush).  Rungs 1 and 2,
-        when they do not fit first, end with every member as a whole flush
-        leaves it (up to which page holds which id), so the verdict is the
-        one a flush-everything ladder gives (flushing never lowers what a
-        placement can fit); only the bytes moved on the way differ
-        (README, "Churn").  With the ``"anchor"`` policy one run is not
+        when they do not fit first, leave every END extending as far as a
+        whole flush leaves it (packed, for the anchor's slide), so the
+        verdict is the one a flush-everything ladder gives (flushing never
+        lowers what a placement can fit); only the bytes moved on the way
+        differ (README, "Churn").  With the ``"anchor"`` policy one run is not
         all the ladder can do (README, findings 1 and 6): a second
         identical call can succeed where the first failed
         (``tests/test_spec_composites.py`` pins a case).
@@ -500,7 +528,7 @@ class _Composite:
 
         def rungs():
             self._absorb_members()
-            if fits() or replan() or self._compact_ends(fits, replan):
+            if fits() or replan() or self._compact_ends(demand, fits, replan):
                 return True
             if self.arena.policy == "planner":
                 return False  # planned after the last step that moved

@@ -4,6 +4,8 @@ spec's brute-force joint view and the implementation's, the finding's
 regression test, and mutations of the closed form that the obligations catch.
 """
 
+import copy
+import dataclasses
 import random
 
 import pytest
@@ -272,3 +274,55 @@ def test_mutation_closed_form_drops_the_first_sides_cost(monkeypatch):
 
     monkeypatch.setattr(arith, "two_end_joint_pages", mutant)
     assert "composite.hybrid.joint_sound" in _fails("composite.hybrid.joint_sound")
+
+
+# ------------------------------------------------------ the relief ladder
+
+
+def test_surplus_only_fails_when_the_ladder_stops_a_hole_early():
+    """Stopping at ``holes <= demand + 1`` leaves the END one page short of
+    the packed END's reach: z3 finds it, on both chain sizes."""
+    for n in (2, 3):
+        ob = REGISTRY[f"relief.surplus_only.n{n}"]
+        planted = dataclasses.replace(ob, build=C._surplus_only(n, slack=1))
+        assert run_obligation(ob)["ok"]
+        assert not run_obligation(planted)["ok"]
+
+
+@pytest.mark.parametrize("policy", ["anchor", "planner"])
+@settings(max_examples=60, deadline=None)
+@given(seed=st.integers(0, 10_000))
+def test_surplus_only_on_the_real_arena(policy, seed):
+    """The obligation's claim on ``spec.Arena`` states the ladder leaves: an
+    END left with holes at most its demand extends (``planner_inputs``) as
+    far as after a whole flush."""
+    rng = random.Random(seed)
+    c = SC.TriPool(64 * 60, 32, 16, 192, page_size=2, lazy=True, policy=policy)
+    reqs = []
+    for _ in range(rng.randrange(4, 30)):
+        r = rng.random()
+        if r < 0.45:
+            t = c.alloc_extend([0], [rng.randrange(1, 30)], [-1])
+            if t is not None:
+                reqs.append([int(x) for x in t])
+        elif r < 0.65:
+            c.alloc_state(1)
+        elif r < 0.85 and reqs:
+            c.free(reqs.pop(rng.randrange(len(reqs))))
+        elif reqs:
+            q = reqs[rng.randrange(len(reqs))]
+            c.free_swa(q[:len(q) // 2], 0)
+    tokens, slots = c.available_size() + rng.randrange(1, 30), rng.randrange(0, 2)
+    c.relieve(tokens=tokens, state_slots=slots)
+    pages = -(-tokens // c.page_size)
+    d = [slots, pages, pages]
+    whole = copy.deepcopy(c.arena)
+    for n in whole.chain:
+        whole.flush(n)
+    s, w = c.arena.state(), whole.state()
+    checked = 0
+    for i in (0, 2):
+        if s.bands[i].holes <= d[i]:
+            assert C._end_reach(s, i, d) == C._end_reach(w, i, d)
+            checked += 1
+    assert checked or c.fits(tokens, slots)  # a ladder that stopped short of the fit left no surplus

@@ -270,13 +270,16 @@ COMPOSITE_CLASSES = {
                           "a request longer than the arena could ever hold: kvarena's composites raise "
                           "ValueError (bad input, nothing changed); the anchor's return None like a shortfall"),
     "composite-refusal-flushes": ("design",
-                                  "a coupled alloc that fails either way: kvarena's ladder has flushed every "
-                                  "member before it refuses; the anchor flushes fewer (two ENDs: none unless "
-                                  "the compacted state would fit; mamba + full: only the state END)"),
+                                  "a coupled alloc that fails either way, each ladder having compacted "
+                                  "another part of the members: kvarena's only the ENDs' surplus holes "
+                                  "(beyond their own demand; all of them before the anchor policy's slide "
+                                  "on TriPool), the anchor's two-END composite none unless the compacted "
+                                  "state would fit, its mamba + full one the state END.  Flushing every "
+                                  "member of both gives the same state"),
     "relief-steps": ("design",
-                     "an allocation that needed relief: kvarena's ladder compacts the ENDs in doubling "
-                     "steps and stops at the fit, leaving the far holes; the anchor flushes its members "
-                     "whole.  Flushing every member of kvarena's state gives the anchor's (up to which "
+                     "an allocation that needed relief: kvarena's ladder compacts only the ENDs' surplus "
+                     "holes (beyond their own demand), in doubling steps, and stops at the fit, leaving "
+                     "the rest; the anchor flushes its members whole.  Flushing every member of kvarena's state gives the anchor's (up to which "
                      "page holds which id)"),
     "tripool-ladder-finds-more": ("design",
                                   "a coupled alloc on TriPool that kvarena's ladder under policy 'anchor' "
@@ -340,9 +343,9 @@ def classify_call(spec_pre, call, r_spec, r_anchor, obs_s, obs_a, views_s, views
     if r_spec == "ValueError" and r_anchor is None and obs_s == obs_a and views_s == views_a:
         return classes + ["oversized-request"]
     if r_spec is None and r_anchor is None and call == "alloc":
-        # both refuse; the spec's ladder flushed every member, the anchor fewer:
-        # flushing every member of the anchor's state gives the spec's
-        if same_up_to_labels(observe_spec(flushed_whole(adopted)), obs_s):
+        # both refuse, having compacted different parts: flushing every member
+        # of both gives the same state
+        if same_up_to_labels(observe_spec(flushed_whole(adopted)), observe_spec(flushed_whole(spec.arena))):
             return classes + ["composite-refusal-flushes"]
     if call == "alloc" and anchor.kind == "TriPool" and r_spec is None and isinstance(r_anchor, list):
         # the anchor's three-pool ladder found room the spec's ladder did not;
