@@ -450,24 +450,18 @@ class _Composite:
         """The ENDs' surplus holes (beyond their own demand) in chain order,
         each in doubling steps capped at the surplus, until it fits; then,
         with floats and the anchor policy (whose slide reads packed ENDs),
-        the ENDs whole in the same steps (the spec's ``_compact_ends``)."""
+        the ENDs whole (the spec's ``_compact_ends``)."""
         for name in (self.CHAIN[0], self.CHAIN[-1]):
             band = self.arena.bands[name]
             k = 1
-            while (surplus := band.n_holes - demand.get(name, 0)) > 0:
-                if not self.arena.flush(name, max_moves=min(k, surplus)):
-                    raise AccountingError(name, "relief", "a hole with no survivor above it after the absorb rung")
+            while (surplus := band.n_holes - demand[name]) > 0 and \
+                    self.arena.flush(name, max_moves=min(k, surplus)):
                 if fits() or replan():
                     return True
                 k *= 2
-        if self.arena.policy == "planner" or not self._floats():
-            return False
-        for name in (self.CHAIN[0], self.CHAIN[-1]):
-            k = 1
-            while self.arena.flush(name, max_moves=k):
-                if fits():
-                    return True
-                k *= 2
+        if self.arena.policy == "anchor" and self._floats():
+            for name in (self.CHAIN[0], self.CHAIN[-1]):
+                self.arena.flush(name)
         return False
 
     def _shortfall(self, tokens, state_slots):
@@ -490,7 +484,7 @@ class _Composite:
         spec's rungs: absorb every member's frontier holes (no move),
         recheck; compact the ENDs' surplus holes (beyond their own demand)
         in chain order in doubling steps, rechecking after each, then, with
-        floats and the anchor policy, the ENDs whole; the policy's slide (``"planner"``:
+        floats and the anchor policy, flush the ENDs whole; the policy's slide (``"planner"``:
         ``plan_floats`` before the steps and after each; ``"anchor"``:
         ``open_short_side`` on each float in chain order, once the ENDs
         are packed, rechecking after each); then with ``evict`` up to 4

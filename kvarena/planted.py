@@ -125,14 +125,14 @@ MUTATIONS = [
              [("k = src.numel() if max_moves is None else min(src.numel(), max_moves)", "k = src.numel()")]),
     Mutation("relief-flushes-whole", "the composite ladder flushes each END whole: one page short moves every "
              "stray survivor (the churn the steps removed)", "impl/composites.py",
-             [("                if not self.arena.flush(name, max_moves=min(k, surplus)):",
-               "                if not self.arena.flush(name):")],
+             [("                    self.arena.flush(name, max_moves=min(k, surplus)):",
+               "                    self.arena.flush(name):")],
              unit=("tests/test_relief_steps.py",)),
     Mutation("relief-compacts-short-end", "the composite ladder compacts an END whose holes its own demand "
              "takes: its frontier's pages are the ones its extension then needs (moves for nothing)",
              "impl/composites.py",
-             [("            while (surplus := band.n_holes - demand.get(name, 0)) > 0:",
-               "            while (surplus := band.n_holes) > 0:")],
+             [("            while (surplus := band.n_holes - demand[name]) > 0 and \\",
+               "            while (surplus := band.n_holes) > 0 and \\")],
              unit=("tests/test_relief_steps.py",)),
     Mutation("park-off-centre", "a parked float's new span rounds its centre up", "impl/capacity.py",
              [("    return lo + _floor(hi - lo - n, 2)", "    return lo + _ceil(hi - lo - n, 2)")]),

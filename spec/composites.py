@@ -423,29 +423,24 @@ class _Composite:
 
         What the rung leaves when it does not fit: every END with holes at
         most its demand, which extends as the packed END does; so the
-        planner's decision, and the fit of two ENDs alone, are those of a
-        whole flush.  The anchor's slide (``open_short_side``) reads the
-        ENDs' holes and gaps themselves, not only how far they extend, so
-        with floats and the ``"anchor"`` policy the rung then packs the
-        ENDs in the same doubling steps, and ends with every END packed:
-        the pages a whole flush leaves occupied (which page holds which id
-        may differ)."""
+        planner's decision, and the fit itself, are those of a whole flush.
+        The anchor's slide (``open_short_side``) reads the ENDs' holes and
+        gaps themselves, not only how far they extend, so with floats and
+        the ``"anchor"`` policy the rung then flushes the ENDs whole, with
+        no recheck (by ``relief.surplus_only`` that cannot fit the demand
+        by itself), and ends with every END packed: the pages a whole
+        flush leaves occupied (which page holds which id may differ)."""
         for name in (self.CHAIN[0], self.CHAIN[-1]):
             k = 1
-            while (surplus := len(self.arena.holes(name)) - demand.get(name, 0)) > 0:
-                moved = self.arena.flush(name, max_moves=min(k, surplus))
-                assert moved > 0  # rung 1 absorbed the frontier's holes: each hole lies below a survivor
+            # each step moves: rung 1 absorbed the frontier's holes, so every hole lies below a survivor
+            while (surplus := len(self.arena.holes(name)) - demand[name]) > 0 and \
+                    self.arena.flush(name, max_moves=min(k, surplus)):
                 if fits() or replan():
                     return True
                 k *= 2
-        if self.arena.policy == "planner" or not self._floats():
-            return False
-        for name in (self.CHAIN[0], self.CHAIN[-1]):
-            k = 1
-            while self.arena.flush(name, max_moves=k):
-                if fits():
-                    return True
-                k *= 2
+        if self.arena.policy == "anchor" and self._floats():
+            for name in (self.CHAIN[0], self.CHAIN[-1]):
+                self.arena.flush(name)
         return False
 
     def _shortfall(self, tokens, state_slots):
@@ -480,7 +475,7 @@ class _Composite:
         2. **compact by steps**: the ENDs' surplus holes (beyond their own
            demand), in chain order, in doubling steps (``_compact_ends``),
            rechecking after each; with floats and the ``"anchor"`` policy,
-           then the ENDs whole, in the same steps;
+           then the ENDs whole;
         3. **slide**, by the arena's policy: ``"planner"``, one
            ``arena.plan_floats(demand)``, which also runs before rung 2 and
            after each of its steps (it moves nothing when no placement
