@@ -484,10 +484,11 @@ class _Composite:
         spec's rungs: absorb every member's frontier holes (no move),
         recheck; compact the ENDs' surplus holes (beyond their own demand)
         in chain order in doubling steps, rechecking after each, then, with
-        floats and the anchor policy, flush the ENDs whole; the policy's slide (``"planner"``:
-        ``plan_floats`` before the steps and after each; ``"anchor"``:
-        ``open_short_side`` on each float in chain order, once the ENDs
-        are packed, rechecking after each); then with ``evict`` up to 4
+        floats and the anchor policy, flush the ENDs whole; the policy's
+        slide (``"planner"``: ``plan_floats`` before the steps and after
+        each; ``"anchor"``: ``open_short_side`` on each float in chain
+        order, once the ENDs are packed, rechecking after each); then with
+        ``evict`` up to 4
         rounds of ``evict(shortfall_tokens)``, each followed by those
         rungs, a falsy return ending the rounds.  The verdict is judged
         after the last step that ran."""
