@@ -276,9 +276,18 @@ class CompositeMachine(RuleBasedStateMachine):
 
     @rule(data=st.data())
     def relieve(self, data):
-        tokens = self.S.available_size() + data.draw(st.integers(-self.ps, 6 * self.ps + 4))
+        if data.draw(st.booleans()):  # around what fits now
+            tokens = self.S.available_size() + data.draw(st.integers(-self.ps, 6 * self.ps + 4))
+            slots = data.draw(st.integers(0, 2)) if self.has_state else 0
+        else:
+            # a little past what fits now, within what a whole flush fits, no slot:
+            # every state hole is surplus, and the ladder stops on the way
+            packed = copy.deepcopy(self.S)
+            for n in packed.arena.chain:
+                packed.arena.flush(n)
+            tokens = min(self.S.available_size() + data.draw(st.integers(1, self.ps)), packed.available_size())
+            slots = 0
         tokens = max(0, tokens)
-        slots = data.draw(st.integers(0, 2)) if self.has_state else 0
         evicting = data.draw(st.booleans())
         newest_first = sorted(self.reqs, reverse=True)
         logs = {}
