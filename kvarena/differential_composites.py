@@ -44,8 +44,11 @@ if PROFILE not in PROFILES:
 CASES = Counter()
 REQUIRED = ("window-slide free", "joint-view exhaustion", "state starvation relieved without eviction",
             "extend crosses a page", "decode opens a page", "trusted decode", "retraction", "hybrid", "mamba",
-            "tri", "policy anchor", "policy planner", "relief stopped before the ENDs were packed",
-            "relief met an END with holes but no surplus")
+            "tri", "policy anchor", "policy planner", "relief met an END with holes but no surplus")
+# Counted, not required: since the ladder compacts only surplus holes, a fit part-way is rare in
+# a fixed-seed run and its count moved with Hypothesis's version and the test order (0 to 18);
+# tests/test_relief_steps.py and the vectors (composites/relief-*) pin that path on both packages.
+OBSERVED = ("relief stopped before the ENDs were packed",)
 KINDS = ("hybrid", "mamba", "tri")
 
 
@@ -279,13 +282,8 @@ class CompositeMachine(RuleBasedStateMachine):
         if data.draw(st.booleans()):  # around what fits now
             tokens = self.S.available_size() + data.draw(st.integers(-self.ps, 6 * self.ps + 4))
             slots = data.draw(st.integers(0, 2)) if self.has_state else 0
-        else:
-            # a little past what fits now, within what a whole flush fits, no slot:
-            # every state hole is surplus, and the ladder stops on the way
-            packed = copy.deepcopy(self.S)
-            for n in packed.arena.chain:
-                packed.arena.flush(n)
-            tokens = min(self.S.available_size() + data.draw(st.integers(1, self.ps)), packed.available_size())
+        else:  # a little past what fits now, no slot (every state hole is surplus): the ladder stops on the way
+            tokens = self.S.available_size() + data.draw(st.integers(1, self.ps))
             slots = 0
         tokens = max(0, tokens)
         evicting = data.draw(st.booleans())
@@ -323,7 +321,7 @@ class CompositeMachine(RuleBasedStateMachine):
         if short and ok:  # with or without eviction rounds, the ladder stopped at the fit
             trial = copy.deepcopy(self.S.arena)
             if any(trial.flush(n) for n in (trial.chain[0], trial.chain[-1])):
-                note("relief stopped before the ENDs were packed")
+                note(OBSERVED[0])
         for rid, _ in logs.get("spec", []):
             del self.reqs[rid]
             note("retraction")
