@@ -279,8 +279,8 @@ COMPOSITE_CLASSES = {
     "relief-steps": ("design",
                      "an allocation that needed relief: kvarena's ladder compacts only the ENDs' surplus "
                      "holes (beyond their own demand), in doubling steps, and stops at the fit, leaving "
-                     "the rest; the anchor flushes its members whole.  Flushing every member of kvarena's state gives the anchor's (up to which "
-                     "page holds which id)"),
+                     "the rest; the anchor flushes its members whole.  Flushing every member of "
+                     "kvarena's state gives the anchor's (up to which page holds which id)"),
     "tripool-ladder-finds-more": ("design",
                                   "a coupled alloc on TriPool that kvarena's ladder under policy 'anchor' "
                                   "refuses in one call and the anchor's three-pool ladder makes: sglang's "
