@@ -13,5 +13,13 @@ from kvarena.spec.geometry import AccountingError, SubPool
 from .arena import MAX_EVICT_ROUNDS, Arena
 from .composites import HybridSWA, MambaHybrid, TriPool, swa_window_end
 
-__all__ = ["Arena", "AccountingError", "SubPool", "MAX_EVICT_ROUNDS", "HybridSWA", "MambaHybrid", "TriPool",
-           "swa_window_end"]
+__all__ = [
+    "MAX_EVICT_ROUNDS",
+    "AccountingError",
+    "Arena",
+    "HybridSWA",
+    "MambaHybrid",
+    "SubPool",
+    "TriPool",
+    "swa_window_end",
+]

@@ -8,7 +8,7 @@ per-operation step is here.
 Host syncs.  Counters (span ends, live, hole counts) live on the host, so
 the capacity gate and ``alloc`` without borrowed ids never wait on the
 device.  ``free(check=False)`` and ``translate`` on a tensor are sync-free
-(``tests/test_host_sync.py`` scans them).  The remaining syncs are marked
+(``tests/impl/test_host_sync.py`` scans them).  The remaining syncs are marked
 ``# SYNC:`` where they happen: id validation, and the cold paths (flush,
 make_room, compact_holes, refit) that compute move sets from the tables.
 """
@@ -44,9 +44,17 @@ class Arena:
         self.chain = layout.chain
         self.sink_bytes = layout.sink_bytes
         self.buffer = torch.zeros(total_bytes, dtype=torch.uint8, device=self.device)
-        self.bands = {n: Band(layout.pools[n], layout.geometry[n], n in lazy_set, self.device,
-                              lenders.get(n), layout.geometry.get(lenders.get(n)))
-                      for n in self.chain}
+        self.bands = {
+            n: Band(
+                layout.pools[n],
+                layout.geometry[n],
+                n in lazy_set,
+                self.device,
+                lenders.get(n),
+                layout.geometry.get(lenders.get(n)),
+            )
+            for n in self.chain
+        }
         self._order = list(self.bands.values())
         self._memo = Memo.shared_by(self._order)  # one arena-wide epoch; a deep copy gets its own
         self._cache = self._memo.cache  # the memo's dict, emptied in place on every tick
@@ -161,7 +169,7 @@ class Arena:
 
     def _neighbour(self, name, upward):
         i = self.chain.index(name)
-        rest = self.chain[i + 1:] if upward else self.chain[:i][::-1]
+        rest = self.chain[i + 1 :] if upward else self.chain[:i][::-1]
         for n in rest:
             if self.bands[n].opaque:
                 return self.bands[n]
@@ -299,11 +307,12 @@ class Arena:
             for v, p in zip(host, rows(self.bands[b.lender])):
                 if p < 0:
                     raise ValueError(f"pool {b.name!r}: id {v} is not live in its lender {b.lender!r}")
-        for other in (self.borrowers(b.name) if freeing else ()):
+        for other in self.borrowers(b.name) if freeing else ():
             for v, p in zip(host, rows(self.bands[other])):
                 if p >= 0:
-                    raise ValueError(f"pool {b.name!r}: id {v} is still bound in its borrower {other!r}; "
-                                     "free it there first")
+                    raise ValueError(
+                        f"pool {b.name!r}: id {v} is still bound in its borrower {other!r}; free it there first"
+                    )
         return t
 
     def _bound_ids(self, b, ids):
@@ -370,7 +379,7 @@ class Arena:
             b.lo, b.hi = start, start + m
             return b.pages(start, start + m)
         if region_hi - b.hi >= b.lo - region_lo:  # toward the larger gap, high wins ties: the
-            b.hi = b.hi + m         # side the gate priced, so it fits
+            b.hi = b.hi + m  # side the gate priced, so it fits
             return b.pages(b.hi - m, b.hi)
         b.lo = b.lo - m
         return b.pages(b.lo, b.lo + m)
@@ -455,9 +464,9 @@ class Arena:
             src, dst = live[live < edge], holes[holes >= edge]
         k = src.numel() if max_moves is None else min(src.numel(), max_moves)
         if b.grow == "up":  # survivors nearest the frontier, holes furthest from it
-            src, dst = src[src.numel() - k:], dst[:k]
+            src, dst = src[src.numel() - k :], dst[:k]
         else:
-            src, dst = src[:k], dst[dst.numel() - k:]
+            src, dst = src[:k], dst[dst.numel() - k :]
         moved = self._move(b, dst, src)
         live = b.occupied_pages()
         if b.grow == "up":
@@ -501,15 +510,13 @@ class Arena:
         if band_side >= min_bytes:
             return 0
         region_lo, region_hi = self.region(name)
-        if not cap.make_room_feasible(side == "low", below, above, region_lo, region_hi, b.live, g.epp,
-                                      min_bytes):
+        if not cap.make_room_feasible(side == "low", below, above, region_lo, region_hi, b.live, g.epp, min_bytes):
             return 0
         edge_pages = cap.make_room_need(band_side, min_bytes, g.epp)  # pages to clear at ``side``
         live = b.occupied_pages()  # SYNC: move sets depend on the live pages
         holes = b.holes
         if edge_pages >= b.live:  # leapfrog: pack everything against the far edge
-            target = (b.pages(region_hi - b.live, region_hi) if side == "low"
-                      else b.pages(region_lo, region_lo + b.live))
+            target = b.pages(region_hi - b.live, region_hi) if side == "low" else b.pages(region_lo, region_lo + b.live)
             src = live[~torch.isin(live, target)]
             dst = target[~torch.isin(target, live)]
         elif side == "low":
@@ -586,8 +593,10 @@ class Arena:
 
         low_f, high_f = b.frontiers
         act, side_is_low, target = cap.short_side_decision(
-            side_need(self.chain[0]), side_need(self.chain[-1]),
-            low_f - self.below(name), self.above(name) - high_f,
+            side_need(self.chain[0]),
+            side_need(self.chain[-1]),
+            low_f - self.below(name),
+            self.above(name) - high_f,
             max(0, demand.get(name, 0) - b.n_holes) * b.geom.epp,
             max(self.bands[n].geom.epp for n, d in demand.items() if d),
         )
@@ -605,14 +614,32 @@ class Arena:
             self._band(n)
         demand = {n: self._count(n, d, "demand") for n, d in demand.items()}
         names = self.chain[1:-1]
-        floats = [planner.Float(b.geom.epp, b.geom.min_page, b.geom.num_pages, b.lo, b.hi, b.live, b.n_holes,
-                                demand.get(n, 0), b.index_room) for n, b in ((n, self.bands[n]) for n in names)]
+        floats = [
+            planner.Float(
+                b.geom.epp,
+                b.geom.min_page,
+                b.geom.num_pages,
+                b.lo,
+                b.hi,
+                b.live,
+                b.n_holes,
+                demand.get(n, 0),
+                b.index_room,
+            )
+            for n, b in ((n, self.bands[n]) for n in names)
+        ]
         ends = []
         for name, side in ((self.chain[0], 1), (self.chain[-1], 0)):
             e = self.bands[name]
             g = e.geom
-            ends.append(planner.End(e.frontiers[side], g.epp, max(0, demand.get(name, 0) - e.n_holes),
-                                    g.num_pages - g.min_page - (e.hi - e.lo)))
+            ends.append(
+                planner.End(
+                    e.frontiers[side],
+                    g.epp,
+                    max(0, demand.get(name, 0) - e.n_holes),
+                    g.num_pages - g.min_page - (e.hi - e.lo),
+                )
+            )
         plan = planner.plan_chain(ends[0], floats, ends[1])
         moved = 0
         for i in planner.move_order(floats, plan):
@@ -689,16 +716,18 @@ class Arena:
             theirs = self.bands[lender].v2p[1:-1] >= 0
             stray = (torch.nonzero(mine & ~theirs).flatten() + 1).tolist()  # SYNC: verify is an audit
             if stray:
-                raise AccountingError(borrower, "borrowed ids live in the lender",
-                                      f"ids {stray} are not live in {lender!r}")
+                raise AccountingError(
+                    borrower, "borrowed ids live in the lender", f"ids {stray} are not live in {lender!r}"
+                )
         # The ENDs' own checks keep the first band clear of the sink and the
         # last inside the buffer; what is left is neighbours overlapping.
         opaque = [b for b in self._order if b.opaque]
         for below, b in zip(opaque, opaque[1:]):
             low, high = b.frontiers[0], below.frontiers[1]
             if low < high:
-                raise AccountingError(b.name, "opaque bands overlap",
-                                      f"low frontier {low} < {below.name} high frontier {high}")
+                raise AccountingError(
+                    b.name, "opaque bands overlap", f"low frontier {low} < {below.name} high frontier {high}"
+                )
         self._conservation(opaque, recount)
 
     def _conservation(self, opaque, recount):
@@ -713,9 +742,12 @@ class Arena:
         if covered != self.total_bytes:
             off = [b for b in opaque if b.hi - b.lo != recount[b.name] + b.n_holes] or opaque[-1:]
             b = off[0]
-            raise AccountingError(b.name, "conservation",
-                                  f"accounted {covered} of {self.total_bytes} bytes; span {b.hi - b.lo} pages, "
-                                  f"live {recount[b.name]} + holes {b.n_holes}")
+            raise AccountingError(
+                b.name,
+                "conservation",
+                f"accounted {covered} of {self.total_bytes} bytes; span {b.hi - b.lo} pages, "
+                f"live {recount[b.name]} + holes {b.n_holes}",
+            )
 
     def _check_band(self, b):
         """Check one band from its device tables; return its live pages, recounted."""
@@ -753,8 +785,11 @@ class Arena:
             need(b.opaque or lo == hi == n, "parked float", "a float with no live page must park")
         queue = b.queued_ids().tolist()  # SYNC: verify is an audit
         expected = set() if b.lender else set(range(first_id, ids_end)) - set(bound)
-        need(len(queue) == len(set(queue)) and set(queue) == expected,
-             "free ids", "the FIFO must hold exactly the unbound ids")
+        need(
+            len(queue) == len(set(queue)) and set(queue) == expected,
+            "free ids",
+            "the FIFO must hold exactly the unbound ids",
+        )
         return len(live)
 
     def snapshot(self):
@@ -767,8 +802,12 @@ class Arena:
             b = self.bands[name]
             g, n = b.geom, b.geom.num_pages
             pools[name] = {
-                "pool": {"entry_bytes": b.pool.entry_bytes, "page_size": b.pool.page_size,
-                         "grow": b.grow, "kind": b.pool.kind},
+                "pool": {
+                    "entry_bytes": b.pool.entry_bytes,
+                    "page_size": b.pool.page_size,
+                    "grow": b.grow,
+                    "kind": b.pool.kind,
+                },
                 "geometry": {"epp": g.epp, "num_pages": n, "min_page": g.min_page},
                 "lazy": b.lazy,
                 "lender": b.lender,
@@ -776,10 +815,15 @@ class Arena:
                 "frontiers": list(b.frontiers),
                 "live": b.live,
                 # SYNC: snapshot copies the tables to the host: a tool and test path
-                "v2p": b.v2p[:b.id_end].tolist(),
+                "v2p": b.v2p[: b.id_end].tolist(),
                 "p2v": b.p2v[:n].tolist(),
                 "free_ids": b.queued_ids().tolist(),
                 "holes": b.holes.tolist(),
             }
-        return {"total_bytes": self.total_bytes, "sink_bytes": self.sink_bytes, "policy": self.policy,
-                "chain": list(self.chain), "pools": pools}
+        return {
+            "total_bytes": self.total_bytes,
+            "sink_bytes": self.sink_bytes,
+            "policy": self.policy,
+            "chain": list(self.chain),
+            "pools": pools,
+        }

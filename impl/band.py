@@ -34,7 +34,7 @@ class FreeIds:
     def take(self, n):
         """Pop the ``n`` oldest ids (a fresh tensor)."""
         if self.head + n <= self.cap:  # no wrap: one copy of a slice, not an index gather
-            out = self.buf[self.head:self.head + n].clone()
+            out = self.buf[self.head : self.head + n].clone()
         else:
             out = self.buf.index_select(0, self._slots(self.head, n))
         self.head, self.count = (self.head + n) % self.cap, self.count - n
@@ -126,7 +126,7 @@ class Band:
         """Live physical pages, ascending.  Host sync (nonzero): only the cold
         paths that compute move sets (flush, make_room, compact) call it."""
         g = self.geom
-        return torch.nonzero(self.p2v[g.min_page:g.num_pages] >= 0).flatten() + g.min_page
+        return torch.nonzero(self.p2v[g.min_page : g.num_pages] >= 0).flatten() + g.min_page
 
     def park(self):
         self.lo = self.hi = self.geom.num_pages

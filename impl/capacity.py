@@ -26,8 +26,7 @@ def end_available(gap: int, epp: int, index_room: int, holes: int) -> int:
     return ext + holes
 
 
-def float_available(parked: bool, lo: int, hi: int, lo_wm: int, hi_wm: int,
-                    holes: int, index_room: int) -> int:
+def float_available(parked: bool, lo: int, hi: int, lo_wm: int, hi_wm: int, holes: int, index_room: int) -> int:
     """Pages a float hands out without moving: its whole region when parked,
     else holes plus the larger free side; never more than its free ids."""
     if parked:
@@ -57,8 +56,9 @@ def park_start(lo: int, hi: int, n: int) -> int:
     return lo + _floor(hi - lo - n, 2)
 
 
-def make_room_feasible(side_is_low: bool, below: int, above: int, lo: int, hi: int,
-                       live: int, epp: int, min_bytes: int) -> bool:
+def make_room_feasible(
+    side_is_low: bool, below: int, above: int, lo: int, hi: int, live: int, epp: int, min_bytes: int
+) -> bool:
     """Would packing the live pages against the far edge open ``min_bytes``?"""
     if side_is_low:
         return (hi - live) * epp - below >= min_bytes
@@ -70,8 +70,7 @@ def make_room_need(band_side: int, min_bytes: int, epp: int) -> int:
     return _ceil(min_bytes - band_side, epp)
 
 
-def short_side_decision(sides_low: int, sides_high: int, band_low: int, band_high: int,
-                        float_bytes: int, slack: int):
+def short_side_decision(sides_low: int, sides_high: int, band_low: int, band_high: int, float_bytes: int, slack: int):
     """``(act, side_is_low, target)`` for one float and one demand vector."""
     surplus_low = band_low - sides_low
     surplus_high = band_high - sides_high
@@ -93,8 +92,7 @@ def short_side_decision(sides_low: int, sides_high: int, band_low: int, band_hig
     return float_bytes > best, open_low, target
 
 
-def two_end_joint_pages(gap: int, epp_a: int, holes_a: int, room_a: int, epp_b: int, holes_b: int,
-                        room_b: int) -> int:
+def two_end_joint_pages(gap: int, epp_a: int, holes_a: int, room_a: int, epp_b: int, holes_b: int, room_b: int) -> int:
     """Largest ``P`` whose coupled bind fits on two ENDs sharing ``gap`` bytes
     (``a`` binds first, then ``b`` in what ``a`` left): ``HybridSWA``'s joint
     view, with ``a`` = full and ``b`` = swa.

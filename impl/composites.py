@@ -82,7 +82,7 @@ def _host_read(t):
     """The one documented host read of a call: a small int64 tensor to a list.
 
     SYNC: every hot-path call funnels its single device-to-host read through
-    here (``tests/test_impl_composites.py`` counts the calls)."""
+    here (``tests/impl/test_composites.py`` counts the calls)."""
     return t.tolist()  # SYNC: the one documented read per call
 
 
@@ -147,8 +147,9 @@ class _Composite:
     BORROW = {}
 
     def __init__(self, total_bytes, pools, page_size, lazy, policy, device):
-        self.arena = Arena(total_bytes, pools, lazy=lazy, policy=policy, borrow=dict(self.BORROW) or None,
-                           device=device)
+        self.arena = Arena(
+            total_bytes, pools, lazy=lazy, policy=policy, borrow=dict(self.BORROW) or None, device=device
+        )
         self.page_size = page_size
         self.device = self.arena.device
         self._memo = Memo(self.arena._memo.clock)  # the arena's clock: any band's change empties it
@@ -298,28 +299,32 @@ class _Composite:
                 raise ValueError(f"{what}: request {i}: seq_len {s} < prefix_len {p}")
             g = self.arena.geometry(FULL)
             if s > (g.num_pages - g.min_page) * ps:
-                raise ValueError(f"{what}: request {i}: seq_len {s} is more than the "
-                                 f"{(g.num_pages - g.min_page) * ps} tokens this arena could ever hold")
+                raise ValueError(
+                    f"{what}: request {i}: seq_len {s} is more than the "
+                    f"{(g.num_pages - g.min_page) * ps} tokens this arena could ever hold"
+                )
             if p == 0:
                 if l != -1:
                     raise ValueError(f"{what}: request {i}: empty prefix needs last_loc -1, got {l}")
                 continue
             _live_token(v2p, l, ps, f"{what}: request {i}: last_loc")
             if l % ps != (p - 1) % ps:
-                raise ValueError(f"{what}: request {i}: last_loc {l} is at offset {l % ps} of its page, "
-                                 f"but position {p - 1} belongs at offset {(p - 1) % ps}")
+                raise ValueError(
+                    f"{what}: request {i}: last_loc {l} is at offset {l % ps} of its page, "
+                    f"but position {p - 1} belongs at offset {(p - 1) % ps}"
+                )
             if p % ps and s > p:
                 if l // ps in continued:
-                    raise ValueError(f"{what}: requests {continued[l // ps]} and {i} both continue "
-                                     f"page {l // ps}")
+                    raise ValueError(f"{what}: requests {continued[l // ps]} and {i} both continue page {l // ps}")
                 continued[l // ps] = i
         raise ValueError(f"{what}: invalid batch")
 
     def _new_pages(self, what, prefix, seq, loc):
         """Check the batch's lengths agree; new pages per request (sync-free)."""
         if not prefix.numel() == seq.numel() == loc.numel():
-            raise ValueError(f"{what}: length mismatch: {prefix.numel()} prefix_lens, {seq.numel()} seq_lens, "
-                             f"{loc.numel()} last_loc")
+            raise ValueError(
+                f"{what}: length mismatch: {prefix.numel()} prefix_lens, {seq.numel()} seq_lens, {loc.numel()} last_loc"
+            )
         return _cdiv_t(seq, self.page_size) - _cdiv_t(prefix, self.page_size)
 
     def alloc_extend(self, prefix_lens, seq_lens, last_loc):
@@ -454,8 +459,7 @@ class _Composite:
         for name in (self.CHAIN[0], self.CHAIN[-1]):
             band = self.arena.bands[name]
             k = 1
-            while (surplus := band.n_holes - demand[name]) > 0 and \
-                    self.arena.flush(name, max_moves=min(k, surplus)):
+            while (surplus := band.n_holes - demand[name]) > 0 and self.arena.flush(name, max_moves=min(k, surplus)):
                 if fits() or replan():
                     return True
                 k *= 2
@@ -587,8 +591,7 @@ class _Composite:
                 raise AccountingError(FULL, "stale memo", f"{view} memo {value}, fresh {fresh}")
         self.arena.verify()
         if tuple(self.arena.chain) != self.CHAIN:
-            raise AccountingError(self.CHAIN[0], "composite roles",
-                                  f"chain {self.arena.chain}, expected {self.CHAIN}")
+            raise AccountingError(self.CHAIN[0], "composite roles", f"chain {self.arena.chain}, expected {self.CHAIN}")
         if self.arena.lenders != self.BORROW:
             raise AccountingError(SWA, "composite roles", f"borrow {self.arena.lenders}, expected {self.BORROW}")
 
@@ -712,8 +715,9 @@ class HybridSWA(_WithSWA, _Composite):
     CHAIN = (SWA, FULL)
     BORROW = {SWA: FULL}
 
-    def __init__(self, total_bytes, full_entry_bytes, swa_entry_bytes, page_size=1, lazy=False, policy="anchor",
-                 device="cpu"):
+    def __init__(
+        self, total_bytes, full_entry_bytes, swa_entry_bytes, page_size=1, lazy=False, policy="anchor", device="cpu"
+    ):
         pools = [SubPool(SWA, swa_entry_bytes, page_size, "up"), SubPool(FULL, full_entry_bytes, page_size, "down")]
         super().__init__(total_bytes, pools, page_size, lazy, policy, device)
 
@@ -739,8 +743,7 @@ class HybridSWA(_WithSWA, _Composite):
         fu, sw = self.arena.bands[FULL], self.arena.bands[SWA]
         e_f, e_s = fu.geom.epp, sw.geom.epp
         gap = max(0, fu.lo * e_f - sw.hi * e_s)
-        return cap.two_end_joint_pages(gap, e_f, fu.n_holes, self._end_room(fu), e_s, sw.n_holes,
-                                       self._end_room(sw))
+        return cap.two_end_joint_pages(gap, e_f, fu.n_holes, self._end_room(fu), e_s, sw.n_holes, self._end_room(sw))
 
 
 class MambaHybrid(_WithState, _Composite):
@@ -748,8 +751,9 @@ class MambaHybrid(_WithState, _Composite):
 
     CHAIN = (STATE, FULL)
 
-    def __init__(self, total_bytes, full_entry_bytes, state_bytes, page_size=1, lazy=False, policy="anchor",
-                 device="cpu"):
+    def __init__(
+        self, total_bytes, full_entry_bytes, state_bytes, page_size=1, lazy=False, policy="anchor", device="cpu"
+    ):
         pools = [SubPool(STATE, state_bytes, 1, "up", "state"), SubPool(FULL, full_entry_bytes, page_size, "down")]
         super().__init__(total_bytes, pools, page_size, lazy, policy, device)
         self.state_bytes = state_bytes
@@ -769,10 +773,22 @@ class TriPool(_WithSWA, _WithState, _Composite):
     CHAIN = (STATE, SWA, FULL)
     BORROW = {SWA: FULL}
 
-    def __init__(self, total_bytes, full_entry_bytes, swa_entry_bytes, state_bytes, page_size=1, lazy=False,
-                 policy="anchor", device="cpu"):
-        pools = [SubPool(STATE, state_bytes, 1, "up", "state"), SubPool(SWA, swa_entry_bytes, page_size, "float"),
-                 SubPool(FULL, full_entry_bytes, page_size, "down")]
+    def __init__(
+        self,
+        total_bytes,
+        full_entry_bytes,
+        swa_entry_bytes,
+        state_bytes,
+        page_size=1,
+        lazy=False,
+        policy="anchor",
+        device="cpu",
+    ):
+        pools = [
+            SubPool(STATE, state_bytes, 1, "up", "state"),
+            SubPool(SWA, swa_entry_bytes, page_size, "float"),
+            SubPool(FULL, full_entry_bytes, page_size, "down"),
+        ]
         super().__init__(total_bytes, pools, page_size, lazy, policy, device)
         self.state_bytes = state_bytes
         self._token_entry_bytes = full_entry_bytes + swa_entry_bytes

@@ -20,8 +20,24 @@ asserts on every call.
 from kvarena.spec import arith
 from kvarena.spec import transitions as T
 from kvarena.spec.arith import fdiv, ite, max_
-from kvarena.spec.chain import (Chain, Counts, Shape, above, available, below, counted_bytes, end_room,  # noqa: F401
-                                gap, high_f, index_room, low_f, make_room_acts, make_room_terms, opaque, region)
+from kvarena.spec.chain import (  # noqa: F401
+    Chain,
+    Counts,
+    Shape,
+    above,
+    available,
+    below,
+    counted_bytes,
+    end_room,
+    gap,
+    high_f,
+    index_room,
+    low_f,
+    make_room_acts,
+    make_room_terms,
+    opaque,
+    region,
+)
 
 # the proofs' historical names for the spec's records
 AState, BandState, PoolLayout = Chain, Counts, Shape
@@ -79,8 +95,7 @@ def inv_cons(s):
     """
     cs = []
     for p, b in zip(s.pools, s.bands):
-        cs += [b.live >= 0, b.holes >= 0, eq(b.hi - b.lo, b.live + b.holes),
-               b.live <= p.num_pages - p.min_page]
+        cs += [b.live >= 0, b.holes >= 0, eq(b.hi - b.lo, b.live + b.holes), b.live <= p.num_pages - p.min_page]
         if p.grow != "float":
             cs.append(implies(not_(p.lazy), eq(b.holes, 0)))
     cs.append(cons_bytes(s))
@@ -130,8 +145,12 @@ def layout_ok(s, first_pages=True):
         sink = max_(sink, p.epp)
     cs.append(eq(s.sink, sink))
     for p in s.pools:
-        cs += [p.epp >= 1, eq(p.min_page, arith.min_page(s.sink, p.epp)),
-               eq(p.num_pages, fdiv(s.total, p.epp)), p.num_pages > p.min_page]
+        cs += [
+            p.epp >= 1,
+            eq(p.min_page, arith.min_page(s.sink, p.epp)),
+            eq(p.num_pages, fdiv(s.total, p.epp)),
+            p.num_pages > p.min_page,
+        ]
         if p.grow == "float":
             cs.append(not_(p.lazy))
     if first_pages:
@@ -197,8 +216,7 @@ def rel_alloc_float_extend_high(s, t, i, n):
 
 
 def rel_alloc_float_extend_low(s, t, i, n):
-    return _float_alloc(s, t, i, n, and_(opaque(s, i), n > s.bands[i].holes,
-                                         not_(T.float_extends_high(s, i, n))))
+    return _float_alloc(s, t, i, n, and_(opaque(s, i), n > s.bands[i].holes, not_(T.float_extends_high(s, i, n))))
 
 
 def rel_free_eager(s, t, i, k):
@@ -239,16 +257,22 @@ def rel_make_room_boundary(s, t, i, side_is_low, min_bytes):
     """need < live: only the live pages among the ``need`` edge pages move;
     the span they leave is read off ``t`` and bounded by the guard."""
     lo, hi = t.bands[i].lo, t.bands[i].hi
-    return and_(make_room_moves(s, i, side_is_low, min_bytes), not_(T.make_room_leaps(s, i, side_is_low, min_bytes)),
-                T.make_room_ok(s, i, side_is_low, min_bytes, lo, hi),
-                becomes(s, t, i, T.make_room(s, i, side_is_low, min_bytes, lo, hi)))
+    return and_(
+        make_room_moves(s, i, side_is_low, min_bytes),
+        not_(T.make_room_leaps(s, i, side_is_low, min_bytes)),
+        T.make_room_ok(s, i, side_is_low, min_bytes, lo, hi),
+        becomes(s, t, i, T.make_room(s, i, side_is_low, min_bytes, lo, hi)),
+    )
 
 
 def rel_make_room_leapfrog(s, t, i, side_is_low, min_bytes):
     """need >= live: all live pages pack against the far edge of the region."""
     lo, hi = t.bands[i].lo, t.bands[i].hi
-    return and_(make_room_moves(s, i, side_is_low, min_bytes), T.make_room_leaps(s, i, side_is_low, min_bytes),
-                becomes(s, t, i, T.make_room(s, i, side_is_low, min_bytes, lo, hi)))
+    return and_(
+        make_room_moves(s, i, side_is_low, min_bytes),
+        T.make_room_leaps(s, i, side_is_low, min_bytes),
+        becomes(s, t, i, T.make_room(s, i, side_is_low, min_bytes, lo, hi)),
+    )
 
 
 def rel_compact_holes(s, t, i, retreat_low):
@@ -278,15 +302,26 @@ def symbolic_state(fresh, tag="s_", like=None, n=4):
     post-state ``t`` differs from ``s`` only in its bands.
     """
     if like is None:
-        pools = tuple(Shape(g, fresh.int(f"epp{i}"), fresh.int(f"num_pages{i}"), fresh.int(f"min_page{i}"),
-                            fresh.bool(f"lazy{i}") if g != "float" else False)
-                      for i, g in enumerate(grows(n)))
+        pools = tuple(
+            Shape(
+                g,
+                fresh.int(f"epp{i}"),
+                fresh.int(f"num_pages{i}"),
+                fresh.int(f"min_page{i}"),
+                fresh.bool(f"lazy{i}") if g != "float" else False,
+            )
+            for i, g in enumerate(grows(n))
+        )
         total, sink = fresh.int("total"), fresh.int("sink")
     else:
         total, sink, pools = like.total, like.sink, like.pools
         n = len(pools)
-    bands = tuple(Counts(fresh.int(f"{tag}lo{i}"), fresh.int(f"{tag}hi{i}"), fresh.int(f"{tag}live{i}"),
-                         fresh.int(f"{tag}holes{i}")) for i in range(n))
+    bands = tuple(
+        Counts(
+            fresh.int(f"{tag}lo{i}"), fresh.int(f"{tag}hi{i}"), fresh.int(f"{tag}live{i}"), fresh.int(f"{tag}holes{i}")
+        )
+        for i in range(n)
+    )
     return Chain(total, sink, pools, bands)
 
 

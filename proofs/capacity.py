@@ -57,12 +57,20 @@ def _end_tight(i):
 
 
 for _i, _e in ((0, "up"), (N - 1, "down")):
-    add(f"capacity.end_{_e}.sound", "capacity",
+    add(
+        f"capacity.end_{_e}.sound",
+        "capacity",
         f"{_e} END: 1 <= n <= available_pages => alloc succeeds by holes + extension only, invariants hold",
-        _end_sound(_i), timeout_s=30.0)
-    add(f"capacity.end_{_e}.tight", "capacity",
+        _end_sound(_i),
+        timeout_s=30.0,
+    )
+    add(
+        f"capacity.end_{_e}.tight",
+        "capacity",
         f"{_e} END: n = available_pages + 1 cannot be placed (the placement breaks an invariant)",
-        _end_tight(_i), timeout_s=30.0)
+        _end_tight(_i),
+        timeout_s=30.0,
+    )
 
 
 def _float_gate():
@@ -82,37 +90,51 @@ def _float_gate():
         # one goal per case: the k-th case is float k
         sel = f.int("which")
         goal = z3.And(z3.Implies(sel == 1, goals[0]), z3.Implies(sel == 2, goals[1]))
-        return Built(hyps, goal, cases=[c + [sel == k] for c, k in zip(cases, FLOATS)],
-                     hints=A.layout_hint(s))
+        return Built(hyps, goal, cases=[c + [sel == k] for c, k in zip(cases, FLOATS)], hints=A.layout_hint(s))
 
     return build
 
 
-add("capacity.float.gate_complete", "capacity",
+add(
+    "capacity.float.gate_complete",
+    "capacity",
     "opaque float: 1 <= n <= available_pages => holes cover n or one side's extension fits "
-    "(alloc's bound pages, transitions.alloc_float, always fit the gate)", _float_gate(), timeout_s=30.0)
+    "(alloc's bound pages, transitions.alloc_float, always fit the gate)",
+    _float_gate(),
+    timeout_s=30.0,
+)
 
 
 def _float_sound():
     def build():
         f, s, t, hyps = _base()
         n = f.int("n")
-        rels = [A.rel_alloc_float_holes, A.rel_alloc_float_extend_low, A.rel_alloc_float_extend_high,
-                A.rel_alloc_float_parked]
+        rels = [
+            A.rel_alloc_float_holes,
+            A.rel_alloc_float_extend_low,
+            A.rel_alloc_float_extend_high,
+            A.rel_alloc_float_parked,
+        ]
         cases = [[r(s, t, i, n)] for i in FLOATS for r in rels]
         # bytes, not pages: the placed span lies inside the neighbours' frontiers
         goal = [A.inv_all(t)]
         for i in FLOATS:
-            goal.append(z3.Implies(t.bands[i].live > 0,
-                                   z3.And(A.low_f(t, i) >= A.below(s, i), A.high_f(t, i) <= A.above(s, i))))
+            goal.append(
+                z3.Implies(t.bands[i].live > 0, z3.And(A.low_f(t, i) >= A.below(s, i), A.high_f(t, i) <= A.above(s, i)))
+            )
         return Built(hyps, z3.And(*goal), cases=cases, hints=A.layout_hint(s))
 
     return build
 
 
-add("capacity.float.sound", "capacity",
+add(
+    "capacity.float.sound",
+    "capacity",
     "float (holes / extend low / extend high / parked): n <= available_pages => the new span lies within "
-    "the neighbours' byte frontiers (off-grid included) and all invariants hold", _float_sound(), timeout_s=40.0)
+    "the neighbours' byte frontiers (off-grid included) and all invariants hold",
+    _float_sound(),
+    timeout_s=40.0,
+)
 
 
 def cdiv_galois(x, b, e):
@@ -134,10 +156,24 @@ def _lemma(fn):
     return build
 
 
-add("capacity.lemma.cdiv_galois", "capacity", "for e > 0: x*e >= b <=> x >= cdiv(b, e) (used by tight_parked)",
-    _lemma(cdiv_galois), timeout_s=20.0, tautology="any", kind="lemma")
-add("capacity.lemma.fdiv_galois", "capacity", "for e > 0: x*e <= a <=> x <= fdiv(a, e) (used by tight_parked)",
-    _lemma(fdiv_galois), timeout_s=20.0, tautology="any", kind="lemma")
+add(
+    "capacity.lemma.cdiv_galois",
+    "capacity",
+    "for e > 0: x*e >= b <=> x >= cdiv(b, e) (used by tight_parked)",
+    _lemma(cdiv_galois),
+    timeout_s=20.0,
+    tautology="any",
+    kind="lemma",
+)
+add(
+    "capacity.lemma.fdiv_galois",
+    "capacity",
+    "for e > 0: x*e <= a <=> x <= fdiv(a, e) (used by tight_parked)",
+    _lemma(fdiv_galois),
+    timeout_s=20.0,
+    tautology="any",
+    kind="lemma",
+)
 
 
 def _float_tight(parked):
@@ -170,12 +206,22 @@ def _float_tight(parked):
     return build
 
 
-add("capacity.float.tight_opaque", "capacity",
+add(
+    "capacity.float.tight_opaque",
+    "capacity",
     "opaque float: n = available_pages + 1 (ids permitting) cannot be placed: no one-sided extension "
-    "keeps the span on the grid inside the neighbours' (off-grid) frontiers", _float_tight(False), timeout_s=40.0)
-add("capacity.float.tight_parked", "capacity",
+    "keeps the span on the grid inside the neighbours' (off-grid) frontiers",
+    _float_tight(False),
+    timeout_s=40.0,
+)
+add(
+    "capacity.float.tight_parked",
+    "capacity",
     "parked float: n = available_pages + 1 (ids permitting) cannot be placed: no start page keeps "
-    "n pages on the grid inside the neighbours' (off-grid) frontiers", _float_tight(True), timeout_s=40.0)
+    "n pages on the grid inside the neighbours' (off-grid) frontiers",
+    _float_tight(True),
+    timeout_s=40.0,
+)
 
 
 def _raw_bytes():
@@ -193,10 +239,17 @@ def _raw_bytes():
     return build
 
 
-add("capacity.float.raw_bytes_overpromise", "capacity",
+add(
+    "capacity.float.raw_bytes_overpromise",
+    "capacity",
     "REFUTED (bug-class demo, anchor bug 1; the spec rounds inward instead): pricing a parked float's region in raw bytes, (above-below)//epp, "
-    "always fits its page-grid region", _raw_bytes(), timeout_s=20.0, expect="counterexample", kind="demo",
-    source="model")
+    "always fits its page-grid region",
+    _raw_bytes(),
+    timeout_s=20.0,
+    expect="counterexample",
+    kind="demo",
+    source="model",
+)
 
 
 def _down_floor():
@@ -213,7 +266,14 @@ def _down_floor():
     return build
 
 
-add("capacity.end_down.floor_check_overlaps", "capacity",
+add(
+    "capacity.end_down.floor_check_overlaps",
+    "capacity",
     "REFUTED (bug-class demo, anchor bug 5; the spec prices the gap in bytes instead): a down END extension checked as lo-m >= below // epp never overlaps "
-    "the band below", _down_floor(), timeout_s=20.0, expect="counterexample", kind="demo",
-    source="model")
+    "the band below",
+    _down_floor(),
+    timeout_s=20.0,
+    expect="counterexample",
+    kind="demo",
+    source="model",
+)

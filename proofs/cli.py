@@ -82,8 +82,11 @@ def run_all(only=None, crosshair=True, jobs=2):
     if crosshair:
         from .crosshair_runs import run_crosshair
 
-        results += run_crosshair(jobs=jobs, only=only if only and only.startswith("crosshair") else None) \
-            if not only or only.startswith("crosshair") else []
+        results += (
+            run_crosshair(jobs=jobs, only=only if only and only.startswith("crosshair") else None)
+            if not only or only.startswith("crosshair")
+            else []
+        )
     for r in results:
         r["seconds"] = r.get("time_s", 0.0)
         r["detail"] = detail(r)
@@ -112,9 +115,16 @@ def _print(results, wall):
             text = text[:107] + "..."
         if not r["ok"] or r["result"] == "counterexample":
             text += " | " + detail(r)
-        t.add_row(str(k), r["name"], f"[{colour}]{res}[/{colour}]", str(r.get("vacuity", "")),
-                  str(r.get("tautology", "")),
-                  f"{r.get('time_s', 0):.2f}", str(r.get("limit_s", "")), text)
+        t.add_row(
+            str(k),
+            r["name"],
+            f"[{colour}]{res}[/{colour}]",
+            str(r.get("vacuity", "")),
+            str(r.get("tautology", "")),
+            f"{r.get('time_s', 0):.2f}",
+            str(r.get("limit_s", "")),
+            text,
+        )
     console.print(t)
     failed = [r for r in results if not r["ok"]]
     z3n = sum(1 for r in results if r.get("kind") == "z3")
@@ -125,17 +135,22 @@ def _print(results, wall):
     on_spec = sum(1 for r in results if r.get("source") == "spec")
     ch = [r for r in results if r.get("kind", "").startswith("crosshair")]
     colour = "red" if failed else "green"
-    console.print(f"[{colour}]kvarena prove: {len(results) - len(failed)}/{len(results)} ok, {len(failed)} failed "
-                  f"-- z3: {z3n} obligations, {on_spec} on the spec's own code ({proved} proved, {lemmas} of them "
-                  f"lemmas; {refuted} refuted on purpose: {refuted - demos} findings, {demos} bug-class demos); "
-                  f"crosshair: {len(ch)} checks "
-                  f"({sum(1 for r in ch if r['result'] == 'skipped')} skipped) -- {wall:.1f}s wall[/{colour}]")
+    console.print(
+        f"[{colour}]kvarena prove: {len(results) - len(failed)}/{len(results)} ok, {len(failed)} failed "
+        f"-- z3: {z3n} obligations, {on_spec} on the spec's own code ({proved} proved, {lemmas} of them "
+        f"lemmas; {refuted} refuted on purpose: {refuted - demos} findings, {demos} bug-class demos); "
+        f"crosshair: {len(ch)} checks "
+        f"({sum(1 for r in ch if r['result'] == 'skipped')} skipped) -- {wall:.1f}s wall[/{colour}]"
+    )
 
 
 def main(argv=None):
     ap = argparse.ArgumentParser(prog="kvarena prove", description=__doc__.splitlines()[0])
-    ap.add_argument("--only", metavar="NAME", help="run only obligations whose name is NAME or starts with it "
-                                                  "(several: comma-separated)")
+    ap.add_argument(
+        "--only",
+        metavar="NAME",
+        help="run only obligations whose name is NAME or starts with it (several: comma-separated)",
+    )
     ap.add_argument("--json", metavar="PATH", help="also write machine-readable results to PATH")
     ap.add_argument("--no-crosshair", action="store_true", help="skip the CrossHair runs")
     ap.add_argument("--jobs", type=int, default=2, help="parallel solver processes (default 2)")
@@ -154,8 +169,12 @@ def main(argv=None):
     _print(results, wall)
     if args.json:
         with open(args.json, "w") as f:
-            json.dump({"wall_s": round(wall, 3), "ok": all(r["ok"] for r in results), "results": results},
-                      f, indent=1, default=str)
+            json.dump(
+                {"wall_s": round(wall, 3), "ok": all(r["ok"] for r in results), "results": results},
+                f,
+                indent=1,
+                default=str,
+            )
     return 0 if all(r["ok"] for r in results) else 1
 
 

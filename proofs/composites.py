@@ -69,8 +69,9 @@ def hybrid_joint(s):
     """``arith.two_end_joint_pages`` on a 2-pool state (swa up END, full down
     END): a = full, which binds first; b = swa; the gap is the chain walk's."""
     fu, sw = s.pools[DOWN], s.pools[UP]
-    return arith.two_end_joint_pages(A.gap(s, DOWN), fu.epp, s.bands[DOWN].holes, end_room(s, DOWN),
-                                     sw.epp, s.bands[UP].holes, end_room(s, UP))
+    return arith.two_end_joint_pages(
+        A.gap(s, DOWN), fu.epp, s.bands[DOWN].holes, end_room(s, DOWN), sw.epp, s.bands[UP].holes, end_room(s, UP)
+    )
 
 
 def hybrid_gates(s, n):
@@ -96,8 +97,9 @@ def tripool_two_end(s):
     holes, its ids its room; the gap is full's (the float is invisible to
     the walk: ``golden.transparent_invisible``)."""
     fu = s.pools[FULL3]
-    return arith.two_end_joint_pages(A.gap(s, FULL3), fu.epp, s.bands[FULL3].holes, end_room(s, FULL3),
-                                     s.pools[SWA3].epp, 0, A.index_room(s, SWA3))
+    return arith.two_end_joint_pages(
+        A.gap(s, FULL3), fu.epp, s.bands[FULL3].holes, end_room(s, FULL3), s.pools[SWA3].epp, 0, A.index_room(s, SWA3)
+    )
 
 
 def _state(n):
@@ -112,7 +114,7 @@ def _state(n):
 def _hybrid_sound():
     f, s, hyps = _state(2)
     P = f.int("P")
-    hyps += [P >= 1, P <= hybrid_joint(s)]
+    hyps += [P >= 1, hybrid_joint(s) >= P]
     t = extend_end(s, DOWN, P)
     u = extend_end(t, UP, P)
     full_rel, swa_rel = A.rel_alloc_end(s, t, DOWN, P), A.rel_alloc_end(t, u, UP, P)
@@ -125,17 +127,28 @@ def _hybrid_sound():
 def _hybrid_tight():
     f, s, hyps = _state(2)
     P = f.int("P")
-    hyps += [P == hybrid_joint(s) + 1]
+    hyps += [hybrid_joint(s) + 1 == P]
     return Built(hyps, z3.Not(hybrid_gates(s, P)), hints=A.layout_hint(s, epps=(4, 6)))
 
 
-add("composite.hybrid.joint_sound", "composite",
+add(
+    "composite.hybrid.joint_sound",
+    "composite",
     "HybridSWA (swa up END . full down END): 1 <= P <= two_end_joint_pages(gap, full, swa) => full's "
     "rel_alloc_end, then swa's on the state it leaves, are enabled, and every invariant holds after both",
-    _hybrid_sound, timeout_s=40.0, source="model")  # about 6 s idle (5 queries, the slowest under 4 s); 20 s seen under load
-add("composite.hybrid.joint_tight", "composite",
+    _hybrid_sound,
+    timeout_s=40.0,
+    source="model",
+)  # about 6 s idle (5 queries, the slowest under 4 s); 20 s seen under load
+add(
+    "composite.hybrid.joint_tight",
+    "composite",
     "HybridSWA: P = two_end_joint_pages + 1 fails full's gate or swa's gate after full's bind "
-    "(available_size() + page_size does not fit without relief)", _hybrid_tight, timeout_s=30.0, source="model")
+    "(available_size() + page_size does not fit without relief)",
+    _hybrid_tight,
+    timeout_s=30.0,
+    source="model",
+)
 
 
 # ----------------------------------------------------------- MambaHybrid
@@ -144,16 +157,20 @@ add("composite.hybrid.joint_tight", "composite",
 def _mamba_tight():
     f, s, hyps = _state(2)
     P = f.int("P")
-    hyps += [P == A.available(s, DOWN) + 1]
+    hyps += [A.available(s, DOWN) + 1 == P]
     t = extend_end(s, DOWN, P)
     # the gate refuses it (P > available, by construction); placing it anyway breaks an invariant
-    return Built(hyps, z3.Not(A.inv_all(t)),
-                 hints=A.layout_hint(s, epps=(1, 6)))
+    return Built(hyps, z3.Not(A.inv_all(t)), hints=A.layout_hint(s, epps=(1, 6)))
 
 
-add("composite.mamba.joint_tight", "composite",
+add(
+    "composite.mamba.joint_tight",
+    "composite",
     "MambaHybrid (state up END . full down END): P = available_pages(full) + 1, which the gate refuses, "
-    "cannot be placed: placing it anyway breaks an invariant (soundness is inv.alloc_down.*.n2)", _mamba_tight, timeout_s=30.0)
+    "cannot be placed: placing it anyway breaks an invariant (soundness is inv.alloc_down.*.n2)",
+    _mamba_tight,
+    timeout_s=30.0,
+)
 
 
 # -------------------------------------------------------------- TriPool
@@ -175,9 +192,13 @@ def tripool_lemmas(s, P):
         m_f = x - arith.min_(x, h_f)
         lo_r, _ = A.region(extend_end(s, FULL3, x), SWA3)
         above = A.above(extend_end(s, FULL3, x), SWA3)
-        lem += [fdiv_galois(m_f, G, e_f), fdiv_galois(x, G, e_s),
-                fdiv_galois(x - h_f, G - h_f * e_s, e_f + e_s),
-                fdiv_galois(lo_r + x, above, e_s), fdiv_galois(lo_r + x, s.total, e_s)]
+        lem += [
+            fdiv_galois(m_f, G, e_f),
+            fdiv_galois(x, G, e_s),
+            fdiv_galois(x - h_f, G - h_f * e_s, e_f + e_s),
+            fdiv_galois(lo_r + x, above, e_s),
+            fdiv_galois(lo_r + x, s.total, e_s),
+        ]
     return lem
 
 
@@ -198,25 +219,43 @@ def _tripool(grid, claim):
         lower = J - 1 if claim == "within_one" else J
         h_f = s.bands[FULL3].holes
         cases, goals = [], []
-        for side in (P <= h_f, P > h_f):  # full binds holes only / extends too
-            cases += [[side, P <= lower], [side, fits]]
+        for side in (h_f >= P, h_f < P):  # full binds holes only / extends too
+            cases += [[side, lower >= P], [side, fits]]
             goals += [fits, P <= J]
         return Built(hyps, None, cases=cases, case_goals=goals, hints=hint)
 
     return build
 
 
-add("golden.tripool_empty_float", "golden",
+add(
+    "golden.tripool_empty_float",
+    "golden",
     "TriPool, swa float transparent, the state END's high frontier on swa's grid: full's gate then the "
     "parked float's gate after full's bind holds iff P <= two_end_joint_pages (swa an up END at that "
-    "frontier, no holes)", _tripool(True, "equal"), timeout_s=30.0, source="model")
-add("golden.tripool_empty_float.within_one_page", "golden",
+    "frontier, no holes)",
+    _tripool(True, "equal"),
+    timeout_s=30.0,
+    source="model",
+)
+add(
+    "golden.tripool_empty_float.within_one_page",
+    "golden",
     "TriPool, swa float transparent, any grid: P <= two_end_joint_pages - 1 => the coupled bind fits, "
     "and a fitting P <= two_end_joint_pages (grid rounding costs at most one page)",
-    _tripool(False, "within_one"), timeout_s=30.0, source="model")
-add("golden.tripool_empty_float.exact_off_grid", "golden",
+    _tripool(False, "within_one"),
+    timeout_s=30.0,
+    source="model",
+)
+add(
+    "golden.tripool_empty_float.exact_off_grid",
+    "golden",
     "REFUTED (finding): TriPool with a transparent float fits P iff P <= two_end_joint_pages, whatever "
-    "the state END's frontier", _tripool(False, "exact"), timeout_s=20.0, expect="counterexample", source="model")
+    "the state END's frontier",
+    _tripool(False, "exact"),
+    timeout_s=20.0,
+    expect="counterexample",
+    source="model",
+)
 
 
 # ------------------------------------------------------- the relief ladder
@@ -234,6 +273,7 @@ def _end_reach(s, i, d):
 def _surplus_only(n, slack=0):
     """``slack`` > 0 lets the ladder stop that many holes past the demand:
     a planted bug, which the tests refute."""
+
     def build():
         f, s, hyps = _state(n)
         d = [f.int(f"demand{j}") for j in range(n)]
@@ -254,8 +294,12 @@ def _surplus_only(n, slack=0):
 
 
 for _n in (2, 3):
-    add(f"relief.surplus_only.n{_n}", "composite",
+    add(
+        f"relief.surplus_only.n{_n}",
+        "composite",
         f"{_n} pools, either END, lazy: a flush that leaves the END at most d holes (d its own demand) "
         "leaves it extending for d as far as a whole flush does, with the same grid-room verdict "
         "(planner_inputs agree at that END): compacting past the surplus gains nothing",
-        _surplus_only(_n), timeout_s=20.0)
+        _surplus_only(_n),
+        timeout_s=20.0,
+    )

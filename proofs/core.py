@@ -36,8 +36,8 @@ beyond what is allowed fails the obligation; ``unknown`` never does.
 """
 
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Callable
 
 import z3
 
@@ -80,15 +80,15 @@ class Obligation:
 KINDS = {
     "property": "a fact about the arena, proved from its invariants and the operation's precondition",
     "lemma": "valid by construction or by arithmetic alone (its goal holds with no hypotheses): a tool, "
-             "not a property of the arena",
+    "not a property of the arena",
     "finding": "refuted on purpose: the counterexample is a documented finding about the spec",
     "demo": "refuted on purpose: a bug class of the anchor, encoded as the anchor computed it, not the spec",
 }
 SOURCES = {
     "spec": "every state, view and transition the goal speaks of is the spec's own code (spec.arith, "
-            "spec.chain, spec.transitions, spec.bands, spec.planner, spec.policy, spec.geometry), run on z3 terms",
+    "spec.chain, spec.transitions, spec.bands, spec.planner, spec.policy, spec.geometry), run on z3 terms",
     "model": "a hand-written encoding in kvarena.proofs stands between the goal and the spec's code; tied to it "
-             "only by the Hypothesis fidelity tests",
+    "only by the Hypothesis fidelity tests",
 }
 
 
@@ -97,8 +97,9 @@ TAUTOLOGY_S = 2.0  # seconds per obligation for the tautology check, all its que
 _TAUT_ALLOWED = {"none": ("none",), "conjuncts": ("none", "conjuncts"), "any": ("none", "conjuncts", "goal")}
 
 
-def add(name, group, statement, build, timeout_s=20.0, expect="proved", tautology="conjuncts", kind=None,
-        source="spec"):
+def add(
+    name, group, statement, build, timeout_s=20.0, expect="proved", tautology="conjuncts", kind=None, source="spec"
+):
     """Register an obligation.  ``kind`` defaults to "finding" for a
     refutation and "property" otherwise; a lemma is declared (and may have
     a goal valid alone: ``tautology="any"``), and nothing else may."""
@@ -209,8 +210,8 @@ def arith_lemmas(exprs, ceiling=True):
             out.append(z3.Implies(b > 0, z3.And(*facts)))
     for b, xs in by_factor.values():
         xs = list(xs.values())
-        facts = [(x1 <= x2) == (x1 * b <= x2 * b) for i, x1 in enumerate(xs) for x2 in xs[i + 1:]]
-        facts += [(x2 <= x1) == (x2 * b <= x1 * b) for i, x1 in enumerate(xs) for x2 in xs[i + 1:]]
+        facts = [(x1 <= x2) == (x1 * b <= x2 * b) for i, x1 in enumerate(xs) for x2 in xs[i + 1 :]]
+        facts += [(x2 <= x1) == (x2 * b <= x1 * b) for i, x1 in enumerate(xs) for x2 in xs[i + 1 :]]
         if facts:
             out.append(z3.Implies(b > 0, z3.And(*facts)))
     return out
@@ -293,8 +294,16 @@ def tautology_check(goals, budget_s=TAUTOLOGY_S):
 def run_obligation(ob, tautology_s=None):
     """Run one obligation; returns a JSON-able result dict."""
     t0 = time.perf_counter()
-    res = {"name": ob.name, "group": ob.group, "kind": "z3", "statement": ob.statement,
-           "limit_s": ob.timeout_s, "expect": ob.expect, "obligation_kind": ob.kind, "source": ob.source}
+    res = {
+        "name": ob.name,
+        "group": ob.group,
+        "kind": "z3",
+        "statement": ob.statement,
+        "limit_s": ob.timeout_s,
+        "expect": ob.expect,
+        "obligation_kind": ob.kind,
+        "source": ob.source,
+    }
     try:
         built = ob.build()
         hyps = list(built.hyps)

@@ -51,8 +51,10 @@ _LINE = re.compile(r"^(?P<file>.+?):(?P<line>\d+): (?P<level>info|error|warning)
 # torch imports dill where it is installed (the [anchor] extra needs it), and dill
 # asks tempfile for the temp dir, which probes it by writing a file.  Asking first,
 # before CrossHair starts, caches the answer, so the import writes nothing.
-_LAUNCH = ("import sys, tempfile; tempfile.gettempdir(); "
-           "from crosshair.main import main; sys.argv[0] = 'crosshair'; sys.exit(main())")
+_LAUNCH = (
+    "import sys, tempfile; tempfile.gettempdir(); "
+    "from crosshair.main import main; sys.argv[0] = 'crosshair'; sys.exit(main())"
+)
 
 
 def _crosshair():
@@ -86,12 +88,26 @@ def check_module(module, per_condition_s=PER_CONDITION_S, wall_s=MODULE_WALL_S):
     try:
         path, funcs = _contracted_functions(module)
     except Exception as e:
-        return [{"name": f"crosshair.check.{module}", "group": "crosshair", "kind": "crosshair-check",
-                 "result": "error", "reason": str(e), "ok": False, "time_s": 0.0}]
+        return [
+            {
+                "name": f"crosshair.check.{module}",
+                "group": "crosshair",
+                "kind": "crosshair-check",
+                "result": "error",
+                "reason": str(e),
+                "ok": False,
+                "time_s": 0.0,
+            }
+        ]
     if not funcs:
         return []
-    cmd = _crosshair() + ["check", "--analysis_kind=PEP316", "--report_all",
-                          f"--per_condition_timeout={per_condition_s}", module]
+    cmd = _crosshair() + [
+        "check",
+        "--analysis_kind=PEP316",
+        "--report_all",
+        f"--per_condition_timeout={per_condition_s}",
+        module,
+    ]
     try:
         proc = subprocess.run(cmd, capture_output=True, text=True, timeout=wall_s)
         out, timed_out = proc.stdout, False
@@ -123,13 +139,21 @@ def check_module(module, per_condition_s=PER_CONDITION_S, wall_s=MODULE_WALL_S):
             result, reason = "no_counterexample", "no counterexample within the budget"
         else:
             result, reason = "confirmed", "all paths exhausted"
-        results.append({
-            "name": f"crosshair.check.{module}.{name}", "group": "crosshair", "kind": "crosshair-check",
-            "statement": f"PEP 316 contracts of {module}.{name} hold "
-                         f"({per_condition_s}s per condition, {wall_s}s cap per module)",
-            "result": result, "reason": reason, "limit_s": per_condition_s,
-            "ok": result in ("confirmed", "no_counterexample"), "time_s": elapsed, "vacuity": "n/a",
-        })
+        results.append(
+            {
+                "name": f"crosshair.check.{module}.{name}",
+                "group": "crosshair",
+                "kind": "crosshair-check",
+                "statement": f"PEP 316 contracts of {module}.{name} hold "
+                f"({per_condition_s}s per condition, {wall_s}s cap per module)",
+                "result": result,
+                "reason": reason,
+                "limit_s": per_condition_s,
+                "ok": result in ("confirmed", "no_counterexample"),
+                "time_s": elapsed,
+                "vacuity": "n/a",
+            }
+        )
     return results
 
 
@@ -142,9 +166,14 @@ def impl_available():
 
 def diff_pair(f1, f2, per_condition_s=DIFF_PER_CONDITION_S, wall_s=DIFF_WALL_S):
     short = f1.rsplit(".", 1)[1]
-    res = {"name": f"crosshair.diff.{short}", "group": "crosshair", "kind": "crosshair-diffbehavior",
-           "statement": f"{f1} and {f2} behave the same ({per_condition_s}s per condition)",
-           "limit_s": per_condition_s, "vacuity": "n/a"}
+    res = {
+        "name": f"crosshair.diff.{short}",
+        "group": "crosshair",
+        "kind": "crosshair-diffbehavior",
+        "statement": f"{f1} and {f2} behave the same ({per_condition_s}s per condition)",
+        "limit_s": per_condition_s,
+        "vacuity": "n/a",
+    }
     t0 = time.perf_counter()
     if not impl_available():
         res.update(result="skipped", reason=f"module {IMPL_MODULE} is missing", ok=True, time_s=0.0)
@@ -155,8 +184,9 @@ def diff_pair(f1, f2, per_condition_s=DIFF_PER_CONDITION_S, wall_s=DIFF_WALL_S):
         out = proc.stdout + proc.stderr
         if "No differences found" in proc.stdout:
             exhausted = "All paths exhausted" in proc.stdout
-            res.update(result="confirmed" if exhausted else "no_counterexample",
-                       reason=proc.stdout.strip().splitlines()[0])
+            res.update(
+                result="confirmed" if exhausted else "no_counterexample", reason=proc.stdout.strip().splitlines()[0]
+            )
         elif proc.returncode != 0 and ("Given" in proc.stdout or "returns" in proc.stdout):
             res.update(result="counterexample", reason=proc.stdout.strip()[:800])
         else:
@@ -172,9 +202,9 @@ def run_crosshair(modules=CHECK_MODULES, pairs=DIFF_PAIRS, jobs=2, only=None):
     """Every check and diff, ``jobs`` subprocesses at a time; results in a stable order."""
     tasks = [("check", m) for m in modules] + [("diff", p) for p in pairs]
     if only:
+
         def keep(t):
-            names = ([f"crosshair.check.{t[1]}"] if t[0] == "check"
-                     else [f"crosshair.diff.{t[1][0].rsplit('.', 1)[1]}"])
+            names = [f"crosshair.check.{t[1]}"] if t[0] == "check" else [f"crosshair.diff.{t[1][0].rsplit('.', 1)[1]}"]
             return any(n.startswith(only) or only.startswith(n) for n in names)
 
         tasks = [t for t in tasks if keep(t)]

@@ -26,8 +26,11 @@ def _golden_build(n, end):
         f = Fresh()
         s = A.symbolic_state(f, "s_", n=n)
         i = 0 if end == "up" else n - 1
-        return Built([A.layout_ok(s, first_pages=False), A.inv_all(s)] + _transparent(s),
-                     A.gap(s, i) == _golden(s), hints=A.layout_hint(s))
+        return Built(
+            [A.layout_ok(s, first_pages=False), A.inv_all(s)] + _transparent(s),
+            A.gap(s, i) == _golden(s),
+            hints=A.layout_hint(s),
+        )
 
     return build
 
@@ -35,12 +38,17 @@ def _golden_build(n, end):
 for _n in (2, 3, 4):
     for _end in ("up", "down"):
         _fl = "" if _n == 2 else f" with {_n - 2} transparent float(s) between"
-        add(f"golden.{_end}_gap.n{_n}", "golden",
+        add(
+            f"golden.{_end}_gap.n{_n}",
+            "golden",
             f"the {_end} END's chain-walk gap equals golden_gap(wm_up, epp_up, wm_down, epp_down){_fl}",
-            _golden_build(_n, _end), timeout_s=20.0,
+            _golden_build(_n, _end),
+            timeout_s=20.0,
             # two ENDs: the walk's gap *is* the closed form (no hypothesis is used);
             # the identity has content once transparent floats stand between
-            tautology="any" if _n == 2 else "conjuncts", kind="lemma" if _n == 2 else "property")
+            tautology="any" if _n == 2 else "conjuncts",
+            kind="lemma" if _n == 2 else "property",
+        )
 
 
 def _drop(s, keep):
@@ -76,10 +84,15 @@ def _invisible_build(n):
 
 
 for _n in (3, 4):
-    add(f"golden.transparent_invisible.n{_n}", "golden",
+    add(
+        f"golden.transparent_invisible.n{_n}",
+        "golden",
         f"{_n} pools: removing any set of transparent floats changes no above/below walk, END gap, "
         "END available_pages or float region",
-        _invisible_build(_n), timeout_s=30.0,
+        _invisible_build(_n),
+        timeout_s=30.0,
         # by construction of the walk (``abstract.above``/``below`` skip a band
         # whose opaque() is false); fidelity ties the walk to the spec's
-        tautology="any", kind="lemma")
+        tautology="any",
+        kind="lemma",
+    )

@@ -68,7 +68,8 @@ def well_formed(v2p, p2v, content, bound=None):
     ``v2p`` are inverse, and a live page holds its id's bytes."""
     return z3.And(
         _every("wf_p", bound, lambda p: z3.Implies(p2v[p] >= 1, z3.And(v2p[p2v[p]] == p, content[p] == p2v[p]))),
-        _every("wf_v", bound, lambda v: z3.Implies(v2p[v] >= 1, p2v[v2p[v]] == v)))
+        _every("wf_v", bound, lambda v: z3.Implies(v2p[v] >= 1, p2v[v2p[v]] == v)),
+    )
 
 
 def _distinct(xs):
@@ -77,8 +78,11 @@ def _distinct(xs):
 
 def _others_unchanged(before, after, named, bound=None):
     """Every id not in ``named`` keeps its page (and so its liveness)."""
-    return _every("other_v", bound, lambda v: z3.Implies(
-        z3.And(*[v != x for x in named]), z3.Select(after, v) == z3.Select(before, v)))
+    return _every(
+        "other_v",
+        bound,
+        lambda v: z3.Implies(z3.And(*[v != x for x in named]), z3.Select(after, v) == z3.Select(before, v)),
+    )
 
 
 def _within(xs, bound):
@@ -111,8 +115,11 @@ def _bind(k, bound):
         (v2p, p2v, content), old_v2p, _, (ids, pages), hyps = _setup(k, bound, "id", "page")
         hyps += [v2p[x] < 0 for x in ids] + [p2v[p] < 0 for p in pages]
         bind_pages(v2p, p2v, content, ids, pages)
-        goal = z3.And(well_formed(v2p, p2v, content, bound), *[v2p[x] == p for x, p in zip(ids, pages)],
-                      _others_unchanged(old_v2p, v2p.arr, ids, bound))
+        goal = z3.And(
+            well_formed(v2p, p2v, content, bound),
+            *[v2p[x] == p for x, p in zip(ids, pages)],
+            _others_unchanged(old_v2p, v2p.arr, ids, bound),
+        )
         return Built(hyps, goal)
 
     return build
@@ -124,9 +131,13 @@ def _unbind(k, bound):
         hyps += [v2p[x] >= 1 for x in ids]
         before = [v2p[x] for x in ids]
         pages = unbind_ids(v2p, p2v, ids)
-        goal = z3.And(well_formed(v2p, p2v, content, bound), *[v2p[x] < 0 for x in ids],
-                      *[p == b for p, b in zip(pages, before)], *[p2v[p] < 0 for p in pages],
-                      _others_unchanged(old_v2p, v2p.arr, ids, bound))
+        goal = z3.And(
+            well_formed(v2p, p2v, content, bound),
+            *[v2p[x] < 0 for x in ids],
+            *[p == b for p, b in zip(pages, before)],
+            *[p2v[p] < 0 for p in pages],
+            _others_unchanged(old_v2p, v2p.arr, ids, bound),
+        )
         return Built(hyps, goal)
 
     return build
@@ -143,7 +154,8 @@ def _move(k, bound):
             well_formed(v2p, p2v, content, bound),  # inverse, and every live page holds its id's bytes
             *[z3.Select(v2p.arr, z3.Select(old_p2v, s)) == d for s, d in zip(src, dst)],  # each moved id is at its dst
             _others_unchanged(old_v2p, v2p.arr, moved_ids, bound),
-            _every("live_v", bound, lambda v: (z3.Select(v2p.arr, v) >= 1) == (z3.Select(old_v2p, v) >= 1)))
+            _every("live_v", bound, lambda v: (z3.Select(v2p.arr, v) >= 1) == (z3.Select(old_v2p, v) >= 1)),
+        )
         return Built(hyps, goal)
 
     return build
@@ -151,18 +163,36 @@ def _move(k, bound):
 
 for _k in BATCHES:
     for _b in (None, BOUND):
-        _sfx, _num = (f".k{_k}", "unbounded page and id numbers") if _b is None else \
-            (f".k{_k}.bounded", f"pages and ids in [1, {_b}], so a refutation is a model z3 can find")
-        add(f"integrity.bind{_sfx}", "integrity",
+        _sfx, _num = (
+            (f".k{_k}", "unbounded page and id numbers")
+            if _b is None
+            else (f".k{_k}.bounded", f"pages and ids in [1, {_b}], so a refutation is a model z3 can find")
+        )
+        add(
+            f"integrity.bind{_sfx}",
+            "integrity",
             f"bands.bind_pages, {_k} id(s) to {_k} free page(s), {_num}: the tables stay inverse with each live "
-            "page holding its id's bytes, each id is at its page, no other id changes", _bind(_k, _b), timeout_s=30.0)
-        add(f"integrity.unbind{_sfx}", "integrity",
+            "page holding its id's bytes, each id is at its page, no other id changes",
+            _bind(_k, _b),
+            timeout_s=30.0,
+        )
+        add(
+            f"integrity.unbind{_sfx}",
+            "integrity",
             f"bands.unbind_ids, {_k} live id(s), {_num}: the tables stay inverse, the ids are unbound, their "
-            "pages are returned and free, no other id changes", _unbind(_k, _b), timeout_s=30.0)
-        add(f"integrity.move{_sfx}", "integrity",
+            "pages are returned and free, no other id changes",
+            _unbind(_k, _b),
+            timeout_s=30.0,
+        )
+        add(
+            f"integrity.move{_sfx}",
+            "integrity",
             f"bands.move_pages, {_k} pair(s) satisfying move_ok, {_num}: the tables stay inverse, every live "
             "id's bytes are at its new page, each moved id is at its destination, no other id moves, no id is "
-            "born or lost", _move(_k, _b), timeout_s=30.0)
+            "born or lost",
+            _move(_k, _b),
+            timeout_s=30.0,
+        )
 
 
 def _disjoint(n):
@@ -178,14 +208,24 @@ def _disjoint(n):
                     continue
                 cases.append([A.opaque(s, i), A.opaque(s, j), b.lo <= d, d < b.hi])
                 goals.append(z3.Or((d + 1) * p.epp <= A.low_f(s, j), A.high_f(s, j) <= d * p.epp))
-        return Built([A.layout_ok(s, first_pages=False), A.inv_order(s), A.inv_grid(s)], None, cases=cases,
-                     case_goals=goals, hints=A.layout_hint(s), lemmas="floor")
+        return Built(
+            [A.layout_ok(s, first_pages=False), A.inv_order(s), A.inv_grid(s)],
+            None,
+            cases=cases,
+            case_goals=goals,
+            hints=A.layout_hint(s),
+            lemmas="floor",
+        )
 
     return build
 
 
 for _n in (2, 3, 4):
-    add(f"integrity.writes_disjoint.n{_n}", "integrity",
+    add(
+        f"integrity.writes_disjoint.n{_n}",
+        "integrity",
         f"{_n} pools: with the order and grid invariants, the bytes of any page inside an opaque band's span lie "
         "outside every other opaque band: a write by pool P (inside its span) touches no other pool's data",
-        _disjoint(_n), timeout_s=30.0)
+        _disjoint(_n),
+        timeout_s=30.0,
+    )

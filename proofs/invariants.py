@@ -26,6 +26,7 @@ from .core import Built, Fresh, add
 # 60 s limit keeps a loaded CI machine from turning it into "unknown".
 INV_TIMEOUT_S = 60.0
 
+
 def _variants(op, s, t, f):
     N = s.n
     FLOATS = tuple(range(1, N - 1))
@@ -51,20 +52,26 @@ def _variants(op, s, t, f):
     # a transition that branches inside (parks, or leaves a transparent float
     # alone) is split on that branch: one query each, which z3 finds far easier
     if op == "free_float":
-        return [A.and_(c, A.rel_free_float(s, t, i, k)) for i in FLOATS
-                for c in (s.bands[i].live == k, s.bands[i].live != k)]
+        return [
+            A.and_(c, A.rel_free_float(s, t, i, k))
+            for i in FLOATS
+            for c in (s.bands[i].live == k, s.bands[i].live != k)
+        ]
     if op == "flush":
-        return [A.rel_flush_end(s, t, i) for i in ENDS] + [A.and_(c, A.rel_flush_float(s, t, i)) for i in FLOATS
-                                                          for c in (A.opaque(s, i), A.parked(s, i))]
+        return [A.rel_flush_end(s, t, i) for i in ENDS] + [
+            A.and_(c, A.rel_flush_float(s, t, i)) for i in FLOATS for c in (A.opaque(s, i), A.parked(s, i))
+        ]
     if op == "make_room_boundary":
-        return [A.and_(side == v, A.rel_make_room_boundary(s, t, i, side, mb))
-                for i in FLOATS for v in (True, False)]
+        return [A.and_(side == v, A.rel_make_room_boundary(s, t, i, side, mb)) for i in FLOATS for v in (True, False)]
     if op == "make_room_leapfrog":
-        return [A.and_(side == v, A.rel_make_room_leapfrog(s, t, i, side, mb))
-                for i in FLOATS for v in (True, False)]
+        return [A.and_(side == v, A.rel_make_room_leapfrog(s, t, i, side, mb)) for i in FLOATS for v in (True, False)]
     if op == "compact_holes":
-        return [A.and_(side == v, c, A.rel_compact_holes(s, t, i, side)) for i in FLOATS for v in (True, False)
-                for c in (A.opaque(s, i), A.parked(s, i))]
+        return [
+            A.and_(side == v, c, A.rel_compact_holes(s, t, i, side))
+            for i in FLOATS
+            for v in (True, False)
+            for c in (A.opaque(s, i), A.parked(s, i))
+        ]
     raise KeyError(op)
 
 
@@ -87,8 +94,8 @@ OPERATIONS = {
 STATEMENTS = {
     "order": "frontier order along the chain; opaque bands disjoint and within [sink, total]",
     "conservation": "span = live + holes, eager END hole-free, live <= ids, and verify()'s byte equation: "
-                    "sink + per opaque band (gap since the previous high, clamped at 0, + (live+holes)*epp) "
-                    "+ tail clamped at 0 = total",
+    "sink + per opaque band (gap since the previous high, clamped at 0, + (live+holes)*epp) "
+    "+ tail clamped at 0 = total",
     "grid": "page-aligned spans on each grid, no page below min_page, ENDs anchored, empty float parked",
 }
 
@@ -103,8 +110,7 @@ def _make(op, inv, N):
         t = A.symbolic_state(f, "t_", like=s)
         vs = _variants(op, s, t, f)
         hyps = [A.layout_ok(s, first_pages=False), A.inv_all(s)]
-        return Built(hyps, A.INVARIANTS[inv](t), cases=[[v] for v in vs],
-                     hints=A.layout_hint(s))
+        return Built(hyps, A.INVARIANTS[inv](t), cases=[[v] for v in vs], hints=A.layout_hint(s))
 
     return build
 
@@ -114,9 +120,14 @@ for _n in (4, 3, 2):
         if _n == 2 and _op not in END_ONLY:
             continue
         for _inv, _st in STATEMENTS.items():
-            add(f"inv.{_op}.{_inv}" + ("" if _n == 4 else f".n{_n}"), "invariants",
-                f"{_n} pools: {_what} preserves {_inv}: {_st}", _make(_op, _inv, _n), timeout_s=INV_TIMEOUT_S,
-                tautology="none")
+            add(
+                f"inv.{_op}.{_inv}" + ("" if _n == 4 else f".n{_n}"),
+                "invariants",
+                f"{_n} pools: {_what} preserves {_inv}: {_st}",
+                _make(_op, _inv, _n),
+                timeout_s=INV_TIMEOUT_S,
+                tautology="none",
+            )
 
 
 # ------------------------------------------- conservation can fail, and where
@@ -148,14 +159,23 @@ def _drift_build(n, single):
 
 for _n in (4, 3, 2):
     _sfx = "" if _n == 4 else f".n{_n}"
-    add(f"inv.conservation.single_drift_detected{_sfx}", "invariants",
+    add(
+        f"inv.conservation.single_drift_detected{_sfx}",
+        "invariants",
         f"{_n} pools: order and grid hold and exactly one opaque band's span != live + holes "
         "=> verify()'s byte equation fails (conservation can fail, for each band)",
-        _drift_build(_n, True), timeout_s=INV_TIMEOUT_S)
-add("inv.conservation.bytes_localize_drift", "invariants",
+        _drift_build(_n, True),
+        timeout_s=INV_TIMEOUT_S,
+    )
+add(
+    "inv.conservation.bytes_localize_drift",
+    "invariants",
     "REFUTED (finding): 2 pools, with order and grid, verify()'s byte equation implies span = live + holes "
     "for both ENDs (two drifts that cancel in bytes pass it)",
-    _drift_build(2, False), timeout_s=30.0, expect="counterexample")
+    _drift_build(2, False),
+    timeout_s=30.0,
+    expect="counterexample",
+)
 
 
 # ------------------------------------------------------------- base case
@@ -176,10 +196,14 @@ def _init_build(n):
 
 
 for _n in (4, 3, 2):
-    add(f"inv.init.n{_n}", "invariants",
+    add(
+        f"inv.init.n{_n}",
+        "invariants",
         f"{_n} pools, symbolic layout: the boot state (chain.boot: up END empty at min_page, floats parked, "
         "down END empty at num_pages) satisfies order, conservation and grid: the induction's base case",
-        _init_build(_n), timeout_s=30.0)
+        _init_build(_n),
+        timeout_s=30.0,
+    )
 
 
 # ------------------------------------------------------------ dead terms
@@ -210,11 +234,21 @@ def _dead_build(n, term):
 
 
 for _n in (4, 3, 2):
-    add(f"dead.golden_clamp.n{_n}", "invariants",
+    add(
+        f"dead.golden_clamp.n{_n}",
+        "invariants",
         f"{_n} pools: on every state satisfying the invariants, golden_gap's argument (wm_down+1)*epp_down - "
         "wm_up*epp_up is >= 0, so its max(0, .) never binds (kept: it is the closed form's definition)",
-        _dead_build(_n, "golden_clamp"), timeout_s=30.0, tautology="none")
-    add(f"dead.end_room_cap.n{_n}", "invariants",
+        _dead_build(_n, "golden_clamp"),
+        timeout_s=30.0,
+        tautology="none",
+    )
+    add(
+        f"dead.end_room_cap.n{_n}",
+        "invariants",
         f"{_n} pools: on every state satisfying the invariants, an END's gap // epp <= its room on its grid, "
         "so end_available's min(., room) never binds (kept: it is the ids' bound, which the bytes imply)",
-        _dead_build(_n, "end_room_cap"), timeout_s=30.0, tautology="none")
+        _dead_build(_n, "end_room_cap"),
+        timeout_s=30.0,
+        tautology="none",
+    )

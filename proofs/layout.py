@@ -53,6 +53,7 @@ def _build(n, goal_fn, valid=True):
     """``goal_fn`` returns a list of goals, each its own z3 query: a fact per
     pool (or per permutation) is small and quick, where their conjunction
     over four pools of nonlinear grid arithmetic can time out under load."""
+
     def build():
         f = Fresh()
         total, entries, pss, hyps = _config(f, n)
@@ -113,20 +114,22 @@ FACTS = {
     "min_page_least": (_min_page_least, "min_page is the least page wholly above the sink; sink = max epp"),
     "grid_fits": (_grid_fits, "every grid fits within the buffer and is maximal"),
     "num_pages_by_epp": (_num_pages_by_epp, "(total // entry) // page_size == total // epp"),
-    "order_independent": (_order_independent,
-                          "a layout given in any pool order has the same sink and per-pool grids"),
+    "order_independent": (_order_independent, "a layout given in any pool order has the same sink and per-pool grids"),
 }
 
 for _n in (2, 3, 4):
     for _fact, (_fn, _st) in FACTS.items():
-        add(f"layout.{_fact}.n{_n}", "layout",
+        add(
+            f"layout.{_fact}.n{_n}",
+            "layout",
             f"{_n} pools, symbolic total/entry sizes, page sizes in {{1..64}}: {_st}",
             _build(_n, _fn, valid=_fact != "num_pages_by_epp"),
             timeout_s=60.0 if _fact == "order_independent" else 30.0,
             # the same sink and grids in any order holds by construction of
             # layout_terms (max is commutative; each grid is its own pool's)
             tautology="any" if _fact == "order_independent" else "conjuncts",
-            kind="lemma" if _fact == "order_independent" else "property")
+            kind="lemma" if _fact == "order_independent" else "property",
+        )
 
 
 # ------------------------------------------------- every pool allocates
@@ -163,8 +166,10 @@ def _allocates_build(n):
         for i in range(n):
             p = boot.pools[i]
             if p.grow == "float":
-                extra = [_galois_cdiv(firsts[i][0], A.below(boot, i), p.epp),
-                         _galois_fdiv(firsts[i][0] + 1, A.above(boot, i), p.epp)]
+                extra = [
+                    _galois_cdiv(firsts[i][0], A.below(boot, i), p.epp),
+                    _galois_fdiv(firsts[i][0] + 1, A.above(boot, i), p.epp),
+                ]
             else:
                 extra = [_galois_fdiv(1, A.gap(boot, i), p.epp)]
             cases.append(lem + extra)
@@ -175,11 +180,15 @@ def _allocates_build(n):
 
 
 for _n in (2, 3, 4):
-    add(f"layout.every_pool_allocates.n{_n}", "layout",
+    add(
+        f"layout.every_pool_allocates.n{_n}",
+        "layout",
         f"{_n} pools, symbolic layout numbers: a valid layout (make_layout's conditions, every "
         "arith.first_pages fits) gives every pool available_pages >= 1 in the boot state (up END empty "
         "at min_page, floats parked, down END empty at num_pages); one query per pool",
-        _allocates_build(_n), timeout_s=30.0)
+        _allocates_build(_n),
+        timeout_s=30.0,
+    )
 
 
 # ---------------------------------------------------------- float regions
@@ -194,20 +203,28 @@ def _region_build(n):
             p, b = s.pools[i], s.bands[i]
             lo, hi = A.region(s, i)
             bl, ab = A.below(s, i), A.above(s, i)
-            goal += [lo >= p.min_page, hi <= p.num_pages,  # on the grid, above the sink
-                     lo * p.epp >= bl, hi * p.epp <= ab,  # inside the neighbours' frontiers
-                     # maximal: one more page on either side leaves the grid or overlaps
-                     z3.Or(lo - 1 < p.min_page, (lo - 1) * p.epp < bl),
-                     z3.Or(hi + 1 > p.num_pages, (hi + 1) * p.epp > ab),
-                     # an opaque float's own span lies in its region
-                     z3.Implies(b.live > 0, z3.And(lo <= b.lo, b.hi <= hi))]
+            goal += [
+                lo >= p.min_page,
+                hi <= p.num_pages,  # on the grid, above the sink
+                lo * p.epp >= bl,
+                hi * p.epp <= ab,  # inside the neighbours' frontiers
+                # maximal: one more page on either side leaves the grid or overlaps
+                z3.Or(lo - 1 < p.min_page, (lo - 1) * p.epp < bl),
+                z3.Or(hi + 1 > p.num_pages, (hi + 1) * p.epp > ab),
+                # an opaque float's own span lies in its region
+                z3.Implies(b.live > 0, z3.And(lo <= b.lo, b.hi <= hi)),
+            ]
         return Built([A.layout_ok(s, first_pages=False), A.inv_all(s)], z3.And(*goal), hints=A.layout_hint(s))
 
     return build
 
 
 for _n in (3, 4):
-    add(f"layout.float_region.n{_n}", "layout",
+    add(
+        f"layout.float_region.n{_n}",
+        "layout",
         f"{_n} pools, symbolic state: each float's region is page-aligned on its grid, lies inside its "
         "opaque neighbours' (possibly off-grid) frontiers, is maximal, and holds its span",
-        _region_build(_n), timeout_s=30.0)
+        _region_build(_n),
+        timeout_s=30.0,
+    )

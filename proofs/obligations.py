@@ -9,7 +9,7 @@ obligations themselves live by topic in ``layout``, ``golden``,
 from . import capacity, composites, golden, integrity, invariants, layout, planner, policy  # noqa: F401  (they register)
 from .core import REGISTRY, Built, Obligation, run_obligation
 
-__all__ = ["REGISTRY", "Built", "Obligation", "run_obligation", "run"]
+__all__ = ["REGISTRY", "Built", "Obligation", "run", "run_obligation"]
 
 
 def run(name):

@@ -20,7 +20,7 @@ Chains of 3 and 4 pools (1 and 2 floats), every size symbolic:
 - the movement bound: a float the plan does not move keeps its band (by
   ``planned``'s construction, so not an obligation), and a repack
   (``moves.pack_plan``) moves exactly the live pages outside its target,
-  so pages moved <= live pages of the movers (``tests/test_planner.py``);
+  so pages moved <= live pages of the movers (``tests/spec/test_planner.py``);
 - ``planner.order_safe``: repacking in ``move_rank`` order never writes over
   a float that has not moved yet.
 """
@@ -34,7 +34,6 @@ from kvarena.spec.planner import move_rank, plan_chain
 
 from . import abstract as A
 from .core import Built, Fresh, add
-
 
 inputs = planner_inputs  # (up, floats, down) for demand d: the spec's, as Arena.plan_floats gathers them
 planned = T.planned  # the chain after the repacks: the spec's, which Arena.plan_floats asserts it reaches
@@ -70,9 +69,11 @@ def _cases(s, plan, with_moves=True):
         live = s.bands[i].live
         options = [[live == 0]]
         if with_moves:
-            options += [[live > 0, plan.moves[k]],
-                        [live > 0, z3.Not(plan.moves[k]), plan.room_below[k]],
-                        [live > 0, z3.Not(plan.moves[k]), z3.Not(plan.room_below[k])]]
+            options += [
+                [live > 0, plan.moves[k]],
+                [live > 0, z3.Not(plan.moves[k]), plan.room_below[k]],
+                [live > 0, z3.Not(plan.moves[k]), z3.Not(plan.room_below[k])],
+            ]
         else:
             options += [[live > 0]]
         shapes = [sh + o for sh in shapes for o in options]
@@ -93,8 +94,12 @@ def _placement(f, s):
     for i in range(1, s.n - 1):
         b = s.bands[i]
         x = f.int(f"place{i}")
-        bands[i] = A.BandState(arith.ite(b.live > 0, x, b.lo), arith.ite(b.live > 0, x + b.live, b.hi), b.live,
-                               arith.ite(b.live > 0, 0, b.holes))
+        bands[i] = A.BandState(
+            arith.ite(b.live > 0, x, b.lo),
+            arith.ite(b.live > 0, x + b.live, b.hi),
+            b.live,
+            arith.ite(b.live > 0, 0, b.holes),
+        )
     w = A.AState(s.total, s.sink, s.pools, bands)
     return w, [A.inv_grid(w), A.inv_order(w)]  # spans and counts hold by construction
 
@@ -113,11 +118,20 @@ def _complete(n, j):
             lo, hi = A.region(w, j)  # (only when it is opaque: a parked float has no side)
             low_larger = w.bands[j].lo - lo >= hi - w.bands[j].hi
             opaque = s.bands[j].live > 0
-            cases = [c + [side] for c in cases for side in (low_larger, z3.Not(low_larger))
-                     if any(z3.eq(x, opaque) for x in c)] + [c for c in cases if not any(z3.eq(x, opaque) for x in c)]
-        return Built(hyps + pre, plan.feasible, cases=cases,
-                     witnesses=[[arith.or_(*plan.moves)], [A.available(s, j) < d[j]]],
-                     hints=A.layout_hint(s), lemmas="floor")
+            cases = [
+                c + [side]
+                for c in cases
+                for side in (low_larger, z3.Not(low_larger))
+                if any(z3.eq(x, opaque) for x in c)
+            ] + [c for c in cases if not any(z3.eq(x, opaque) for x in c)]
+        return Built(
+            hyps + pre,
+            plan.feasible,
+            cases=cases,
+            witnesses=[[arith.or_(*plan.moves)], [A.available(s, j) < d[j]]],
+            hints=A.layout_hint(s),
+            lemmas="floor",
+        )
 
     return build
 
@@ -125,9 +139,14 @@ def _complete(n, j):
 for _n in (3, 4):
     for _j in range(_n):
         role = "up END" if _j == 0 else ("down END" if _j == _n - 1 else f"float {_j}")
-        add(f"planner.complete.n{_n}.pool{_j}", "planner",
+        add(
+            f"planner.complete.n{_n}.pool{_j}",
+            "planner",
             f"{_n} pools, demand on the {role}: some packed placement of the floats meets it => the plan is "
-            "feasible (no false OOM)", _complete(_n, _j), timeout_s=90.0 * (_n - 2))
+            "feasible (no false OOM)",
+            _complete(_n, _j),
+            timeout_s=90.0 * (_n - 2),
+        )
 
 
 # --------------------------------------------------------------- soundness
@@ -138,8 +157,14 @@ def _sound_inv(n):
         f, s, d, hyps = _setup(n)
         plan = plan_chain(*inputs(s, d))
         t = planned(s, plan)
-        return Built(hyps + [plan.feasible], A.inv_all(t), cases=_cases(s, plan),
-                     witnesses=[[arith.or_(*plan.moves)]], hints=A.layout_hint(s), lemmas=True)
+        return Built(
+            hyps + [plan.feasible],
+            A.inv_all(t),
+            cases=_cases(s, plan),
+            witnesses=[[arith.or_(*plan.moves)]],
+            hints=A.layout_hint(s),
+            lemmas=True,
+        )
 
     return build
 
@@ -149,20 +174,36 @@ def _sound_meets(n, j):
         f, s, d, hyps = _setup(n)
         plan = plan_chain(*inputs(s, d))
         t = planned(s, plan)
-        return Built(hyps + [plan.feasible], A.available(t, j) >= d[j], cases=_cases(s, plan),
-                     witnesses=[[arith.or_(*plan.moves), d[j] > 0]], hints=A.layout_hint(s), lemmas=True)
+        return Built(
+            hyps + [plan.feasible],
+            A.available(t, j) >= d[j],
+            cases=_cases(s, plan),
+            witnesses=[[arith.or_(*plan.moves), d[j] > 0]],
+            hints=A.layout_hint(s),
+            lemmas=True,
+        )
 
     return build
 
 
 for _n in (3, 4):
-    add(f"planner.sound.inv.n{_n}", "planner",
-        f"{_n} pools, any demand vector: a feasible plan leaves every invariant holding (grid, conservation, "
-        "order)", _sound_inv(_n), timeout_s=30.0 * (_n - 2), tautology="none")
+    add(
+        f"planner.sound.inv.n{_n}",
+        "planner",
+        f"{_n} pools, any demand vector: a feasible plan leaves every invariant holding (grid, conservation, order)",
+        _sound_inv(_n),
+        timeout_s=30.0 * (_n - 2),
+        tautology="none",
+    )
     for _j in range(_n):
-        add(f"planner.sound.meets.n{_n}.pool{_j}", "planner",
+        add(
+            f"planner.sound.meets.n{_n}.pool{_j}",
+            "planner",
             f"{_n} pools, any demand vector: a feasible plan gives pool {_j} its demand "
-            "(available_pages >= demand afterwards)", _sound_meets(_n, _j), timeout_s=30.0 * (_n - 2))
+            "(available_pages >= demand afterwards)",
+            _sound_meets(_n, _j),
+            timeout_s=30.0 * (_n - 2),
+        )
 
 
 # -------------------------------------------------- movement and ping-pong
@@ -173,18 +214,28 @@ def _stays(n, j):
         f, s, d, hyps = _setup(n)
         plan = plan_chain(*inputs(s, d))
         pre = _single(d, j) + [A.available(s, j) >= d[j]]
-        return Built(hyps + pre, z3.And(*[z3.Not(m) for m in plan.moves]), cases=_cases(s, plan, with_moves=False),
-                     witnesses=[[d[j] > 0]], hints=A.layout_hint(s), lemmas=True)
+        return Built(
+            hyps + pre,
+            z3.And(*[z3.Not(m) for m in plan.moves]),
+            cases=_cases(s, plan, with_moves=False),
+            witnesses=[[d[j] > 0]],
+            hints=A.layout_hint(s),
+            lemmas=True,
+        )
 
     return build
 
 
 for _n in (3, 4):
     for _j in range(_n):
-        add(f"planner.stays.n{_n}.pool{_j}", "planner",
+        add(
+            f"planner.stays.n{_n}.pool{_j}",
+            "planner",
             f"{_n} pools, demand on pool {_j} that already fits (available_pages >= demand) => no float moves "
-            "(0 pages moved; two demands that both fit never ping-pong)", _stays(_n, _j),
-            timeout_s=30.0 * (_n - 2))
+            "(0 pages moved; two demands that both fit never ping-pong)",
+            _stays(_n, _j),
+            timeout_s=30.0 * (_n - 2),
+        )
 
 
 # ------------------------------------------------------------------ order
@@ -207,12 +258,23 @@ def _order_safe():
             for b_unmoved in ([z3.Not(plan.moves[b])], [plan.moves[b], first]):
                 cases.append([plan.moves[a], s.bands[j].live > 0] + b_unmoved)
                 goals.append(z3.Or(hi_t <= lo_j, hi_j <= lo_t))
-        return Built(hyps, None, cases=cases, case_goals=goals, witnesses=[[plan.moves[0], plan.moves[1]]],
-                     hints=A.layout_hint(s), lemmas=True)
+        return Built(
+            hyps,
+            None,
+            cases=cases,
+            case_goals=goals,
+            witnesses=[[plan.moves[0], plan.moves[1]]],
+            hints=A.layout_hint(s),
+            lemmas=True,
+        )
 
     return build
 
 
-add("planner.order_safe", "planner",
+add(
+    "planner.order_safe",
+    "planner",
     "4 pools: repacking in move_rank order, no float's target overlaps a float that has not moved yet",
-    _order_safe(), timeout_s=60.0)
+    _order_safe(),
+    timeout_s=60.0,
+)

@@ -56,8 +56,9 @@ def _moves(s, t, i, side, target):
 def _pure(goal_fn):
     def build():
         f = Fresh()
-        sl, sh, bl, bh, fb, sk = (f.int(x) for x in ("sides_low", "sides_high", "band_low", "band_high",
-                                                      "float_bytes", "slack"))
+        sl, sh, bl, bh, fb, sk = (
+            f.int(x) for x in ("sides_low", "sides_high", "band_low", "band_high", "float_bytes", "slack")
+        )
         hyps = [sl >= 0, sh >= 0, bl >= 0, bh >= 0, fb >= 0, sk >= 0]
         act, low, target = short_side_decision(sl, sh, bl, bh, fb, sk)
         goal, extra = goal_fn(sl, sh, bl, bh, fb, sk, act, low, target)
@@ -66,20 +67,39 @@ def _pure(goal_fn):
     return build
 
 
-add("policy.pure.no_move_both_short", "policy",
+add(
+    "policy.pure.no_move_both_short",
+    "policy",
     "short_side_decision: both sides short (sides > band on each) => no move",
-    _pure(lambda sl, sh, bl, bh, fb, sk, act, low, t: (z3.Not(act), [sl > bl, sh > bh])), timeout_s=10.0)
-add("policy.pure.target_beyond_band", "policy",
+    _pure(lambda sl, sh, bl, bh, fb, sk, act, low, t: (z3.Not(act), [sl > bl, sh > bh])),
+    timeout_s=10.0,
+)
+add(
+    "policy.pure.target_beyond_band",
+    "policy",
     "short_side_decision: when it acts, the target exceeds the band on the chosen side (make_room works)",
-    _pure(lambda sl, sh, bl, bh, fb, sk, act, low, t: (t > z3.If(low, bl, bh), [act])), timeout_s=10.0)
-add("policy.pure.opens_the_short_side", "policy",
+    _pure(lambda sl, sh, bl, bh, fb, sk, act, low, t: (t > z3.If(low, bl, bh), [act])),
+    timeout_s=10.0,
+)
+add(
+    "policy.pure.opens_the_short_side",
+    "policy",
     "short_side_decision: exactly one side short => it acts iff target > that band, and opens that side",
-    _pure(lambda sl, sh, bl, bh, fb, sk, act, low, t: (
-        z3.And(low == (sl > bl), act == (t > z3.If(sl > bl, bl, bh))), [(sl > bl) != (sh > bh)])),
-    timeout_s=10.0)
-add("policy.pure.target_covers_demand", "policy",
+    _pure(
+        lambda sl, sh, bl, bh, fb, sk, act, low, t: (
+            z3.And(low == (sl > bl), act == (t > z3.If(sl > bl, bl, bh))),
+            [(sl > bl) != (sh > bh)],
+        )
+    ),
+    timeout_s=10.0,
+)
+add(
+    "policy.pure.target_covers_demand",
+    "policy",
     "short_side_decision: the target covers the opened side's END demand plus slack",
-    _pure(lambda sl, sh, bl, bh, fb, sk, act, low, t: (t >= z3.If(low, sl, sh) + sk, [act])), timeout_s=10.0)
+    _pure(lambda sl, sh, bl, bh, fb, sk, act, low, t: (t >= z3.If(low, sl, sh) + sk, [act])),
+    timeout_s=10.0,
+)
 
 
 # ------------------------------------------------------- state-level facts
@@ -98,9 +118,13 @@ def _no_move_both_short():
     return build
 
 
-add("policy.no_move_both_short", "policy",
+add(
+    "policy.no_move_both_short",
+    "policy",
     "open_short_side on either float of a 4-pool chain: both sides short => no move (zero-sum)",
-    _no_move_both_short(), timeout_s=30.0)
+    _no_move_both_short(),
+    timeout_s=30.0,
+)
 
 
 def _fits_after(n, expect_refuted=False):
@@ -121,12 +145,23 @@ def _fits_after(n, expect_refuted=False):
     return build
 
 
-add("policy.short_side_fits_after.n3", "policy",
+add(
+    "policy.short_side_fits_after.n3",
+    "policy",
     "3 pools: one side short, policy acts and make_room moves (boundary or leapfrog) => the short END's "
-    "demand fits (available_pages >= demand) afterwards", _fits_after(3), timeout_s=60.0)
-add("policy.short_side_fits_after.n4_far_float", "policy",
+    "demand fits (available_pages >= demand) afterwards",
+    _fits_after(3),
+    timeout_s=60.0,
+)
+add(
+    "policy.short_side_fits_after.n4_far_float",
+    "policy",
     "REFUTED (finding): 4 pools, policy acts on the float not adjacent to the short END => that END's demand "
-    "fits afterwards", _fits_after(4), timeout_s=60.0, expect="counterexample")
+    "fits afterwards",
+    _fits_after(4),
+    timeout_s=60.0,
+    expect="counterexample",
+)
 
 
 def _float_fits_after():
@@ -141,9 +176,15 @@ def _float_fits_after():
     return build
 
 
-add("policy.float_short_fits_after", "policy",
+add(
+    "policy.float_short_fits_after",
+    "policy",
     "REFUTED (finding): 3 pools, only the float short, policy acts and make_room moves => the float's "
-    "demand fits afterwards", _float_fits_after(), timeout_s=60.0, expect="counterexample")
+    "demand fits afterwards",
+    _float_fits_after(),
+    timeout_s=60.0,
+    expect="counterexample",
+)
 
 
 def _cost_bound():
@@ -151,6 +192,7 @@ def _cost_bound():
     count ``Arena.make_room`` asserts its moves equal; ``spared`` is the
     page-level fact it reads (pages already in place, or holes among the
     cleared ones), bounded by the guard the arena also asserts."""
+
     def build():
         f, s, t, d, hyps = _setup(n=3)
         i = 1
@@ -159,23 +201,31 @@ def _cost_bound():
         band_side, feasible, need = A.make_room_terms(s, i, low, target)
         spared = f.int("spared")
         moved = T.make_room_moved(s, i, low, target, spared)
-        pre = [z3.Not(skip), act, A.make_room_moves(s, i, low, target),
-               T.make_room_moved_ok(s, i, low, target, spared)]
+        pre = [z3.Not(skip), act, A.make_room_moves(s, i, low, target), T.make_room_moved_ok(s, i, low, target, spared)]
         short_by = z3.If(low, x["sides_low"] - x["band_low"], x["sides_high"] - x["band_high"])
         one_short = (x["sides_low"] > x["band_low"]) != (x["sides_high"] > x["band_high"])
-        goal = z3.And(need >= 1, moved >= 0, moved <= arith.min_(a.live, need),
-                      # the cost is driven by the deficit: need pages cover at most the
-                      # short side's deficit, the float's uncovered need and the slack
-                      z3.Implies(one_short, (need - 1) * p.epp < short_by + x["float_bytes"] + x["slack"]))
+        goal = z3.And(
+            need >= 1,
+            moved >= 0,
+            moved <= arith.min_(a.live, need),
+            # the cost is driven by the deficit: need pages cover at most the
+            # short side's deficit, the float's uncovered need and the slack
+            z3.Implies(one_short, (need - 1) * p.epp < short_by + x["float_bytes"] + x["slack"]),
+        )
         return Built(hyps + pre, goal, hints=A.layout_hint(s))
 
     return build
 
 
-add("policy.cost_bound", "policy",
+add(
+    "policy.cost_bound",
+    "policy",
     "policy-driven make_room: need >= 1, 0 <= pages moved (transitions.make_room_moved) <= min(live, need), "
     "and (one side short) "
-    "(need-1)*epp < deficit + float bytes + slack", _cost_bound(), timeout_s=30.0)
+    "(need-1)*epp < deficit + float bytes + slack",
+    _cost_bound(),
+    timeout_s=30.0,
+)
 
 
 def _far(kind):
@@ -195,25 +245,41 @@ def _far(kind):
         base = [z3.Not(skip), act]
         boundary, leap = _moves(s, t, i, low, target)
         if kind == "kept":
-            return Built(hyps + base + [low_short != high_short, far_before >= far_sides],
-                         far_after >= far_sides, cases=[[boundary], [leap]], hints=A.layout_hint(s))
+            return Built(
+                hyps + base + [low_short != high_short, far_before >= far_sides],
+                far_after >= far_sides,
+                cases=[[boundary], [leap]],
+                hints=A.layout_hint(s),
+            )
         if kind == "loss_boundary":
-            return Built(hyps + base + [boundary], far_after >= far_before - need * p.epp,
-                         hints=A.layout_hint(s))
+            return Built(hyps + base + [boundary], far_after >= far_before - need * p.epp, hints=A.layout_hint(s))
         return Built(hyps + base + [leap], z3.And(far_after >= 0, far_after < p.epp), hints=A.layout_hint(s))
 
     return build
 
 
-add("policy.far_side_kept", "policy",
+add(
+    "policy.far_side_kept",
+    "policy",
     "REFUTED (finding): one side short, policy acts => a far side that was not short stays not short",
-    _far("kept"), timeout_s=30.0, expect="counterexample")
-add("policy.far_side_loss_boundary", "policy",
+    _far("kept"),
+    timeout_s=30.0,
+    expect="counterexample",
+)
+add(
+    "policy.far_side_loss_boundary",
+    "policy",
     "policy acts, make_room boundary case => the far band loses at most need float pages",
-    _far("loss_boundary"), timeout_s=30.0)
-add("policy.far_side_leapfrog_takes_all", "policy",
+    _far("loss_boundary"),
+    timeout_s=30.0,
+)
+add(
+    "policy.far_side_leapfrog_takes_all",
+    "policy",
     "policy acts, make_room leapfrog => the far band is left with 0 <= bytes < one float page",
-    _far("leapfrog"), timeout_s=40.0)
+    _far("leapfrog"),
+    timeout_s=40.0,
+)
 
 
 # ------------------------------------------------------- make_room itself
@@ -247,9 +313,17 @@ def _mr(kind):
     return build
 
 
-add("make_room.destinations_suffice", "policy",
+add(
+    "make_room.destinations_suffice",
+    "policy",
     "make_room boundary case (need < live): the free pages beyond the cleared edge hold every source",
-    _mr("room"), timeout_s=30.0)
-add("make_room.reaches_target", "policy",
+    _mr("room"),
+    timeout_s=30.0,
+)
+add(
+    "make_room.reaches_target",
+    "policy",
     "make_room that moves (boundary or leapfrog, either side, either float) leaves >= min_bytes on that side",
-    _mr("reach"), timeout_s=40.0)
+    _mr("reach"),
+    timeout_s=40.0,
+)

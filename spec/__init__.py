@@ -17,10 +17,23 @@ Modules, in reading order:
 - ``composites`` the token-level composites over one arena (DESIGN section 6).
 """
 
-from .arena import Arena, MAX_EVICT_ROUNDS
+from .arena import MAX_EVICT_ROUNDS, Arena
 from .composites import HybridSWA, MambaHybrid, TriPool, swa_window_end
 from .geometry import POLICIES, AccountingError, Geometry, Layout, SubPool, make_layout
 from .policy import short_side_decision
 
-__all__ = ["Arena", "AccountingError", "Geometry", "Layout", "SubPool", "make_layout",
-           "short_side_decision", "MAX_EVICT_ROUNDS", "POLICIES", "HybridSWA", "MambaHybrid", "TriPool", "swa_window_end"]
+__all__ = [
+    "MAX_EVICT_ROUNDS",
+    "POLICIES",
+    "AccountingError",
+    "Arena",
+    "Geometry",
+    "HybridSWA",
+    "Layout",
+    "MambaHybrid",
+    "SubPool",
+    "TriPool",
+    "make_layout",
+    "short_side_decision",
+    "swa_window_end",
+]

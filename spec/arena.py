@@ -52,19 +52,24 @@ class Arena:
         self.sink_bytes = layout.sink_bytes
         self.policy = policy
         self.lenders = lenders  # borrower -> lender
-        self.bands = {n: Band(layout.pools[n], layout.geometry[n], n in lazy_set, lenders.get(n),
-                              layout.geometry.get(lenders.get(n)))
-                      for n in layout.chain}
+        self.bands = {
+            n: Band(
+                layout.pools[n], layout.geometry[n], n in lazy_set, lenders.get(n), layout.geometry.get(lenders.get(n))
+            )
+            for n in layout.chain
+        }
         self._index = {n: i for i, n in enumerate(layout.chain)}
-        self._shapes = tuple(chain.Shape(b.grow, b.geom.epp, b.geom.num_pages, b.geom.min_page, b.lazy)
-                             for b in self.bands.values())
+        self._shapes = tuple(
+            chain.Shape(b.grow, b.geom.epp, b.geom.num_pages, b.geom.min_page, b.lazy) for b in self.bands.values()
+        )
         self.verify()
 
     def state(self):
         """The arena in numbers (``chain.Chain``): what every view and every
         transition reads.  Built afresh on each call, so never stale."""
-        return chain.Chain(self.total_bytes, self.sink_bytes, self._shapes,
-                           tuple(self.bands[n].counts for n in self.chain))
+        return chain.Chain(
+            self.total_bytes, self.sink_bytes, self._shapes, tuple(self.bands[n].counts for n in self.chain)
+        )
 
     def _at(self, name):
         """``(state, index)`` for a named pool; ``ValueError`` if unknown."""
@@ -252,8 +257,9 @@ class Arena:
                 raise ValueError(f"pool {b.name!r}: id {v} is not live in its lender {lender.name!r}")
             for o in borrowers:
                 if o.v2p[v] >= 0:
-                    raise ValueError(f"pool {b.name!r}: id {v} is still bound in its borrower "
-                                     f"{o.name!r}; free it there first")
+                    raise ValueError(
+                        f"pool {b.name!r}: id {v} is still bound in its borrower {o.name!r}; free it there first"
+                    )
         return ids
 
     # -------------------------------------------------------- operations
@@ -622,16 +628,18 @@ class Arena:
                 lender = self.bands[b.lender]
                 stray = [v for v, p in enumerate(b.v2p) if v and p >= 0 and lender.v2p[v] < 0]
                 if stray:
-                    raise AccountingError(b.name, "borrowed ids live in the lender",
-                                          f"ids {stray} are not live in {lender.name!r}")
+                    raise AccountingError(
+                        b.name, "borrowed ids live in the lender", f"ids {stray} are not live in {lender.name!r}"
+                    )
         # The ENDs' own checks keep the first band clear of the sink and the
         # last inside the buffer; what is left is neighbours overlapping.
         opaque = [n for n in self.chain if self.bands[n].opaque]
         for below, name in zip(opaque, opaque[1:]):
             low, high = self.bands[name].frontiers[0], self.bands[below].frontiers[1]
             if low < high:
-                raise AccountingError(name, "opaque bands overlap",
-                                      f"low frontier {low} < {below} high frontier {high}")
+                raise AccountingError(
+                    name, "opaque bands overlap", f"low frontier {low} < {below} high frontier {high}"
+                )
         self._conservation(opaque)
 
     def _conservation(self, opaque):
@@ -639,7 +647,7 @@ class Arena:
         (live + holes, not read off its frontiers), and the free bytes
         before, between and after the bands, each clamped at 0, add up to the
         buffer (``chain.counted_bytes``, the sum the proofs reason about).  A frontier that drifts from its band's count fails here, and
-        only here (``tests/test_spec_verify.py`` plants one).
+        only here (``tests/spec/test_verify.py`` plants one).
 
         The sum sees a band whose span holds more pages than it counts.  The
         other direction cannot hide in it: a span with fewer pages than its
@@ -650,9 +658,12 @@ class Arena:
         if covered != self.total_bytes:
             drift = [n for n in opaque if self.bands[n].span != self.bands[n].live + len(self.bands[n].holes)]
             b = self.bands[(drift or opaque[-1:])[0]]
-            raise AccountingError(b.name, "conservation",
-                                  f"accounted {covered} of {self.total_bytes} bytes; span {b.span} pages, "
-                                  f"live {b.live} + holes {len(b.holes)}")
+            raise AccountingError(
+                b.name,
+                "conservation",
+                f"accounted {covered} of {self.total_bytes} bytes; span {b.span} pages, "
+                f"live {b.live} + holes {len(b.holes)}",
+            )
 
     def snapshot(self):
         """The whole state as JSON-able data.
@@ -664,8 +675,12 @@ class Arena:
             b = self.bands[name]
             g = b.geom
             pools[name] = {
-                "pool": {"entry_bytes": b.pool.entry_bytes, "page_size": b.pool.page_size,
-                         "grow": b.grow, "kind": b.pool.kind},
+                "pool": {
+                    "entry_bytes": b.pool.entry_bytes,
+                    "page_size": b.pool.page_size,
+                    "grow": b.grow,
+                    "kind": b.pool.kind,
+                },
                 "geometry": {"epp": g.epp, "num_pages": g.num_pages, "min_page": g.min_page},
                 "lazy": b.lazy,
                 "lender": b.lender,
@@ -677,5 +692,10 @@ class Arena:
                 "free_ids": list(b.free_ids),
                 "holes": list(b.holes),
             }
-        return {"total_bytes": self.total_bytes, "sink_bytes": self.sink_bytes, "policy": self.policy,
-                "chain": list(self.chain), "pools": pools}
+        return {
+            "total_bytes": self.total_bytes,
+            "sink_bytes": self.sink_bytes,
+            "policy": self.policy,
+            "chain": list(self.chain),
+            "pools": pools,
+        }

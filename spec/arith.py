@@ -123,8 +123,9 @@ def layout_grids(total_bytes: int, entries: list, page_sizes: list) -> tuple:
     sink = epps[0]
     for e in epps[1:]:
         sink = max_(sink, e)
-    return sink, [(e, num_pages(total_bytes, en, ps), min_page(sink, e))
-                  for e, en, ps in zip(epps, entries, page_sizes)]
+    return sink, [
+        (e, num_pages(total_bytes, en, ps), min_page(sink, e)) for e, en, ps in zip(epps, entries, page_sizes)
+    ]
 
 
 def first_pages(grids: list) -> list:
@@ -207,8 +208,7 @@ def end_available(gap: int, epp: int, index_room: int, holes: int) -> int:
     return min_(fdiv(gap, epp), index_room) + holes
 
 
-def float_available(parked: bool, lo: int, hi: int, lo_wm: int, hi_wm: int, holes: int,
-                    index_room: int) -> int:
+def float_available(parked: bool, lo: int, hi: int, lo_wm: int, hi_wm: int, holes: int, index_room: int) -> int:
     """Pages a float can hand out without moving anything.
 
     A parked float may place a span anywhere in its region; otherwise it
@@ -233,8 +233,9 @@ def park_start(lo: int, hi: int, n: int) -> int:
 # ------------------------------------------------------------ make_room
 
 
-def make_room_feasible(side_is_low: bool, below: int, above: int, lo: int, hi: int, live: int, epp: int,
-                       min_bytes: int) -> bool:
+def make_room_feasible(
+    side_is_low: bool, below: int, above: int, lo: int, hi: int, live: int, epp: int, min_bytes: int
+) -> bool:
     """Can the float, packed against the far edge, leave ``min_bytes`` free?
 
     This is exactly what a leapfrog achieves, so it is the test for
@@ -260,8 +261,9 @@ def make_room_need(band_side: int, min_bytes: int, epp: int) -> int:
 # ------------------------------------------------- two ENDs, one gap
 
 
-def two_end_fits(pages: int, gap: int, epp_a: int, holes_a: int, room_a: int, epp_b: int, holes_b: int,
-                 room_b: int) -> bool:
+def two_end_fits(
+    pages: int, gap: int, epp_a: int, holes_a: int, room_a: int, epp_b: int, holes_b: int, room_b: int
+) -> bool:
     """Do both END gates pass for a coupled bind of ``pages`` pages?
 
     Two ENDs share one gap of ``gap`` bytes.  END ``a`` binds first: it
@@ -281,8 +283,7 @@ def two_end_fits(pages: int, gap: int, epp_a: int, holes_a: int, room_a: int, ep
     return ite(first, second, False)
 
 
-def two_end_joint_pages(gap: int, epp_a: int, holes_a: int, room_a: int, epp_b: int, holes_b: int,
-                        room_b: int) -> int:
+def two_end_joint_pages(gap: int, epp_a: int, holes_a: int, room_a: int, epp_b: int, holes_b: int, room_b: int) -> int:
     """The largest ``P`` for which a coupled bind of ``P`` pages on two ENDs
     sharing one gap succeeds (``two_end_fits``): the closed form of
     ``HybridSWA``'s joint view (a = full, b = swa).
@@ -317,7 +318,8 @@ def two_end_joint_pages(gap: int, epp_a: int, holes_a: int, room_a: int, epp_b: 
     post: not two_end_fits(__return__ + 1, gap, epp_a, holes_a, room_a, epp_b, holes_b, room_b)
     """
     if _concrete(gap, epp_a, holes_a, room_a, epp_b, holes_b, room_b) and not (
-            gap >= 0 and epp_a > 0 and epp_b > 0 and min(holes_a, room_a, holes_b, room_b) >= 0):
+        gap >= 0 and epp_a > 0 and epp_b > 0 and min(holes_a, room_a, holes_b, room_b) >= 0
+    ):
         raise ValueError("two_end_joint_pages: sizes must be >= 0 and epps > 0")
     lo, hi = min_(holes_a, holes_b), max_(holes_a, holes_b)
     e1 = ite(holes_a < holes_b, epp_a, epp_b)  # the side that runs out of holes first (a tie: hi == lo)

@@ -24,7 +24,6 @@ byte tests check on real memory.
 from .chain import Counts, Shape, boot_band
 from .geometry import AccountingError
 
-
 # ---------------------------------------------------------- page tables
 #
 # Three functions are all that ever writes a page table.  They read and
@@ -66,8 +65,12 @@ def move_ok(p2v, dst, src):
     """A move's precondition: distinct live sources, distinct destinations,
     each free or itself a source."""
     sources = set(src)
-    return (len(sources) == len(src) and len(set(dst)) == len(dst) and all(p2v[s] >= 0 for s in src)
-            and all(p2v[d] < 0 or d in sources for d in dst))
+    return (
+        len(sources) == len(src)
+        and len(set(dst)) == len(dst)
+        and all(p2v[s] >= 0 for s in src)
+        and all(p2v[d] < 0 or d in sources for d in dst)
+    )
 
 
 class Band:
@@ -200,13 +203,20 @@ class Band:
         bound_ids = [v for v in range(1, id_hi) if self.v2p[v] >= 0]
         need(len(bound_ids) == self.live, "v2p/p2v inverse", "stray v2p entries")
         need(len(set(self.holes)) == len(self.holes), "holes", "duplicate hole")
-        need(all(self.lo <= h < self.hi and self.p2v[h] < 0 for h in self.holes), "holes",
-             "a hole outside the span or live")
+        need(
+            all(self.lo <= h < self.hi and self.p2v[h] < 0 for h in self.holes),
+            "holes",
+            "a hole outside the span or live",
+        )
         if self.is_end and not self.lazy:
             need(not self.holes, "eager band has no holes")
         if not self.is_end:
-            need(self.opaque or self.lo == self.hi == g.num_pages, "parked float",
-                 "a float with no live page must park")
+            need(
+                self.opaque or self.lo == self.hi == g.num_pages, "parked float", "a float with no live page must park"
+            )
         expected = set() if self.lender else set(range(id_lo, id_hi)) - set(bound_ids)
-        need(len(self.free_ids) == len(set(self.free_ids)) and set(self.free_ids) == expected,
-             "free ids", "the FIFO must hold exactly the unbound ids")
+        need(
+            len(self.free_ids) == len(set(self.free_ids)) and set(self.free_ids) == expected,
+            "free ids",
+            "the FIFO must hold exactly the unbound ids",
+        )

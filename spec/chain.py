@@ -98,9 +98,9 @@ def _walk(s, i, upward, value, default):
     """``value(j)`` of the first opaque band above ``i`` (``upward``) or
     below it, else ``default``: built from the far end inward, so the
     nearest opaque band wins."""
-    others = range(i + 1, s.n) if upward else range(0, i)
+    others = range(i + 1, s.n) if upward else range(i)
     r = default
-    for j in (reversed(others) if upward else others):
+    for j in reversed(others) if upward else others:
         r = ite(opaque(s, j), value(j), r)
     return r
 
@@ -118,7 +118,7 @@ def below(s, i):
 def neighbour(s, i, upward):
     """The index of the first opaque band above (``upward``) or below, or
     None (ints only)."""
-    others = range(i + 1, s.n) if upward else reversed(range(0, i))
+    others = range(i + 1, s.n) if upward else reversed(range(i))
     return next((j for j in others if opaque(s, j)), None)
 
 
@@ -193,6 +193,7 @@ def available(s, i):
 def flush_credit(s, i):
     """Bytes an END gains once its growth-side neighbour flushes: that
     neighbour's holes, when it is a lazy END (a float's holes stay its own)."""
+
     def credit(j):
         q = s.pools[j]
         return ite(q.lazy, s.bands[j].holes * q.epp, 0) if q.grow != "float" else 0
@@ -242,8 +243,9 @@ def demand_skipped(s, i, d):
     """The anchor policy leaves float ``i`` alone for demand ``d`` (a count
     per pool): it is transparent, nothing is demanded, or some demanded pool
     lacks the ids (bytes cannot fix that)."""
-    return arith.or_(not_(opaque(s, i)), and_(*[dj == 0 for dj in d]),
-                     arith.or_(*[d[j] > index_room(s, j) for j in range(s.n)]))
+    return arith.or_(
+        not_(opaque(s, i)), and_(*[dj == 0 for dj in d]), arith.or_(*[d[j] > index_room(s, j) for j in range(s.n)])
+    )
 
 
 def short_side_inputs(s, i, d):
@@ -251,19 +253,26 @@ def short_side_inputs(s, i, d):
     (DESIGN section 4, steps 2, 3, 5 and 6): each END's demand beyond its
     holes in bytes, the float's two bands, the float's own demand beyond its
     holes, and the slack (the largest epp among the demanded pools)."""
+
     def need_bytes(j):
         return max_(0, d[j] - s.bands[j].holes) * s.pools[j].epp
 
     slack = 0
     for j in range(s.n):
         slack = max_(slack, ite(d[j] > 0, s.pools[j].epp, 0))
-    return dict(sides_low=need_bytes(0), sides_high=need_bytes(s.n - 1),
-                band_low=band_bytes(s, i, True), band_high=band_bytes(s, i, False),
-                float_bytes=need_bytes(i), slack=slack)
+    return dict(
+        sides_low=need_bytes(0),
+        sides_high=need_bytes(s.n - 1),
+        band_low=band_bytes(s, i, True),
+        band_high=band_bytes(s, i, False),
+        float_bytes=need_bytes(i),
+        slack=slack,
+    )
 
 
 def planner_inputs(s, d):
     """``(up, floats, down)`` for ``planner.plan_chain`` and demand ``d``."""
+
     def end(i, frontier):
         p, b = s.pools[i], s.bands[i]
         return End(frontier, p.epp, max_(0, d[i] - b.holes), end_room(s, i))

@@ -226,8 +226,9 @@ class _Composite:
         """
         ps = self.page_size
         if not len(prefix) == len(seq) == len(last):
-            raise ValueError(f"{what}: length mismatch: {len(prefix)} prefix_lens, {len(seq)} seq_lens, "
-                             f"{len(last)} last_loc")
+            raise ValueError(
+                f"{what}: length mismatch: {len(prefix)} prefix_lens, {len(seq)} seq_lens, {len(last)} last_loc"
+            )
         full = self.arena.v2p(FULL)
         g = self.arena.geometry(FULL)
         most = (g.num_pages - g.min_page) * ps  # tokens full could ever hold
@@ -236,8 +237,9 @@ class _Composite:
             if p < 0:
                 raise ValueError(f"{what}: request {i}: prefix_len {p} < 0")
             if s > most:
-                raise ValueError(f"{what}: request {i}: seq_len {s} is more than the {most} tokens "
-                                 "this arena could ever hold")
+                raise ValueError(
+                    f"{what}: request {i}: seq_len {s} is more than the {most} tokens this arena could ever hold"
+                )
             if s < p:
                 raise ValueError(f"{what}: request {i}: seq_len {s} < prefix_len {p}")
             if p == 0:
@@ -246,8 +248,10 @@ class _Composite:
                 continue
             page = self._token_page(full, loc, f"{what}: request {i}: last_loc")
             if loc % ps != (p - 1) % ps:
-                raise ValueError(f"{what}: request {i}: last_loc {loc} is at offset {loc % ps} of its page, "
-                                 f"but position {p - 1} belongs at offset {(p - 1) % ps}")
+                raise ValueError(
+                    f"{what}: request {i}: last_loc {loc} is at offset {loc % ps} of its page, "
+                    f"but position {p - 1} belongs at offset {(p - 1) % ps}"
+                )
             if p % ps and s > p:
                 if page in continued:
                     raise ValueError(f"{what}: requests {continued[page]} and {i} both continue page {page}")
@@ -296,8 +300,12 @@ class _Composite:
         raises: ValueError
         """
         what = "alloc_extend"
-        reqs = self._requests(what, _ints(f"{what}: prefix_lens", prefix_lens),
-                              _ints(f"{what}: seq_lens", seq_lens), _ints(f"{what}: last_loc", last_loc))
+        reqs = self._requests(
+            what,
+            _ints(f"{what}: prefix_lens", prefix_lens),
+            _ints(f"{what}: seq_lens", seq_lens),
+            _ints(f"{what}: last_loc", last_loc),
+        )
         return self._alloc(reqs)
 
     def alloc_decode(self, seq_lens, last_loc):
@@ -433,8 +441,9 @@ class _Composite:
         for name in (self.CHAIN[0], self.CHAIN[-1]):
             k = 1
             # each step moves: rung 1 absorbed the frontier's holes, so every hole lies below a survivor
-            while (surplus := len(self.arena.holes(name)) - demand[name]) > 0 and \
-                    self.arena.flush(name, max_moves=min(k, surplus)):
+            while (surplus := len(self.arena.holes(name)) - demand[name]) > 0 and self.arena.flush(
+                name, max_moves=min(k, surplus)
+            ):
                 if fits() or replan():
                     return True
                 k *= 2
@@ -497,7 +506,7 @@ class _Composite:
         differ (README, "Churn").  With the ``"anchor"`` policy one run is not
         all the ladder can do (README, findings 1 and 6): a second
         identical call can succeed where the first failed
-        (``tests/test_spec_composites.py`` pins a case).
+        (``tests/spec/test_composites.py`` pins a case).
 
         post: __return__ == self.fits(tokens, state_slots)
         raises: ValueError
@@ -582,8 +591,7 @@ class _Composite:
         """
         self.arena.verify()
         if tuple(self.arena.chain) != self.CHAIN:
-            raise AccountingError(self.CHAIN[0], "composite roles",
-                                  f"chain {self.arena.chain}, expected {self.CHAIN}")
+            raise AccountingError(self.CHAIN[0], "composite roles", f"chain {self.arena.chain}, expected {self.CHAIN}")
         if self.arena.lenders != self.BORROW:
             raise AccountingError(SWA, "composite roles", f"borrow {self.arena.lenders}, expected {self.BORROW}")
 
@@ -721,10 +729,14 @@ class TriPool(_WithSWA, _WithState, _Composite):
     CHAIN = (STATE, SWA, FULL)
     BORROW = {SWA: FULL}
 
-    def __init__(self, total_bytes, full_entry_bytes, swa_entry_bytes, state_bytes, page_size=1, lazy=False,
-                 policy="anchor"):
-        pools = [SubPool(STATE, state_bytes, 1, "up", "state"), SubPool(SWA, swa_entry_bytes, page_size, "float"),
-                 SubPool(FULL, full_entry_bytes, page_size, "down")]
+    def __init__(
+        self, total_bytes, full_entry_bytes, swa_entry_bytes, state_bytes, page_size=1, lazy=False, policy="anchor"
+    ):
+        pools = [
+            SubPool(STATE, state_bytes, 1, "up", "state"),
+            SubPool(SWA, swa_entry_bytes, page_size, "float"),
+            SubPool(FULL, full_entry_bytes, page_size, "down"),
+        ]
         super().__init__(total_bytes, pools, page_size, lazy, policy)
         self.state_bytes = state_bytes
         self._token_entry_bytes = full_entry_bytes + swa_entry_bytes

@@ -123,8 +123,13 @@ def checking():
                     continue
                 for name in dir(cls):
                     obj = getattr(cls, name)
-                    if inspect.isfunction(obj) and not name.startswith("_") and name != "verify" \
-                            and obj.__module__ in NAMES and not hasattr(obj, "__wrapped_contract__"):
+                    if (
+                        inspect.isfunction(obj)
+                        and not name.startswith("_")
+                        and name != "verify"
+                        and obj.__module__ in NAMES
+                        and not hasattr(obj, "__wrapped_contract__")
+                    ):
                         saved.append((cls, name, vars(cls).get(name)))
                         # only the outermost call: a composite's operation passes
                         # through arena states (and trial copies) of its own

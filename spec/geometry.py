@@ -133,7 +133,8 @@ def make_layout(total_bytes: int, pools: "list[SubPool]") -> Layout:
             raise ValueError(
                 f"pool {name!r}: never gets a page: with one page of every pool below it the "
                 f"buffer is used up to byte {high}, and its {epp}-byte grid has no page above that "
-                f"within {total_bytes} bytes")
+                f"within {total_bytes} bytes"
+            )
         high = (page + 1) * epp
     return Layout(total_bytes, {p.name: p for p in pools}, chain, sink, geometry)
 
@@ -181,10 +182,11 @@ def borrowing(layout, borrow):
         if borrower == lender:
             raise ValueError(f"pool {borrower!r}: a pool cannot borrow its own ids")
         if lender in borrow:
-            raise ValueError(f"pool {lender!r}: lends ids to {borrower!r} and borrows its own; "
-                             "a lender mints its ids")
+            raise ValueError(f"pool {lender!r}: lends ids to {borrower!r} and borrows its own; a lender mints its ids")
         ps_b, ps_l = layout.pools[borrower].page_size, layout.pools[lender].page_size
         if ps_b != ps_l:
-            raise ValueError(f"pool {borrower!r}: borrows ids from {lender!r} but has page_size {ps_b}, "
-                             f"not {ps_l}: one token id must address both")
+            raise ValueError(
+                f"pool {borrower!r}: borrows ids from {lender!r} but has page_size {ps_b}, "
+                f"not {ps_l}: one token id must address both"
+            )
     return dict(borrow)

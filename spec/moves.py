@@ -33,8 +33,8 @@ def flush_plan(grow, live, holes, edge, max_moves=None):
     assert len(src) == len(dst)  # one out-of-place survivor per misplaced hole
     k = len(src) if max_moves is None else min(len(src), max_moves)
     if grow == "up":  # frontier is high: nearest survivors are the last
-        return dst[:k], src[len(src) - k:]
-    return dst[len(dst) - k:], src[:k]  # frontier is low: nearest survivors first
+        return dst[:k], src[len(src) - k :]
+    return dst[len(dst) - k :], src[:k]  # frontier is low: nearest survivors first
 
 
 def make_room_plan(side, live, holes, span, region, edge_pages):
@@ -70,12 +70,12 @@ def make_room_plan(side, live, holes, span, region, edge_pages):
         edge = lo + edge_pages  # clear [lo, edge)
         src = [p for p in live if p < edge]
         room = sorted(h for h in holes if h >= edge) + list(range(hi, region_hi))
-        dst = room[:len(src)]
+        dst = room[: len(src)]
     else:
         edge = hi - edge_pages  # clear [edge, hi)
         src = [p for p in live if p >= edge]
         room = sorted((h for h in holes if h < edge), reverse=True) + list(range(lo - 1, region_lo - 1, -1))
-        dst = sorted(room[:len(src)])
+        dst = sorted(room[: len(src)])
     assert len(dst) == len(src)  # the room argument above
     return dst, src
 

@@ -86,8 +86,9 @@ def plan_chain(up, floats, down):
         on_grid.append(or_(not_(active[i]), high[i] >= f.min_page))
         q = ite(active[i], high[i] * f.epp, q)
     floor = up.frontier + up.ext * up.epp
-    feasible = and_(up.ext <= up.room, down.ext <= down.room, floor <= q, *on_grid,
-                    *[f.demand <= f.index_room for f in floats])
+    feasible = and_(
+        up.ext <= up.room, down.ext <= down.room, floor <= q, *on_grid, *[f.demand <= f.index_room for f in floats]
+    )
 
     # 2. placement, bottom up
     moves, starts, room_below = [], [], []

@@ -76,8 +76,9 @@ def free(s, i, k):
     holes = Counts(a.lo, a.hi, a.live - k, a.holes + k)
     if p.grow == "float":
         return pick(a.live == k, park(s, i), holes)
-    retreat = Counts(a.lo, a.hi - k, a.live - k, a.holes) if p.grow == "up" else \
-        Counts(a.lo + k, a.hi, a.live - k, a.holes)
+    retreat = (
+        Counts(a.lo, a.hi - k, a.live - k, a.holes) if p.grow == "up" else Counts(a.lo + k, a.hi, a.live - k, a.holes)
+    )
     return pick(p.lazy, holes, retreat)
 
 
@@ -212,5 +213,4 @@ def pick(cond, a, b):
     """``a if cond else b`` for two ``Counts``, field by field on z3 terms."""
     if isinstance(cond, bool):
         return a if cond else b
-    return Counts(*(ite(cond, x, y) for x, y in zip(
-        (a.lo, a.hi, a.live, a.holes), (b.lo, b.hi, b.live, b.holes))))
+    return Counts(*(ite(cond, x, y) for x, y in zip((a.lo, a.hi, a.live, a.holes), (b.lo, b.hi, b.live, b.holes))))

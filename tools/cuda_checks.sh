@@ -31,8 +31,8 @@ PY
 log="$(mktemp)"
 trap 'rm -f "$log"' EXIT
 "$PY" -m pytest -m cuda -q -rs \
-  tests/test_differential.py tests/test_impl.py tests/test_host_sync.py \
-  tests/test_differential_composites.py tests/test_impl_composites.py | tee "$log"
+  tests/verification/test_differential.py tests/impl/test_arena.py tests/impl/test_host_sync.py \
+  tests/verification/test_differential_composites.py tests/impl/test_composites.py | tee "$log"
 if grep -qiE '[0-9]+ skipped' "$log"; then
   echo "cuda_checks: some CUDA tests were skipped" >&2
   exit 1

@@ -18,10 +18,11 @@ imported only when an anchor arena is built.
 
 
 def _register():
-    from kvarena import vectors
+    from kvarena.verification import vectors
 
     def factory(device="cpu"):
         from .target import AnchorTarget
+
         return AnchorTarget(device)
 
     vectors.register_target("anchor", factory)

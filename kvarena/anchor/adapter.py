@@ -56,12 +56,13 @@ def anchor_domain(pools, borrow=None, total_bytes=0):
         if p.kind == "state" and p.entry_bytes < 2:
             return f"pool {p.name!r}: a state entry needs at least 2 bytes here"
     buffer_ps = max((p.page_size for p in pools if _mha_shaped(p)), default=1)
-    floor = max([max(p.entry_bytes for p in pools)]
-                + [buffer_ps * p.entry_bytes for p in pools if _mha_shaped(p)])
+    floor = max([max(p.entry_bytes for p in pools)] + [buffer_ps * p.entry_bytes for p in pools if _mha_shaped(p)])
     sink = max(p.entry_bytes * p.page_size for p in pools)
     if floor != sink:
-        return (f"the anchor's sink would be {floor} bytes, kvarena's is {sink} (one buffer page size, "
-                f"KV entries that are not a multiple of {ENTRY_ALIGN} bytes stand in as page-size-1 state)")
+        return (
+            f"the anchor's sink would be {floor} bytes, kvarena's is {sink} (one buffer page size, "
+            f"KV entries that are not a multiple of {ENTRY_ALIGN} bytes stand in as page-size-1 state)"
+        )
     names = {p.name for p in pools}
     for borrower, lender in (borrow or {}).items():
         if lender not in names or borrower not in names:
@@ -93,8 +94,9 @@ class AnchorArena:
         kv_ps = max((p.page_size for p in pools if _mha_shaped(p)), default=1)
         specs = [self._spec(by_name[n]) for n in self.chain]
         try:
-            self.buffer = A.UnifiedKVPool(total_bytes=total_bytes, sub_pool_specs=specs, device="cpu",
-                                          enable_memory_saver=False, page_size=kv_ps)
+            self.buffer = A.UnifiedKVPool(
+                total_bytes=total_bytes, sub_pool_specs=specs, device="cpu", enable_memory_saver=False, page_size=kv_ps
+            )
         except (RuntimeError, AssertionError, ValueError) as e:
             raise Unsupported(f"the anchor refuses this layout: {e}") from e
         self.alloc_of, self.cache = {}, {}
@@ -103,8 +105,14 @@ class AnchorArena:
             p = by_name[name]
             num_pages = self.buffer.max_slots(name) // p.page_size
             cache = FakeKVCache(num_pages, p.page_size)
-            kw = dict(kvcache=cache, unified_buffer=self.buffer, sub_pool_name=name, device="cpu",
-                      is_id_owner=name not in self.borrow, page_size=p.page_size)
+            kw = dict(
+                kvcache=cache,
+                unified_buffer=self.buffer,
+                sub_pool_name=name,
+                device="cpu",
+                is_id_owner=name not in self.borrow,
+                page_size=p.page_size,
+            )
             if name in self.borrow:
                 kw["virtual_num_pages"] = self.alloc_of[self.borrow[name]].num_virtual_ids
             if p.grow == "float":
@@ -123,11 +131,23 @@ class AnchorArena:
         A = anchor_modules()
         grow, name = p.grow, name or p.name
         if _mha_shaped(p):
-            return A.MHASubPoolSpec(name=name, layer_num=p.entry_bytes // ENTRY_ALIGN, grow_direction=grow,
-                                    head_num=1, head_dim=8, store_dtype=torch.bfloat16)
-        return A.MambaSubPoolSpec(name=name, layer_num=1, grow_direction=grow,
-                                  conv_state_shapes=((p.entry_bytes - 1,),), conv_dtype=torch.uint8,
-                                  temporal_state_shape=(1,), temporal_dtype=torch.uint8)
+            return A.MHASubPoolSpec(
+                name=name,
+                layer_num=p.entry_bytes // ENTRY_ALIGN,
+                grow_direction=grow,
+                head_num=1,
+                head_dim=8,
+                store_dtype=torch.bfloat16,
+            )
+        return A.MambaSubPoolSpec(
+            name=name,
+            layer_num=1,
+            grow_direction=grow,
+            conv_state_shapes=((p.entry_bytes - 1,),),
+            conv_dtype=torch.uint8,
+            temporal_state_shape=(1,),
+            temporal_dtype=torch.uint8,
+        )
 
     # ------------------------------------------------------------ helpers
 

@@ -51,8 +51,11 @@ def step(spec, anchor, op, args):
     if r_spec == r_anchor and obs_s == obs_a:
         return None, None
     classes = classify(Step(pre, op, args, r_spec, r_anchor, obs_s, obs_a, spec, anchor))
-    detail = {"spec": r_spec, "anchor": r_anchor,
-              "fields": sorted({f"{n}.{k}" for n in obs_s for k in obs_s[n] if obs_s[n][k] != obs_a[n].get(k)})}
+    detail = {
+        "spec": r_spec,
+        "anchor": r_anchor,
+        "fields": sorted({f"{n}.{k}" for n in obs_s for k in obs_s[n] if obs_s[n][k] != obs_a[n].get(k)}),
+    }
     if classes:
         try:
             adopt_anchor_state(spec, anchor)
@@ -77,7 +80,7 @@ def shrink(case, cls):
     ops = list(case["ops"])
     i = len(ops) - 2
     while i >= 0:
-        trial = dict(case, ops=ops[:i] + ops[i + 1:])
+        trial = dict(case, ops=ops[:i] + ops[i + 1 :])
         try:
             classes, _, _, _ = replay(trial)
         except (ValueError, AssertionError, KeyError, IndexError):
@@ -124,17 +127,24 @@ def run(steps=2000, seed=0, walk_steps=WALK_STEPS, out=print, shrink_cases=True)
     if shrink_cases:
         cases = {c: shrink(case, c) for c, case in cases.items()}
     report = {
-        "anchor": "sglang 0.5.23", "seed": seed, "steps": done, "walks": walks,
+        "anchor": "sglang 0.5.23",
+        "seed": seed,
+        "steps": done,
+        "walks": walks,
         "seconds": round(time.perf_counter() - t0, 1),
-        "operations": dict(ops), "geometries": dict(geometries),
+        "operations": dict(ops),
+        "geometries": dict(geometries),
         "differences": {
             "total": sum(by_class.values()) + len(unclassified),
             "by_kind": _by_kind(by_class),
-            "by_class": {c: {"kind": CLASSES[c][0], "count": n, "by_operation": dict(by_op[c]),
-                             "what": CLASSES[c][1]} for c, n in sorted(by_class.items())},
+            "by_class": {
+                c: {"kind": CLASSES[c][0], "count": n, "by_operation": dict(by_op[c]), "what": CLASSES[c][1]}
+                for c, n in sorted(by_class.items())
+            },
             "unclassified": len(unclassified),
         },
-        "cases": cases, "unclassified_cases": unclassified[:5],
+        "cases": cases,
+        "unclassified_cases": unclassified[:5],
     }
     return report
 

@@ -15,7 +15,7 @@ is about placement.
 ``"design"`` (deliberate, documented in the README; the walk adopts the
 anchor's state and goes on), ``"anchor-bug"`` (a minimal case is kept in
 ``tests/anchor_cases/``) or ``"deviation"`` (kvarena is wrong: a failing
-test in ``tests/test_conform_deviations.py``).  A difference no class
+test in ``tests/anchor/test_deviations.py``).  A difference no class
 explains is ``"unclassified"``, and the campaign fails on it.
 """
 
@@ -28,47 +28,67 @@ from kvarena.spec import arith
 from .observe import adopt_anchor_state, observe_spec
 
 CLASSES = {
-    "hole-reuse-order": ("design",
-                         "lazy ENDs and floats reuse holes in another order: the anchor takes the holes "
-                         "nearest the END's own end (a float: one end of its sorted holes, alternating "
-                         "per call), kvarena the oldest first"),
-    "move-pairing": ("design",
-                     "the same physical pages end up live, but ids pair with them in another order "
-                     "(the anchor pairs the topmost survivor with the lowest hole, and binds a lazy "
-                     "down END's extension descending; kvarena pairs both lists ascending)"),
-    "free-order": ("design",
-                   "one batch of freed ids joins the FIFO in another order: the anchor's free() recovers "
-                   "pages with torch.unique (sorted) unless it is handed pages (free_segment, or page size "
-                   "1 on a lazy END or a float, where it keeps the caller's order); kvarena's arena keeps "
-                   "the caller's order and its composites free pages ascending"),
-    "capped-flush-lag": ("design",
-                         "a capped (opportunistic) anchor flush leaves the pages it vacated as holes "
-                         "at the frontier until the next flush; kvarena retreats over them at once"),
-    "float-schedulable-credit": ("design",
-                                 "the anchor's float schedulable view credits a lazy END neighbour's "
-                                 "holes on each side; kvarena's float schedulable view is its available view"),
-    "relieve-flushes-first": ("design",
-                              "the anchor's ladder flushes before it checks the need (its callers call it "
-                              "only when short); kvarena's relieve returns at once when the need fits"),
-    "float-own-ladder": ("anchor-bug",
-                         "a float short on its own alloc flushes only the band below it and slides "
-                         "nothing (the base class's growth side of a float is its low neighbour), while "
-                         "its schedulable view credits the band above too; kvarena flushes both "
-                         "neighbours and offers the float's own demand to the policy"),
-    "make-room-placement": ("design",
-                            "make_room moves the `need` live pages nearest the side into the holes furthest "
-                            "from it; kvarena moves only the live pages among the `need` edge pages, into "
-                            "the nearest holes beyond them (the anchor can copy more pages and retreat further)"),
-    "policy-index-counts-holes": ("anchor-bug",
-                                  "the float policy's first test (does every demanded pool have the index "
-                                  "room?) counts a lazy END's holes as allocated, while its next step lets "
-                                  "those holes cover the demand: a demand the END's holes nearly cover is "
-                                  "refused as 'index space binds', nothing slides, and the allocation fails"),
-    "make-room-on-grid": ("anchor-bug",
-                          "make_room measures the side's free bytes on the float's own page grid, while "
-                          "the policy's target is raw bytes between frontiers: with the neighbour's "
-                          "frontier off the float's grid it moves a page more than needed, or refuses a "
-                          "slide the raw bytes allow"),
+    "hole-reuse-order": (
+        "design",
+        "lazy ENDs and floats reuse holes in another order: the anchor takes the holes "
+        "nearest the END's own end (a float: one end of its sorted holes, alternating "
+        "per call), kvarena the oldest first",
+    ),
+    "move-pairing": (
+        "design",
+        "the same physical pages end up live, but ids pair with them in another order "
+        "(the anchor pairs the topmost survivor with the lowest hole, and binds a lazy "
+        "down END's extension descending; kvarena pairs both lists ascending)",
+    ),
+    "free-order": (
+        "design",
+        "one batch of freed ids joins the FIFO in another order: the anchor's free() recovers "
+        "pages with torch.unique (sorted) unless it is handed pages (free_segment, or page size "
+        "1 on a lazy END or a float, where it keeps the caller's order); kvarena's arena keeps "
+        "the caller's order and its composites free pages ascending",
+    ),
+    "capped-flush-lag": (
+        "design",
+        "a capped (opportunistic) anchor flush leaves the pages it vacated as holes "
+        "at the frontier until the next flush; kvarena retreats over them at once",
+    ),
+    "float-schedulable-credit": (
+        "design",
+        "the anchor's float schedulable view credits a lazy END neighbour's "
+        "holes on each side; kvarena's float schedulable view is its available view",
+    ),
+    "relieve-flushes-first": (
+        "design",
+        "the anchor's ladder flushes before it checks the need (its callers call it "
+        "only when short); kvarena's relieve returns at once when the need fits",
+    ),
+    "float-own-ladder": (
+        "anchor-bug",
+        "a float short on its own alloc flushes only the band below it and slides "
+        "nothing (the base class's growth side of a float is its low neighbour), while "
+        "its schedulable view credits the band above too; kvarena flushes both "
+        "neighbours and offers the float's own demand to the policy",
+    ),
+    "make-room-placement": (
+        "design",
+        "make_room moves the `need` live pages nearest the side into the holes furthest "
+        "from it; kvarena moves only the live pages among the `need` edge pages, into "
+        "the nearest holes beyond them (the anchor can copy more pages and retreat further)",
+    ),
+    "policy-index-counts-holes": (
+        "anchor-bug",
+        "the float policy's first test (does every demanded pool have the index "
+        "room?) counts a lazy END's holes as allocated, while its next step lets "
+        "those holes cover the demand: a demand the END's holes nearly cover is "
+        "refused as 'index space binds', nothing slides, and the allocation fails",
+    ),
+    "make-room-on-grid": (
+        "anchor-bug",
+        "make_room measures the side's free bytes on the float's own page grid, while "
+        "the policy's target is raw bytes between frontiers: with the neighbour's "
+        "frontier off the float's grid it moves a page more than needed, or refuses a "
+        "slide the raw bytes allow",
+    ),
 }
 
 
@@ -92,15 +112,18 @@ def same_up_to_placement(a, b):
     """Equal but for which live pages and holes sit where inside each band:
     frontiers, live ids, the set of pages a band spans with live data or
     holes, the hole count, FIFO and views must all agree."""
+
     def shape(obs):
         out = {}
         for n, o in _labels_free(obs).items():
             out[n] = dict(o, used=sorted(set(o.pop("occupied")) | set(o["holes"])), holes=len(o["holes"]))
         return out
+
     return shape(a) == shape(b)
 
 
 # ---------------------------------------------------------- the anchor's rules on a spec copy
+
 
 def _make_room(arena, name, side, want, grid, placement):
     """``make_room`` on the spec, under the anchor's rules where asked.
@@ -129,8 +152,9 @@ def _make_room(arena, name, side, want, grid, placement):
     if grid:
         feasible = (hi - lo - b.live) * epp >= want
     else:
-        feasible = arith.make_room_feasible(side == "low", arena.below(name), arena.above(name), lo, hi,
-                                            b.live, epp, want)
+        feasible = arith.make_room_feasible(
+            side == "low", arena.below(name), arena.above(name), lo, hi, b.live, epp, want
+        )
     if not feasible:
         return 0
     need = -(-(want - have) // epp)
@@ -146,7 +170,7 @@ def _make_room(arena, name, side, want, grid, placement):
             dsts = sorted(h for h in b.holes if h < min(srcs))
         else:
             dsts = sorted((h for h in b.holes if h > max(srcs)), reverse=True)
-        dsts = dsts[:len(srcs)]
+        dsts = dsts[: len(srcs)]
         fresh = len(srcs) - len(dsts)
         far = "low" if side == "high" else "high"
         if fresh > gap_pages[far]:
@@ -165,6 +189,7 @@ def _make_room(arena, name, side, want, grid, placement):
 def _open_short_side(arena, name, demand, rules):
     """``Arena.open_short_side`` with ``_make_room(rules)`` in its last step."""
     from kvarena.spec import policy
+
     if not (rules.grid or rules.placement or rules.index_span):
         return arena.open_short_side(name, demand)
     b = arena.bands[name]
@@ -189,7 +214,8 @@ def _open_short_side(arena, name, demand, rules):
     fb = max(0, demand.get(name, 0) - len(b.holes)) * b.geom.epp
     slack = max(arena.bands[n].geom.epp for n, d in demand.items() if d)
     act, side_is_low, target = policy.short_side_decision(
-        end_bytes(arena.chain[0]), end_bytes(arena.chain[-1]), low, high, fb, slack)
+        end_bytes(arena.chain[0]), end_bytes(arena.chain[-1]), low, high, fb, slack
+    )
     if not act:
         return 0
     return _make_room(arena, name, "low" if side_is_low else "high", target, rules.grid, rules.placement)
@@ -276,6 +302,7 @@ def _anchor_float_schedulable(pre_arena, name):
 # that what is left can be explained by the next.  Placement and the
 # ladder/grid rules then judge what remains.
 
+
 def _free_order(ctx, obs_a):
     """The anchor dedups freed tokens with torch.unique (sorting them)
     unless it is handed pages: eager ENDs always (page size 1 included,
@@ -337,8 +364,9 @@ def _float_schedulable_credit(ctx, obs_a):
             continue
         a = obs_a[n]
         spec_rule = ctx.adopted().schedulable_available_size(n)
-        if a["schedulable_available_size"] != spec_rule and \
-                a["schedulable_available_size"] == _anchor_float_schedulable(ctx.adopted(), n):
+        if a["schedulable_available_size"] != spec_rule and a[
+            "schedulable_available_size"
+        ] == _anchor_float_schedulable(ctx.adopted(), n):
             a["schedulable_available_size"] = spec_rule  # the spec's rule, on the anchor's state
             hit = True
     return hit

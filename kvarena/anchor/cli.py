@@ -10,16 +10,27 @@ CASES_DIR = Path(__file__).resolve().parents[2] / "tests" / "anchor_cases"
 def add_parser(sub):
     c = sub.add_parser("conform", help="differential campaign against the anchor's allocator (sglang 0.5.23)")
     c.add_argument("--steps", type=int, default=2000, help="page-level operations (default 2000)")
-    c.add_argument("--composite-steps", type=int, default=None,
-                   help="composite calls, HybridSWA/MambaHybrid/TriPool on CPU (default: a quarter of --steps)")
+    c.add_argument(
+        "--composite-steps",
+        type=int,
+        default=None,
+        help="composite calls, HybridSWA/MambaHybrid/TriPool on CPU (default: a quarter of --steps)",
+    )
     c.add_argument("--seed", type=int, default=0)
     c.add_argument("--walk-steps", type=int, default=60, help="operations per walk (default 60)")
     c.add_argument("--json", metavar="PATH", help="write the report (counts per class and operation, cases)")
     c.add_argument("--no-shrink", action="store_true", help="keep each class's first case as found")
-    c.add_argument("--no-install", action="store_true",
-                   help="fail instead of running `pip install --no-deps sglang==0.5.23` when it is missing")
-    c.add_argument("--replay", metavar="CASE", nargs="+",
-                   help="replay case files (tests/anchor_cases/*.json) instead of a campaign")
+    c.add_argument(
+        "--no-install",
+        action="store_true",
+        help="fail instead of running `pip install --no-deps sglang==0.5.23` when it is missing",
+    )
+    c.add_argument(
+        "--replay",
+        metavar="CASE",
+        nargs="+",
+        help="replay case files (tests/anchor_cases/*.json) instead of a campaign",
+    )
     c.set_defaults(func=cmd_conform)
 
 
@@ -35,7 +46,6 @@ def cmd_conform(args):
     if args.replay:
         return _replay(args.replay)
     from .campaign import run
-
     from .composites import run_composites
 
     report = run(steps=args.steps, seed=args.seed, walk_steps=args.walk_steps, shrink_cases=not args.no_shrink)
@@ -52,8 +62,10 @@ def cmd_conform(args):
 
 def _print(report, level="page"):
     d = report["differences"]
-    print(f"kvarena conform, {level} level: {report['steps']} operations in {report['walks']} walks against "
-          f"{report['anchor']} (seed {report['seed']}, {report['seconds']} s)")
+    print(
+        f"kvarena conform, {level} level: {report['steps']} operations in {report['walks']} walks against "
+        f"{report['anchor']} (seed {report['seed']}, {report['seconds']} s)"
+    )
     print("operations: " + ", ".join(f"{k} {v}" for k, v in sorted(report["operations"].items())))
     print(f"{'class':28} {'kind':11} {'steps':>6}  by operation")
     for name, c in d["by_class"].items():
@@ -74,6 +86,8 @@ def _replay(paths):
         classes, detail, _, _ = replay(case)
         ok = classes is not None and case["class"] in classes
         bad += not ok
-        print(f"{path}: {case['class']} ({case.get('kind', '?')}): last step shows {classes} "
-              f"{'as recorded' if ok else 'NOT as recorded'}; {detail}")
+        print(
+            f"{path}: {case['class']} ({case.get('kind', '?')}): last step shows {classes} "
+            f"{'as recorded' if ok else 'NOT as recorded'}; {detail}"
+        )
     return 1 if bad else 0

@@ -25,7 +25,7 @@ from collections import Counter, defaultdict
 
 from kvarena import spec as kspec
 
-from .adapter import AnchorArena, ENTRY_ALIGN, _tensor
+from .adapter import ENTRY_ALIGN, AnchorArena, _tensor
 from .classify import same_up_to_labels, same_up_to_placement
 from .fake_cache import FakeKVCache
 from .loader import anchor_modules
@@ -57,6 +57,7 @@ def _single_rank():
     global _DCP
     if _DCP is None:
         from sglang.srt.runtime_context import get_parallel
+
         _DCP = get_parallel().override(attn_dcp_size=1, attn_dcp_rank=0)
         _DCP.__enter__()
 
@@ -65,10 +66,21 @@ class AnchorComposite(AnchorArena):
     """One of the anchor's composite allocators, with ``AnchorArena``'s
     page-level views over its members (by kvarena's pool names)."""
 
-    def __init__(self, kind, total_bytes, full_entry_bytes, swa_entry_bytes=None, state_bytes=None,
-                 page_size=1, lazy=False, device="cpu"):
+    def __init__(
+        self,
+        kind,
+        total_bytes,
+        full_entry_bytes,
+        swa_entry_bytes=None,
+        state_bytes=None,
+        page_size=1,
+        lazy=False,
+        device="cpu",
+    ):
         A = anchor_modules()
-        from sglang.srt.mem_cache.allocator import unified_hybrid_swa as hs, unified_mamba as um
+        from sglang.srt.mem_cache.allocator import unified_hybrid_swa as hs
+        from sglang.srt.mem_cache.allocator import unified_mamba as um
+
         self.A, self.kind, self.total_bytes = A, kind, total_bytes
         pools = {"full": kspec.SubPool("full", full_entry_bytes, page_size, "down")}
         if kind == "HybridSWA":
@@ -84,18 +96,24 @@ class AnchorComposite(AnchorArena):
         self.page_size = {n: p.page_size for n, p in pools.items()}
         specs = [self._spec(pools[n], ANCHOR_NAME[n]) for n in self.chain]
         self.device = device
-        self.buffer = A.UnifiedKVPool(total_bytes=total_bytes, sub_pool_specs=specs, device=device,
-                                      enable_memory_saver=False, page_size=page_size)
-        self.cache = {n: FakeKVCache(self.buffer.max_slots(ANCHOR_NAME[n]) // pools[n].page_size,
-                                     pools[n].page_size) for n in self.chain}
+        self.buffer = A.UnifiedKVPool(
+            total_bytes=total_bytes, sub_pool_specs=specs, device=device, enable_memory_saver=False, page_size=page_size
+        )
+        self.cache = {
+            n: FakeKVCache(self.buffer.max_slots(ANCHOR_NAME[n]) // pools[n].page_size, pools[n].page_size)
+            for n in self.chain
+        }
         fake = _FakePools(self.cache)
         kw = dict(unified_buffer=self.buffer, kvcache=fake, device=device, page_size=page_size, lazy_compaction=lazy)
         if kind == "HybridSWA":
             self.c = hs.UnifiedSWATokenToKVPoolAllocator(**kw)
         elif kind == "TriPool":
             self.c = hs.UnifiedMambaSWATokenToKVPoolAllocator(
-                mamba_kvcache=self.cache["state"], full_max_total_num_tokens=self.buffer.max_slots("full") - 1,
-                swa_max_total_num_tokens=self.buffer.max_slots("swa") - 1, **kw)
+                mamba_kvcache=self.cache["state"],
+                full_max_total_num_tokens=self.buffer.max_slots("full") - 1,
+                swa_max_total_num_tokens=self.buffer.max_slots("swa") - 1,
+                **kw,
+            )
         else:
             _single_rank()
             self.c = um.UnifiedMambaTokenToKVPoolAllocator(**kw)
@@ -138,8 +156,7 @@ class AnchorComposite(AnchorArena):
         self.alloc_of["state"].free(_tensor(slots, self.device))
 
     def views(self):
-        out = {"available_size": int(self.c.available_size()),
-               "full_available_size": int(self.c.full_available_size())}
+        out = {"available_size": int(self.c.available_size()), "full_available_size": int(self.c.full_available_size())}
         if "swa" in self.alloc_of:
             out["swa_available_size"] = int(self.c.swa_available_size())
         if "state" in self.alloc_of:
@@ -176,14 +193,24 @@ def boot_composite(kind, kw):
 
 # ------------------------------------------------------------------ the walk
 
+
 def random_call(rng, spec, requests, slots):
     """One composite call drawn from the spec's state; ``requests`` are the
     token lists handed out so far, ``slots`` the state slots."""
     ps = spec.page_size
     r = rng.random()
     if r < 0.4 or not (requests or slots):
-        k = rng.choice([1, 1, 2, 3, max(1, spec.available_size() // ps // 2), spec.available_size() // ps,
-                        spec.available_size() // ps + 1])
+        k = rng.choice(
+            [
+                1,
+                1,
+                2,
+                3,
+                max(1, spec.available_size() // ps // 2),
+                spec.available_size() // ps,
+                spec.available_size() // ps + 1,
+            ]
+        )
         return "alloc", {"n": max(1, k) * ps}
     if r < 0.6 and requests:
         return "free", {"request": rng.randrange(len(requests))}
@@ -242,6 +269,7 @@ def keep(call, result, requests, slots):
 
 # ------------------------------------------------------------ classification
 
+
 def _anchor_component_views(adopted, anchor):
     """The anchor's per-component views from the spec's formulas on the
     anchor's state: each is ``min(conserve, schedulable)``, conserve being
@@ -249,6 +277,7 @@ def _anchor_component_views(adopted, anchor):
     held), schedulable the pool's view with a lazy neighbour's holes
     credited (a float: the anchor's float rule)."""
     from .classify import _anchor_float_schedulable
+
     c = anchor.c
     if anchor.kind == "MambaHybrid":  # both are the full END's schedulable view
         sched = adopted.schedulable_available_size("full")
@@ -259,51 +288,64 @@ def _anchor_component_views(adopted, anchor):
             continue
         b = adopted.bands[name]
         held = (b.live if (b.lazy or not b.is_end) else b.span) * b.pool.page_size
-        sched = (adopted.schedulable_available_size(name) if b.is_end
-                 else _anchor_float_schedulable(adopted, name))
+        sched = adopted.schedulable_available_size(name) if b.is_end else _anchor_float_schedulable(adopted, name)
         out[f"{name}_available_size"] = min(cap - held, sched)
     return out
 
 
 COMPOSITE_CLASSES = {
-    "oversized-request": ("design",
-                          "a request longer than the arena could ever hold: kvarena's composites raise "
-                          "ValueError (bad input, nothing changed); the anchor's return None like a shortfall"),
-    "composite-refusal-flushes": ("design",
-                                  "a coupled alloc that fails either way, each ladder having compacted "
-                                  "another part of the members: kvarena's only the ENDs' surplus holes "
-                                  "(beyond their own demand; all of them before the anchor policy's slide "
-                                  "on TriPool), the anchor's two-END composite none unless the compacted "
-                                  "state would fit, its mamba + full one the state END.  Flushing every "
-                                  "member of both gives the same state"),
-    "relief-steps": ("design",
-                     "an allocation that needed relief: kvarena's ladder compacts only the ENDs' surplus "
-                     "holes (beyond their own demand), in doubling steps, and stops at the fit, leaving "
-                     "the rest; the anchor flushes its members whole.  Flushing every member of "
-                     "kvarena's state gives the anchor's (up to which page holds which id)"),
-    "tripool-ladder-finds-more": ("design",
-                                  "a coupled alloc on TriPool that kvarena's ladder under policy 'anchor' "
-                                  "refuses in one call and the anchor's three-pool ladder makes: sglang's "
-                                  "TriPool ensure_capacity has rungs beyond the seed's demand-vector policy "
-                                  "(END-only flushes under a reclaim certificate, a high-side make_room target "
-                                  "for the float), which kvarena's 'anchor' policy reproduces as DESIGN "
-                                  "section 4 states it (one ladder run; README finding 6); the spec accepts "
-                                  "the anchor's result, and kvarena's policy 'planner' makes the call at once"),
-    "state-slot-ladder": ("design",
-                          "a state slot: the anchor flushes full, then runs the state END's single-band "
-                          "ladder (flush its neighbour, ask the float for {state: 1}); kvarena's composite "
-                          "runs its ladder with the demand vector (absorb, compact in steps, slide)"),
-    "tripool-ladder": ("design",
-                       "the anchor's three-pool composite runs its own ladder (END-only flushes, a high-side "
-                       "make_room target from its certificate, then the generic ladder); kvarena's runs the "
-                       "arena ladder with the demand vector: the same outcome by another relocation path, or "
-                       "a refusal that the anchor's generic ladder under its page-level rules reproduces"),
-    "component-views": ("design",
-                        "the anchor's full_available_size()/swa_available_size() are scheduling views: "
-                        "min(boot capacity - tokens held, the schedulable view crediting a lazy neighbour's "
-                        "holes); kvarena's are each pool's available view now (the joint available_size() "
-                        "is the gate on both sides).  The anchor's mamba + full composite reports the full "
-                        "END's schedulable view as available_size() too; kvarena's MambaHybrid the joint view"),
+    "oversized-request": (
+        "design",
+        "a request longer than the arena could ever hold: kvarena's composites raise "
+        "ValueError (bad input, nothing changed); the anchor's return None like a shortfall",
+    ),
+    "composite-refusal-flushes": (
+        "design",
+        "a coupled alloc that fails either way, each ladder having compacted "
+        "another part of the members: kvarena's only the ENDs' surplus holes "
+        "(beyond their own demand; all of them before the anchor policy's slide "
+        "on TriPool), the anchor's two-END composite none unless the compacted "
+        "state would fit, its mamba + full one the state END.  Flushing every "
+        "member of both gives the same state",
+    ),
+    "relief-steps": (
+        "design",
+        "an allocation that needed relief: kvarena's ladder compacts only the ENDs' surplus "
+        "holes (beyond their own demand), in doubling steps, and stops at the fit, leaving "
+        "the rest; the anchor flushes its members whole.  Flushing every member of "
+        "kvarena's state gives the anchor's (up to which page holds which id)",
+    ),
+    "tripool-ladder-finds-more": (
+        "design",
+        "a coupled alloc on TriPool that kvarena's ladder under policy 'anchor' "
+        "refuses in one call and the anchor's three-pool ladder makes: sglang's "
+        "TriPool ensure_capacity has rungs beyond the seed's demand-vector policy "
+        "(END-only flushes under a reclaim certificate, a high-side make_room target "
+        "for the float), which kvarena's 'anchor' policy reproduces as DESIGN "
+        "section 4 states it (one ladder run; README finding 6); the spec accepts "
+        "the anchor's result, and kvarena's policy 'planner' makes the call at once",
+    ),
+    "state-slot-ladder": (
+        "design",
+        "a state slot: the anchor flushes full, then runs the state END's single-band "
+        "ladder (flush its neighbour, ask the float for {state: 1}); kvarena's composite "
+        "runs its ladder with the demand vector (absorb, compact in steps, slide)",
+    ),
+    "tripool-ladder": (
+        "design",
+        "the anchor's three-pool composite runs its own ladder (END-only flushes, a high-side "
+        "make_room target from its certificate, then the generic ladder); kvarena's runs the "
+        "arena ladder with the demand vector: the same outcome by another relocation path, or "
+        "a refusal that the anchor's generic ladder under its page-level rules reproduces",
+    ),
+    "component-views": (
+        "design",
+        "the anchor's full_available_size()/swa_available_size() are scheduling views: "
+        "min(boot capacity - tokens held, the schedulable view crediting a lazy neighbour's "
+        "holes); kvarena's are each pool's available view now (the joint available_size() "
+        "is the gate on both sides).  The anchor's mamba + full composite reports the full "
+        "END's schedulable view as available_size() too; kvarena's MambaHybrid the joint view",
+    ),
 }
 
 
@@ -321,6 +363,7 @@ def classify_call(spec_pre, call, r_spec, r_anchor, obs_s, obs_a, views_s, views
     views_a = dict(views_a)
     adopted = copy.deepcopy(spec.arena)
     from .observe import adopt_anchor_state
+
     adopt_anchor_state(adopted, anchor)
     want = _anchor_component_views(adopted, anchor)
     if any(views_a.get(k) != views_s.get(k) for k in want) and all(views_a[k] == v for k, v in want.items()):
@@ -329,8 +372,11 @@ def classify_call(spec_pre, call, r_spec, r_anchor, obs_s, obs_a, views_s, views
         classes.append("component-views")
     obs_a = copy.deepcopy(obs_a)
     for n, o in obs_a.items():  # the float schedulable view: the page-level rule
-        if not adopted.bands[n].is_end and o["schedulable_available_size"] != obs_s[n]["schedulable_available_size"] \
-                and o["schedulable_available_size"] == _anchor_float_schedulable_of(adopted, n):
+        if (
+            not adopted.bands[n].is_end
+            and o["schedulable_available_size"] != obs_s[n]["schedulable_available_size"]
+            and o["schedulable_available_size"] == _anchor_float_schedulable_of(adopted, n)
+        ):
             o["schedulable_available_size"] = adopted.schedulable_available_size(n)
             classes.append("float-schedulable-credit")
     for n in obs_a:  # one batch of freed ids in another order (one side's is sorted)
@@ -359,8 +405,12 @@ def classify_call(spec_pre, call, r_spec, r_anchor, obs_s, obs_a, views_s, views
         rebuilt = _anchor_state_path(spec_pre, r_anchor, obs_a)
         if rebuilt is not None:
             return classes + rebuilt
-    if r_spec == r_anchor and call in ("alloc", "alloc_state") and anchor.kind == "TriPool" \
-            and (views_s != views_a or not same_up_to_placement(obs_s, obs_a)):
+    if (
+        r_spec == r_anchor
+        and call in ("alloc", "alloc_state")
+        and anchor.kind == "TriPool"
+        and (views_s != views_a or not same_up_to_placement(obs_s, obs_a))
+    ):
         # the same outcome by another relocation path; the spec accepts the anchor's state
         return classes + ["tripool-ladder"]
     if views_a == views_s:
@@ -384,6 +434,7 @@ def _anchor_state_path(spec_pre, r_anchor, obs_a):
     neighbour, ask the float to open its low side for ``{state: 1}``), then
     ``alloc(1)``, under the page-level rules; the classes, or None."""
     from .classify import RULE_SETS, _ladder
+
     for rules in RULE_SETS:
         if not rules.ladder:
             continue
@@ -393,8 +444,11 @@ def _anchor_state_path(spec_pre, r_anchor, obs_a):
         if out is None and _ladder(c, "state", 1, rules):
             out = c.alloc("state", 1)
         if out == r_anchor and same_up_to_placement(observe_spec(c), obs_a):
-            names = {"grid": "make-room-on-grid", "placement": "make-room-placement",
-                     "index_span": "policy-index-counts-holes"}
+            names = {
+                "grid": "make-room-on-grid",
+                "placement": "make-room-placement",
+                "index_span": "policy-index-counts-holes",
+            }
             return ["state-slot-ladder"] + [v for k, v in names.items() if getattr(rules, k)]
     return None
 
@@ -408,9 +462,9 @@ def _anchor_tripool_generic(spec_pre, n, obs_a):
     (``Rules``), the fewest that reproduce the refusal and the anchor's
     state first.  Classes, or None."""
     from .classify import RULE_SETS, Rules, _open_short_side
+
     pages = -(-n // spec_pre.page_size)
-    names = {"grid": "make-room-on-grid", "placement": "make-room-placement",
-             "index_span": "policy-index-counts-holes"}
+    names = {"grid": "make-room-on-grid", "placement": "make-room-placement", "index_span": "policy-index-counts-holes"}
 
     def generic(rules):
         c = copy.deepcopy(spec_pre)
@@ -432,16 +486,19 @@ def _anchor_tripool_generic(spec_pre, n, obs_a):
 
 def _anchor_float_schedulable_of(adopted, n):
     from .classify import _anchor_float_schedulable
+
     return _anchor_float_schedulable(adopted, n)
 
 
 def composite_class_kind(name):
     from .classify import CLASSES
+
     return (COMPOSITE_CLASSES.get(name) or CLASSES[name])[0]
 
 
 def composite_class_what(name):
     from .classify import CLASSES
+
     return (COMPOSITE_CLASSES.get(name) or CLASSES[name])[1]
 
 
@@ -449,8 +506,10 @@ def composite_step(spec, anchor, call, args, requests, slots):
     """One call on both composites; ``(classes, detail)`` as ``campaign.step``:
     ``None`` when they agree, ``[]`` unclassified; the spec adopts the
     anchor's state after a classified difference."""
-    from .observe import adopt_anchor_state
     from kvarena.spec import AccountingError
+
+    from .observe import adopt_anchor_state
+
     pre = copy.deepcopy(spec)
     r_s, r_a = run_call(spec, anchor, call, args, requests, slots)
     obs_s, obs_a = observe_spec(spec.arena), observe_anchor(anchor)
@@ -460,8 +519,13 @@ def composite_step(spec, anchor, call, args, requests, slots):
         keep(call, r_s, requests, slots)
         return None, None
     classes = [] if bad else classify_call(pre, call, r_s, r_a, obs_s, obs_a, views_s, views_a, spec, anchor)
-    case = {"spec": r_s, "anchor": r_a, "views": [views_s, views_a], "violations": bad[:3],
-            "fields": sorted({f"{n}.{k}" for n in obs_s for k in obs_s[n] if obs_s[n][k] != obs_a[n].get(k)})}
+    case = {
+        "spec": r_s,
+        "anchor": r_a,
+        "views": [views_s, views_a],
+        "violations": bad[:3],
+        "fields": sorted({f"{n}.{k}" for n in obs_s for k in obs_s[n] if obs_s[n][k] != obs_a[n].get(k)}),
+    }
     if classes:
         try:
             adopt_anchor_state(spec.arena, anchor)
@@ -488,7 +552,7 @@ def shrink_composite(case, cls):
     calls = list(case["calls"])
     i = len(calls) - 2
     while i >= 0:
-        trial = dict(case, calls=calls[:i] + calls[i + 1:])
+        trial = dict(case, calls=calls[:i] + calls[i + 1 :])
         try:
             classes = replay_composite(trial)[0]
         except (ValueError, IndexError, AssertionError, KeyError):
@@ -533,13 +597,31 @@ def run_composites(steps=600, seed=0, walk_steps=40):
                 cases.setdefault(c, case)
             if case.get("not_adopted"):
                 break
-    return {"anchor": "sglang 0.5.23", "seed": seed, "steps": done, "walks": walks,
-            "seconds": round(time.perf_counter() - t0, 1), "operations": dict(ops), "composites": dict(kinds),
-            "differences": {"total": sum(by_class.values()) + len(unclassified),
-                            "by_kind": {kd: sum(n for c, n in by_class.items() if composite_class_kind(c) == kd)
-                                        for kd in sorted({composite_class_kind(c) for c in by_class})},
-                            "by_class": {c: {"kind": composite_class_kind(c), "count": n,
-                                             "by_operation": dict(by_op[c]), "what": composite_class_what(c)}
-                                         for c, n in sorted(by_class.items())},
-                            "unclassified": len(unclassified)},
-            "cases": cases, "unclassified_cases": unclassified[:5]}
+    return {
+        "anchor": "sglang 0.5.23",
+        "seed": seed,
+        "steps": done,
+        "walks": walks,
+        "seconds": round(time.perf_counter() - t0, 1),
+        "operations": dict(ops),
+        "composites": dict(kinds),
+        "differences": {
+            "total": sum(by_class.values()) + len(unclassified),
+            "by_kind": {
+                kd: sum(n for c, n in by_class.items() if composite_class_kind(c) == kd)
+                for kd in sorted({composite_class_kind(c) for c in by_class})
+            },
+            "by_class": {
+                c: {
+                    "kind": composite_class_kind(c),
+                    "count": n,
+                    "by_operation": dict(by_op[c]),
+                    "what": composite_class_what(c),
+                }
+                for c, n in sorted(by_class.items())
+            },
+            "unclassified": len(unclassified),
+        },
+        "cases": cases,
+        "unclassified_cases": unclassified[:5],
+    }

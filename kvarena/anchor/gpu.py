@@ -25,7 +25,7 @@ from collections import Counter
 
 import torch
 
-from .composites import (AnchorComposite, classify_call, keep, random_composite, spec_views)
+from .composites import AnchorComposite, classify_call, keep, random_composite, spec_views
 from .observe import adopt_anchor_state, observe_anchor, observe_spec
 
 
@@ -36,8 +36,14 @@ class PagedAnchor(AnchorComposite):
         return torch.tensor(xs, dtype=torch.int64, device=self.device)
 
     def extend(self, prefix, seq, last):
-        out = self.c.alloc_extend(self._t(prefix), torch.tensor(prefix, dtype=torch.int64), self._t(seq),
-                                  torch.tensor(seq, dtype=torch.int64), self._t(last), sum(seq) - sum(prefix))
+        out = self.c.alloc_extend(
+            self._t(prefix),
+            torch.tensor(prefix, dtype=torch.int64),
+            self._t(seq),
+            torch.tensor(seq, dtype=torch.int64),
+            self._t(last),
+            sum(seq) - sum(prefix),
+        )
         return None if out is None else self._written([int(t) for t in out.tolist()])
 
     def decode(self, seq, last):
@@ -65,8 +71,9 @@ def _call(rng, spec, reqs, slots):
     if r < 0.85 and hasattr(spec, "free_swa"):
         return "free_swa", {"req": rng.randrange(len(reqs))}
     if r < 0.92 and hasattr(spec, "alloc_state"):
-        return ("free_state", {"slot": rng.randrange(len(slots))}) if slots and rng.random() < 0.4 \
-            else ("alloc_state", {})
+        return (
+            ("free_state", {"slot": rng.randrange(len(slots))}) if slots and rng.random() < 0.4 else ("alloc_state", {})
+        )
     return "free", {"req": rng.randrange(len(reqs))}
 
 
@@ -146,22 +153,35 @@ def run(steps=1000, seed=0, device="cuda", walk_steps=40):
                 _track(call, args, r_s, reqs, slots)
                 continue
             lookup = "alloc" if call == "extend" and args["new"] else call
-            classes = [] if bad else classify_call(pre, lookup, r_s, r_a, obs_s, obs_a, views_s, views_a,
-                                                   spec, anchor)
+            classes = [] if bad else classify_call(pre, lookup, r_s, r_a, obs_s, obs_a, views_s, views_a, spec, anchor)
             if not classes:
-                unclassified.append({"kind": kind, "config": kw, "call": [call, args], "spec": r_s,
-                                     "anchor": r_a, "violations": bad[:3]})
+                unclassified.append(
+                    {
+                        "kind": kind,
+                        "config": kw,
+                        "call": [call, args],
+                        "spec": r_s,
+                        "anchor": r_a,
+                        "violations": bad[:3],
+                    }
+                )
                 break
             by_class.update(classes)
             adopt_anchor_state(spec.arena, anchor)
             _track(call, args, r_a, reqs, slots)
-    return {"steps": done, "operations": dict(ops), "by_class": dict(by_class),
-            "unclassified": len(unclassified), "unclassified_cases": unclassified[:5]}
+    return {
+        "steps": done,
+        "operations": dict(ops),
+        "by_class": dict(by_class),
+        "unclassified": len(unclassified),
+        "unclassified_cases": unclassified[:5],
+    }
 
 
 def main(argv=None):
-    p = argparse.ArgumentParser(prog="python -m kvarena.anchor.gpu", description=__doc__,
-                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = argparse.ArgumentParser(
+        prog="python -m kvarena.anchor.gpu", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     p.add_argument("--steps", type=int, default=1000)
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--json", metavar="PATH")

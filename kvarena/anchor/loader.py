@@ -34,8 +34,7 @@ def _importer_is_sglang():
     f = sys._getframe(1)
     while f is not None:
         name = f.f_globals.get("__name__", "")
-        if not (f.f_code.co_filename.startswith("<frozen") or name.startswith("importlib")
-                or name == __name__):
+        if not (f.f_code.co_filename.startswith("<frozen") or name.startswith("importlib") or name == __name__):
             return name.startswith("sglang.")
         f = f.f_back
     return False
@@ -95,6 +94,7 @@ def anchor_modules():
     sys.meta_path.insert(0, stub)
     try:
         import warnings
+
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")
             sub = importlib.import_module("sglang.srt.mem_cache.allocator.unified_sub_pool")
@@ -107,9 +107,14 @@ def anchor_modules():
             if isinstance(sys.modules[name].__spec__.loader, _TorchvisionStub):
                 del sys.modules[name]  # sglang keeps its reference; nobody else sees the stand-in
     _MODULES = types.SimpleNamespace(
-        UnifiedKVPool=pool.UnifiedKVPool, MHASubPoolSpec=pool.MHASubPoolSpec,
-        MambaSubPoolSpec=pool.MambaSubPoolSpec, MultiEndedAllocator=sub.MultiEndedAllocator,
-        FloatMultiEndedAllocator=sub.FloatMultiEndedAllocator, relieve=sub._relieve_for_alloc,
+        UnifiedKVPool=pool.UnifiedKVPool,
+        MHASubPoolSpec=pool.MHASubPoolSpec,
+        MambaSubPoolSpec=pool.MambaSubPoolSpec,
+        MultiEndedAllocator=sub.MultiEndedAllocator,
+        FloatMultiEndedAllocator=sub.FloatMultiEndedAllocator,
+        relieve=sub._relieve_for_alloc,
         open_short_side=sub._float_open_short_side,
-        chain_violations=sub._chain_byte_accounting_violations, version=have)
+        chain_violations=sub._chain_byte_accounting_violations,
+        version=have,
+    )
     return _MODULES

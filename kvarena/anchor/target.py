@@ -1,6 +1,6 @@
 """The anchor as a replay target of ``kvarena vectors`` (``--target anchor``).
 
-Implements the adapter protocol of ``kvarena.vectors`` (``boot``, ``call``,
+Implements the adapter protocol of ``kvarena.verification.vectors`` (``boot``, ``call``,
 ``observe``) over ``AnchorArena``.  The anchor has the page-level arena
 only: a composite case, a ``policy`` other than ``"anchor"``, a relieve
 with an evictor (the anchor evicts only in its composites) and a call whose
@@ -9,10 +9,11 @@ bad id corrupts its free lists instead of raising) are ``Unsupported``, so
 the replay counts them apart and never passes them.
 """
 
-from kvarena import vectors
 from kvarena.spec import SubPool
+from kvarena.verification import vectors
 
-from .adapter import AnchorArena, Unsupported as AdapterUnsupported
+from .adapter import AnchorArena
+from .adapter import Unsupported as AdapterUnsupported
 
 VIEWS = ("available_pages", "available_size", "schedulable_available_size", "gap_bytes", "frontiers", "holes")
 
@@ -98,10 +99,14 @@ class AnchorTarget:
             raise AssertionError(f"the anchor's own accounting check failed: {a.violations()[:3]}")
         pools = {}
         for n in a.chain:
-            pools[n] = {"frontiers": list(a.frontiers(n)), "pages": sorted([v, p] for v, p in a.pages(n).items()),
-                        "holes": a.holes(n), "available_pages": a.available_pages(n),
-                        "available_size": a.available_size(n),
-                        "schedulable_available_size": a.schedulable_available_size(n)}
+            pools[n] = {
+                "frontiers": list(a.frontiers(n)),
+                "pages": sorted([v, p] for v, p in a.pages(n).items()),
+                "holes": a.holes(n),
+                "available_pages": a.available_pages(n),
+                "available_size": a.available_size(n),
+                "schedulable_available_size": a.schedulable_available_size(n),
+            }
             if n not in a.borrow:
                 pools[n]["free_ids"] = a.free_ids(n)
             if a.alloc_of[n].grow_direction != "float":

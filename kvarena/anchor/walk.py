@@ -29,14 +29,20 @@ def random_config(rng):
         if borrow:
             swa_grow = "float" if three else "up"
             if three:
-                pools.append(SubPool("state", rng.randint(2, 64 * kv()), 1, "up", "state")
-                             if rng.random() < 0.5 else SubPool("up", kv(), ps, "up"))
+                pools.append(
+                    SubPool("state", rng.randint(2, 64 * kv()), 1, "up", "state")
+                    if rng.random() < 0.5
+                    else SubPool("up", kv(), ps, "up")
+                )
             pools.append(SubPool("swa", kv(), ps, swa_grow))
             pools.append(SubPool("full", kv(), ps, "down"))
             borrow_map = {"swa": "full"}
         else:
-            pools.append(SubPool("state", rng.randint(2, 16 * kv() * ps), 1, "up", "state") if up_state
-                         else SubPool("up", kv(), ps, "up"))
+            pools.append(
+                SubPool("state", rng.randint(2, 16 * kv() * ps), 1, "up", "state")
+                if up_state
+                else SubPool("up", kv(), ps, "up")
+            )
             if three:
                 pools.append(SubPool("mid", kv(), ps, "float"))
             pools.append(SubPool("down", kv(), ps, "down"))
@@ -56,22 +62,30 @@ def random_config(rng):
 
 
 def build_spec(config):
-    return Arena(config["total_bytes"], config["pools"], lazy=set(config["lazy"]), policy="anchor",
-                 borrow=config["borrow"])
+    return Arena(
+        config["total_bytes"], config["pools"], lazy=set(config["lazy"]), policy="anchor", borrow=config["borrow"]
+    )
 
 
 def config_json(config):
-    return {"total_bytes": config["total_bytes"],
-            "pools": [{"name": p.name, "entry_bytes": p.entry_bytes, "page_size": p.page_size,
-                       "grow": p.grow, "kind": p.kind} for p in config["pools"]],
-            "lazy": list(config["lazy"]), "borrow": config["borrow"]}
+    return {
+        "total_bytes": config["total_bytes"],
+        "pools": [
+            {"name": p.name, "entry_bytes": p.entry_bytes, "page_size": p.page_size, "grow": p.grow, "kind": p.kind}
+            for p in config["pools"]
+        ],
+        "lazy": list(config["lazy"]),
+        "borrow": config["borrow"],
+    }
 
 
 def config_from_json(data):
-    return {"total_bytes": data["total_bytes"],
-            "pools": [SubPool(p["name"], p["entry_bytes"], p["page_size"], p["grow"], p["kind"])
-                      for p in data["pools"]],
-            "lazy": list(data["lazy"]), "borrow": data["borrow"]}
+    return {
+        "total_bytes": data["total_bytes"],
+        "pools": [SubPool(p["name"], p["entry_bytes"], p["page_size"], p["grow"], p["kind"]) for p in data["pools"]],
+        "lazy": list(data["lazy"]),
+        "borrow": data["borrow"],
+    }
 
 
 def _live(arena, name):
@@ -108,8 +122,11 @@ def random_op(rng, arena):
         side = rng.choice(["low", "high"])
         epp = arena.bands[f].geom.epp
         have = arena.band_bytes(f, side) if arena.bands[f].opaque else 0
-        return "make_room", {"name": f, "side": side, "min_bytes": max(0, have + rng.randint(-1, 6) * epp
-                                                                       - rng.randint(0, epp - 1))}
+        return "make_room", {
+            "name": f,
+            "side": side,
+            "min_bytes": max(0, have + rng.randint(-1, 6) * epp - rng.randint(0, epp - 1)),
+        }
     if r < 0.84 and floats:
         return "compact_holes", {"name": rng.choice(floats), "retreat_side": rng.choice(["low", "high"])}
     if r < 0.90 and floats:

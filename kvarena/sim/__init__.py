@@ -1,3 +1,14 @@
-"""The serving simulator: a scheduler (``engine``) driving the unified arena or
-a static split (``backends``); ``kvarena simulate`` (``kvarena/simulate.py``)
-runs the setups side by side and reports."""
+"""The serving simulator and the benchmarks.
+
+- ``presets``: model geometries and the engine's sizing formulas;
+- ``traces``: request traces (synthetic and JSONL);
+- ``backends``: the unified arena and the static splits behind one interface;
+- ``engine``: the scheduler that drives a backend step by step;
+- ``simulate``: ``kvarena simulate``, the setups side by side;
+- ``policies``: ``kvarena policies``, the anchor policy against the planner;
+- ``bench``: ``kvarena bench``, costs measured as ratios in one run;
+- ``plot``: the figures.
+
+Imports ``kvarena.spec`` and ``kvarena.impl``; nothing outside ``sim/``
+imports from here except the CLI.
+"""

@@ -1,7 +1,7 @@
 """What the scheduler drives: the unified arena, or a static split.
 
 Both speak in **units** (one unit = one KV page of ``page_tokens`` tokens,
-see ``kvarena.presets``) and offer the same calls, so one scheduler runs
+see ``kvarena.sim.presets``) and offer the same calls, so one scheduler runs
 both:
 
 - ``available()``: the joint view, in units a coupled bind (full and, where

@@ -2,7 +2,7 @@
 
 A step is what an engine does in ``page_tokens`` decode iterations: every
 decoding request gains one unit (a page), since the model is page-granular
-(``kvarena.presets``).  Each step, in this order:
+(``kvarena.sim.presets``).  Each step, in this order:
 
 1. **arrivals** join the back of the queue;
 2. **decode**: one ``decode`` call for every request whose prefill is done.
@@ -101,8 +101,19 @@ class Result:
 
 
 class _Req:
-    __slots__ = ("rid", "prompt_len", "output_len", "prefill_units", "out_units", "generated", "ids", "slot",
-                 "swa_done", "admitted", "ever_admitted")
+    __slots__ = (
+        "admitted",
+        "ever_admitted",
+        "generated",
+        "ids",
+        "out_units",
+        "output_len",
+        "prefill_units",
+        "prompt_len",
+        "rid",
+        "slot",
+        "swa_done",
+    )
 
     def __init__(self, r, sizes):
         self.rid, self.prompt_len, self.output_len = r.rid, r.prompt_len, r.output_len
@@ -234,13 +245,13 @@ class _Sim:
     def _window_ids(self, r):
         """The ids that left the window: ``swa_window_end(len*pt, window, pt)
         // pt`` (the anchor's rule), which on whole pages is ``len -
-        window_units`` (``tests/test_simulate.py`` checks the two agree)."""
+        window_units`` (``tests/sim/test_simulate.py`` checks the two agree)."""
         if not self.window:
             return []
         end = len(r.ids) - self.sizes.window_units
         if end <= r.swa_done:
             return []
-        out = r.ids[r.swa_done:end]
+        out = r.ids[r.swa_done : end]
         r.swa_done = end
         return out
 

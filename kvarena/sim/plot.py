@@ -24,15 +24,17 @@ def bands(path, sizes, results, splits, title):
     except ImportError:
         raise ValueError("--plot needs matplotlib: pip install -e '.[test]'") from None
 
-    unified = next((results[k] for k in ("unified", "planner") if hasattr(results.get(k), "series")
-                    and results[k].series), None)
+    unified = next(
+        (results[k] for k in ("unified", "planner") if hasattr(results.get(k), "series") and results[k].series), None
+    )
     if unified is None:
         raise ValueError("--plot needs a unified or planner run")
     s = unified.series
     idx = _thin(len(s["step"]))
     steps = [s["step"][i] for i in idx]
-    fig, (top, bottom) = plt.subplots(2, 1, figsize=(8, 5.2), dpi=80, sharex=True,
-                                      gridspec_kw={"height_ratios": [3, 2]})
+    fig, (top, bottom) = plt.subplots(
+        2, 1, figsize=(8, 5.2), dpi=80, sharex=True, gridspec_kw={"height_ratios": [3, 2]}
+    )
     for pool in ("state", "swa", "full"):
         if pool not in sizes.preset.kinds:
             continue
@@ -44,8 +46,13 @@ def bands(path, sizes, results, splits, title):
         if split is None:
             continue
         for k, w in enumerate(split.walls(sizes)):
-            top.axhline(w, color="black", linestyle=style, linewidth=1.2,
-                        label=f"{name} wall{'s' if len(split.walls(sizes)) > 1 else ''}" if k == 0 else None)
+            top.axhline(
+                w,
+                color="black",
+                linestyle=style,
+                linewidth=1.2,
+                label=f"{name} wall{'s' if len(split.walls(sizes)) > 1 else ''}" if k == 0 else None,
+            )
     top.set_ylim(0, 1)
     top.set_ylabel("buffer (fraction, byte 0 at the bottom)")
     top.set_title(f"{title}: unified arena bands vs static walls", fontsize=10)

@@ -1,0 +1,585 @@
+"""``kvarena bench``: ratios measured side by side in one run.
+
+Every comparison times its two sides in the same process, alternating which
+goes first, after warm-up, over ``--repeats`` repeats; it prints the
+minimum, the median and the spread (max - min) of the ratio, never a
+threshold test.  Sections (``--only``):
+
+- ``decode``: one decode step for ``--batch`` requests (``alloc_decode`` +
+  ``free_swa`` + ``translate`` of both pools) on ``HybridSWA`` against
+  ``StaticFreeList``, a plain static free-list allocator doing the same page
+  work with the same one host read per call, which trusts its input: lazy on
+  the composite's trusted decode path (``check=False``, the row the target
+  is for), lazy on the checked default path, and eager on the trusted path;
+  eager also reports the bytes it moves (compaction on every free, by
+  design);
+- ``memo``: memoised capacity reads against fresh recomputation, 2 to 5
+  pools, and the memoised read's cost per pool count (flat is the goal);
+  only the reads are timed, not the step that invalidates the memo between
+  batches of reads (the same alloc on both sides);
+- ``oracle``: the spec's speed as an oracle, simple operations a second;
+- ``churn``: relocation traffic under steady serving churn (the simulator
+  on a balanced trace at full memory), bytes moved per byte allocated, both
+  policies;
+- ``copy``: ``make_room``'s copy bandwidth against a plain device-to-device
+  copy of the same bytes (the target is for CUDA; CPU is reported too).
+"""
+
+import json
+import random
+import statistics
+import sys
+import time
+
+SECTIONS = ("decode", "memo", "oracle", "churn", "copy")
+
+
+# ------------------------------------------------------------------ timing
+
+
+def _sync(device):
+    import torch
+
+    if str(device).startswith("cuda"):
+        torch.cuda.synchronize()
+
+
+def _summary(xs):
+    return {"min": min(xs), "median": statistics.median(xs), "max": max(xs), "spread": max(xs) - min(xs)}
+
+
+def _fmt_ratio(s, unit="x"):
+    return f"{s['median']:.2f}{unit} median (min {s['min']:.2f}, spread {s['spread']:.2f})"
+
+
+# ---------------------------------------------------------- the static twin
+
+
+class StaticFreeList:
+    """The textbook static SWA + full allocator on the device (ANCHOR
+    section 2): a free-id ring per pool, a full-to-SWA page map, the
+    anchor's slot rules, and one host read per ``alloc_decode`` and
+    ``free_swa`` (the count that sizes the call), as the composite makes."""
+
+    def __init__(self, full_pages, swa_pages, page_size, device):
+        import torch
+
+        self.ps, self.device = page_size, device
+        self.full = _Ring(full_pages, device)
+        self.swa = _Ring(swa_pages, device)
+        self.full_to_swa = torch.zeros(full_pages + 2, dtype=torch.int64, device=device)
+        self.full_to_swa[-1] = -1  # the -1 sentinel row: an empty prefix's last_loc
+
+    def _bind(self, n):
+        if n > min(self.full.count, self.swa.count):
+            return None
+        pages = self.full.take(n)
+        self.full_to_swa.index_copy_(0, pages, self.swa.take(n))
+        return pages
+
+    def alloc_extend(self, prefix, seq, last):
+        """Setup only (untimed): whole new pages for empty prefixes."""
+        import torch
+
+        ps = self.ps
+        new = (seq + ps - 1) // ps
+        pages = self._bind(int(new.sum()))
+        req = torch.repeat_interleave(torch.arange(seq.numel(), device=self.device), seq)
+        first = torch.cumsum(seq, 0) - seq
+        pos = torch.arange(int(seq.sum()), device=self.device) - first[req]
+        base = torch.cumsum(new, 0) - new
+        return pages[base[req] + pos // ps] * ps + pos % ps
+
+    def alloc_decode(self, seq, last):
+        import torch
+
+        ps = self.ps
+        new = (seq % ps == 1) if ps > 1 else torch.ones_like(seq, dtype=torch.bool)
+        n = int(new.sum())  # SYNC: the one read, as the composite's
+        pages = self._bind(n)
+        if pages is None:
+            return None
+        idx = torch.cumsum(new.to(torch.int64), 0) - 1
+        page = torch.cat([pages, pages.new_zeros(1)])[torch.where(new, idx, n)]
+        return torch.where(new, page * ps + (seq - 1) % ps, last + 1)
+
+    def free_swa(self, tokens, start_pos):
+        import torch
+
+        reps = tokens[:: self.ps]
+        page = torch.where(reps >= 0, reps // self.ps, 0)  # -1 reads (and refills) the sink row: 0
+        swa = self.full_to_swa.index_select(0, page)
+        live = swa > 0
+        count = int(live.sum())  # SYNC: the one read, as the composite's
+        self.swa.put(torch.sort(torch.where(live, swa, swa.new_full((), 1 << 62))).values[:count])
+        self.full_to_swa.index_fill_(0, page, 0)
+
+    def translate(self, tokens, pool="full"):
+        import torch
+
+        if pool == "full":
+            return tokens.clone()
+        page = torch.div(tokens, self.ps, rounding_mode="floor")
+        sentinel = self.full_to_swa.numel() - 1  # holds -1: translates to slot 0
+        phys = self.full_to_swa.index_select(0, torch.where(tokens >= 0, page, sentinel))
+        return torch.where(phys > 0, phys * self.ps + tokens % self.ps, torch.zeros_like(phys))
+
+
+class _Ring:
+    """A FIFO of free ids ``1..n`` on the device; head and count on the host."""
+
+    def __init__(self, n, device):
+        import torch
+
+        self.cap = n
+        self.buf = torch.arange(1, n + 1, dtype=torch.int64, device=device)
+        self.head, self.count = 0, n
+
+    def _slots(self, start, k):
+        import torch
+
+        return (torch.arange(k, dtype=torch.int64, device=self.buf.device) + start) % self.cap
+
+    def take(self, k):
+        out = self.buf.index_select(0, self._slots(self.head, k))
+        self.head, self.count = (self.head + k) % self.cap, self.count - k
+        return out
+
+    def put(self, ids):
+        k = ids.numel()
+        self.buf.index_copy_(0, self._slots(self.head + self.count, k), ids)
+        self.count += k
+
+
+# ------------------------------------------------------------------ decode
+
+
+class DecodeLoop:
+    """``batch`` requests decoding in lock step, as an engine drives them:
+    a ``req_to_token`` table on the device, lengths staggered so that every
+    step some requests open a page and some free an SWA page (the anchor's
+    window rule, ``window`` tokens).  Everything the loop computes on the
+    host is host ints: it adds no device read of its own."""
+
+    def __init__(self, alloc, batch, page_size, window, start, steps, device):
+        import torch
+
+        self.a, self.ps, self.window, self.device = alloc, page_size, window, device
+        self.batch = batch
+        self.seq0 = start
+        lens = torch.arange(start, start + batch, dtype=torch.int64, device=device)
+        self.r2t = torch.zeros(batch, start + batch + steps + 1, dtype=torch.int64, device=device)
+        toks = alloc.alloc_extend(torch.zeros_like(lens), lens, torch.full_like(lens, -1))
+        rows = torch.repeat_interleave(torch.arange(batch, device=device), lens)
+        cols = torch.arange(toks.numel(), device=device) - (torch.cumsum(lens, 0) - lens)[rows]
+        self.r2t[rows, cols] = toks
+        self.seq = lens
+        self.last = self.r2t[torch.arange(batch, device=device), lens - 1]
+        self.rows = torch.arange(batch, device=device)
+        self.t = 0
+        self.offsets = torch.arange(page_size, device=device)
+        # Requests whose window edge crosses a page at step t: i = c (mod ps).
+        self.by_residue = [torch.arange(c, batch, page_size, device=device) for c in range(page_size)]
+        self.free_all_behind()
+
+    def free_all_behind(self):
+        """Setup: free every SWA page already out of the window (untimed)."""
+        for i in range(self.batch):
+            end = max(0, (self.seq0 + i - self.window - self.ps) // self.ps * self.ps)
+            if end:
+                self.a.free_swa(self.r2t[i, :end].contiguous(), 0)
+
+    def step(self):
+        import torch
+
+        self.t += 1
+        self.seq = self.seq + 1
+        out = self.a.alloc_decode(self.seq, self.last)
+        if out is None:
+            raise RuntimeError("bench: decode ran out of memory; raise the buffer")
+        self.r2t[self.rows, self.seq - 1] = out
+        self.last = out
+        # seq_i = seq0 + i + t: request i's window end crosses a page when
+        # (seq_i - window - ps) % ps == 0; its page [end - ps, end) leaves.
+        c = (self.window + self.ps - self.seq0 - self.t) % self.ps
+        rows = self.by_residue[c]
+        if rows.numel():
+            end = (self.seq0 + self.t - self.window - self.ps) + rows  # a multiple of ps for these rows
+            ok = end >= self.ps
+            start = torch.where(ok, end - self.ps, 0)
+            toks = self.r2t[rows.unsqueeze(1), start.unsqueeze(1) + self.offsets]
+            toks = torch.where(ok.unsqueeze(1), toks, -1)
+            self.a.free_swa(toks.reshape(-1), 0)
+        self.a.translate(out)
+        self.a.translate(out, "swa")
+
+
+class Trusted:
+    """A composite driven on its trusted decode path (``check=False``), as a
+    scheduler that guarantees its input calls it; setup calls stay checked."""
+
+    def __init__(self, composite):
+        self.c, self.arena = composite, composite.arena
+
+    def alloc_extend(self, prefix, seq, last):
+        return self.c.alloc_extend(prefix, seq, last)
+
+    def alloc_decode(self, seq, last):
+        return self.c.alloc_decode(seq, last, check=False)
+
+    def free_swa(self, tokens, start_pos):
+        return self.c.free_swa(tokens, start_pos, check=False)
+
+    def translate(self, tokens, pool="full"):
+        return self.c.translate(tokens, pool, check=False)
+
+    def verify(self):
+        self.c.verify()
+
+
+# (row, lazy, trusted): the target's row first
+DECODE_ROWS = (("lazy", True, True), ("lazy_checked", True, False), ("eager", False, True))
+DECODE_LABELS = {"lazy": "lazy (check=False)", "lazy_checked": "lazy (checked)", "eager": "eager (check=False)"}
+
+
+def _decode_pair(mode, args, device):
+    from kvarena.impl import HybridSWA
+
+    _, lazy, trusted = next(r for r in DECODE_ROWS if r[0] == mode)
+    ps, batch, e = 16, args.batch, 64  # 64 bytes a token in each pool
+    steps_total = args.warmup + args.steps
+    pages = batch * (args.start + batch + steps_total + ps) // ps + batch + 8
+    total = pages * ps * e * 2 + (1 << 16)
+
+    def ours():
+        c = HybridSWA(total, e, e, ps, lazy=lazy, device=device)
+        return Trusted(c) if trusted else c
+
+    def static():
+        return StaticFreeList(pages, pages, ps, device)
+
+    return ours, static, ps
+
+
+def bench_decode(args, device):
+    out = {}
+    for mode, _, _ in DECODE_ROWS:
+        ours_mk, static_mk, ps = _decode_pair(mode, args, device)
+        ratios, t_ours, t_static = [], [], []
+        for rep in range(args.repeats):
+            times = {}
+            order = ("ours", "static") if rep % 2 == 0 else ("static", "ours")
+            for side in order:
+                alloc = ours_mk() if side == "ours" else static_mk()
+                loop = DecodeLoop(alloc, args.batch, ps, 127, args.start, args.warmup + args.steps, device)
+                for _ in range(args.warmup):
+                    loop.step()
+                _sync(device)
+                t = time.perf_counter()
+                for _ in range(args.steps):
+                    loop.step()
+                _sync(device)
+                times[side] = (time.perf_counter() - t) / args.steps
+            ratios.append(times["ours"] / times["static"])
+            t_ours.append(times["ours"] * 1e6)
+            t_static.append(times["static"] * 1e6)
+        row = {"ratio": _summary(ratios), "ours_us": _summary(t_ours), "static_us": _summary(t_static)}
+        if mode == "eager":
+            row.update(_eager_moves(ours_mk, args, ps, device))
+        out[mode] = row
+    return out
+
+
+def _eager_moves(ours_mk, args, ps, device):
+    """Bytes an eager arena moves over the same steps (an untimed pass)."""
+    from kvarena.sim.backends import count_moves
+
+    alloc = ours_mk()
+    moved = count_moves(alloc.arena)
+    loop = DecodeLoop(alloc, args.batch, ps, 127, args.start, args.warmup + args.steps, device)
+    before = moved[0]
+    epp = alloc.arena.geometry("full").epp + alloc.arena.geometry("swa").epp
+    for _ in range(args.steps):
+        loop.step()
+    new_pages = args.batch * args.steps // ps
+    return {
+        "bytes_moved_per_step": (moved[0] - before) / args.steps,
+        "moved_per_allocated": (moved[0] - before) / max(1, new_pages * epp),
+    }
+
+
+# -------------------------------------------------------------------- memo
+
+
+def _memo_arena(floats):
+    from kvarena.impl import Arena, SubPool
+
+    pools = [SubPool("state", 4096, 1, "up", "state"), SubPool("full", 64, 16, "down")]
+    pools += [SubPool(f"swa{i}", 32, 16, "float") for i in range(floats)]
+    a = Arena(64 << 20, pools)
+    for name in a.chain:
+        a.alloc(name, 8)
+    return a
+
+
+def bench_memo(args, device):
+    from kvarena.impl.arena import VIEWS
+
+    out = {}
+    for floats in range(4):
+        a, b = _memo_arena(floats), _memo_arena(floats)
+        names = a.chain
+
+        def timed(arena, read):
+            # Only the reads are timed: the step between batches (the same
+            # alloc on both sides) is not a read, and timing it would pull
+            # any ratio toward 1.  The first read of each batch after it is
+            # a miss, and that is timed.
+            spent = 0.0
+            for start in range(0, args.reads, args.batch_reads):
+                arena.alloc(names[-1], 1)  # a step: every memo entry is now stale
+                t = time.perf_counter()
+                for _ in range(min(args.batch_reads, args.reads - start)):
+                    for name in names:
+                        for view in VIEWS:
+                            read(view, name)
+                spent += time.perf_counter() - t
+            return spent
+
+        ratios, memo_ns = [], []
+        for rep in range(args.repeats):
+            if rep % 2 == 0:
+                tm, tf = timed(a, a._view), timed(b, b.fresh_view)
+            else:
+                tf, tm = timed(b, b.fresh_view), timed(a, a._view)
+            ratios.append(tf / tm)
+            memo_ns.append(tm / (args.reads * len(names) * len(VIEWS)) * 1e9)
+        for name in names:  # same answers, or the ratio means nothing
+            for v in VIEWS:
+                if a._view(v, name) != b.fresh_view(v, name):
+                    raise AssertionError(f"bench memo: {v}({name}) memo and fresh disagree")
+        out[f"{len(names)} pools"] = {"speedup": _summary(ratios), "memo_ns_per_read": _summary(memo_ns)}
+    return out
+
+
+# ------------------------------------------------------------------ oracle
+
+
+def bench_oracle(args, device):
+    from kvarena.spec import Arena, SubPool
+
+    out = {}
+    for lazy in (False, True):
+        rates = []
+        for rep in range(args.repeats):
+            rng = random.Random(rep)
+            a = Arena(
+                16384,
+                [SubPool("mamba", 64, 1, "up", "state"), SubPool("swa", 8, 4, "float"), SubPool("full", 16, 4, "down")],
+                lazy=lazy,
+            )
+            live = {n: [] for n in a.chain}
+            t = time.perf_counter()
+            for _ in range(args.oracle_ops):
+                name = rng.choice(a.chain)
+                r = rng.random()
+                if r < 0.45:
+                    got = a.alloc(name, rng.randint(1, 4))
+                    if got is None:
+                        a.free(name, live[name])
+                        live[name] = []
+                    else:
+                        live[name] += got
+                elif r < 0.8 and live[name]:
+                    k = rng.randint(1, min(4, len(live[name])))
+                    a.free(name, live[name][-k:])
+                    del live[name][-k:]
+                else:
+                    a.available_size(name)
+            rates.append(args.oracle_ops / (time.perf_counter() - t))
+        out["lazy" if lazy else "eager"] = _summary(rates)
+    return out
+
+
+# ------------------------------------------------------------------- churn
+
+
+def bench_churn(args, device):
+    from kvarena.sim import backends, engine, presets, traces
+
+    out = {}
+    trace = traces.generate("balanced", args.churn_requests, seed=1)
+    cfg = engine.Config(record=False)
+    for name in ("gpt-oss-120b", "gemma-3-27b", "qwen3-next-80b-a3b", "tri-synthetic"):
+        sizes = presets.Sizes.of(presets.preset(name))
+        row = {}
+        for policy in ("anchor", "planner"):
+            try:
+                backend = backends.Unified(sizes, policy=policy)
+            except ValueError as e:
+                row[policy] = {"unavailable": str(e)}
+                continue
+            res = engine.run(backend, sizes, trace, cfg, policy)
+            row[policy] = {
+                "moved_per_allocated": res.moved_per_allocated,
+                "bytes_moved": res.bytes_moved,
+                "bytes_allocated": res.bytes_allocated,
+            }
+        out[name] = row
+    return out
+
+
+# -------------------------------------------------------------------- copy
+
+
+def bench_copy(args, device):
+    """A float of ``L`` live pages leapfrogs across its region
+    (``make_room``): every page moves once, ``L * epp`` bytes, gathered
+    and scattered in one batch.  Against ``dst.copy_(src)`` of as many
+    bytes in the same buffer."""
+    from kvarena.impl import Arena, SubPool
+
+    epp = args.copy_page_kib * 1024
+    live = max(1, args.copy_mb * (1 << 20) // epp)
+    total = epp * (3 * live + 8)
+    ratios, ours_gbs, copy_gbs = [], [], []
+    for rep in range(args.repeats + 1):  # the first is warm-up
+        a = Arena(
+            total,
+            [SubPool("lo", epp, 1, "up"), SubPool("f", epp, 1, "float"), SubPool("hi", epp, 1, "down")],
+            device=device,
+        )
+        a.alloc("f", live)  # parks mid-region
+        lo, hi = a.region("f")
+        target = (hi - lo - live) * epp  # the low band the whole region less the float: a leapfrog
+        nbytes = live * epp
+        buf = a.buffer
+        src, dst = buf[:nbytes], buf[nbytes : 2 * nbytes]
+
+        def ours():
+            moved = a.make_room("f", "low", target)
+            if moved != live:
+                raise AssertionError(f"bench copy: make_room moved {moved} pages, expected {live}")
+
+        def plain():
+            dst.copy_(src)
+
+        times = {}
+        for side, fn in (("ours", ours), ("plain", plain)) if rep % 2 == 0 else (("plain", plain), ("ours", ours)):
+            _sync(device)
+            t = time.perf_counter()
+            fn()
+            _sync(device)
+            times[side] = time.perf_counter() - t
+        if rep == 0:
+            continue
+        ratios.append(times["plain"] / times["ours"])  # ours' bandwidth as a share of the plain copy's
+        ours_gbs.append(nbytes / times["ours"] / 1e9)
+        copy_gbs.append(nbytes / times["plain"] / 1e9)
+    return {
+        "bytes": live * epp,
+        "page_bytes": epp,
+        "share_of_copy_bandwidth": _summary(ratios),
+        "ours_GBps": _summary(ours_gbs),
+        "copy_GBps": _summary(copy_gbs),
+    }
+
+
+# --------------------------------------------------------------------- CLI
+
+
+def add_parser(subparsers):
+    p = subparsers.add_parser("bench", help="side-by-side benchmarks (ratios, one run)", description=__doc__)
+    p.add_argument("--device", default="cpu", help="cpu or cuda")
+    p.add_argument("--only", default=",".join(SECTIONS), help="sections, comma-separated")
+    p.add_argument("--repeats", type=int, default=7)
+    p.add_argument("--batch", type=int, default=256, help="decode: requests a step")
+    p.add_argument("--steps", type=int, default=64, help="decode: timed steps a repeat")
+    p.add_argument("--warmup", type=int, default=16, help="decode: untimed steps first")
+    p.add_argument("--start", type=int, default=512, help="decode: prompt length of the first request")
+    p.add_argument("--reads", type=int, default=4000, help="memo: read rounds (every view of every pool)")
+    p.add_argument("--batch-reads", type=int, default=64, help="memo: read rounds per invalidating step")
+    p.add_argument("--oracle-ops", type=int, default=20_000)
+    p.add_argument("--churn-requests", type=int, default=1500)
+    p.add_argument("--copy-mb", type=int, default=64, help="copy: bytes a leapfrog moves (MiB)")
+    p.add_argument("--copy-page-kib", type=int, default=64, help="copy: page envelope (KiB)")
+    p.add_argument("--threads", type=int, default=1, help="torch CPU threads (both sides alike)")
+    p.add_argument("--json", metavar="PATH", help="write every number as JSON")
+    p.set_defaults(func=main)
+    return p
+
+
+def _print(section, res):
+    if section == "decode":
+        for mode, r in res.items():
+            line = (
+                f"decode step, {DECODE_LABELS[mode]}: ours / static free list {_fmt_ratio(r['ratio'])}; "
+                f"{r['ours_us']['median']:,.0f} us against {r['static_us']['median']:,.0f} us a step"
+            )
+            if "bytes_moved_per_step" in r:
+                line += (
+                    f"; moves {r['bytes_moved_per_step']:,.0f} B a step "
+                    f"({r['moved_per_allocated']:.2f} per byte allocated)"
+                )
+            print(line)
+    elif section == "memo":
+        for k, r in res.items():
+            print(
+                f"memo, {k}: memoised / fresh {_fmt_ratio(r['speedup'])}; "
+                f"{r['memo_ns_per_read']['median']:,.0f} ns a memoised read"
+            )
+    elif section == "oracle":
+        for k, r in res.items():
+            print(f"spec oracle, {k:5s}: {r['median']:,.0f} simple ops/s median (min {r['min']:,.0f})")
+    elif section == "churn":
+        for name, row in res.items():
+            cells = [
+                f"{pol} " + (f"{r['moved_per_allocated']:.3f}" if "moved_per_allocated" in r else "unavailable")
+                for pol, r in row.items()
+            ]
+            print(f"churn, {name}: bytes moved per byte allocated: " + ", ".join(cells))
+    elif section == "copy":
+        print(
+            f"copy, {res['bytes'] / (1 << 20):,.0f} MiB in {res['page_bytes'] // 1024} KiB pages: make_room at "
+            f"{_fmt_ratio(res['share_of_copy_bandwidth'], '')} of a plain copy's bandwidth "
+            f"({res['ours_GBps']['median']:.2f} against {res['copy_GBps']['median']:.2f} GB/s)"
+        )
+
+
+def main(args):
+    """The subcommand: bad arguments print an error and exit 2."""
+    try:
+        return _main(args)
+    except ValueError as e:
+        print(f"kvarena bench: error: {e}", file=sys.stderr)
+        return 2
+
+
+def _main(args):
+    import torch
+
+    sections = [s.strip() for s in args.only.split(",") if s.strip()]
+    for s in sections:
+        if s not in SECTIONS:
+            raise ValueError(f"bench: unknown section {s!r}; sections: {', '.join(SECTIONS)}")
+    if args.device.startswith("cuda") and not torch.cuda.is_available():
+        raise ValueError("bench: --device cuda, but torch sees no CUDA device")
+    torch.set_num_threads(args.threads)
+    where = torch.cuda.get_device_name(0) if args.device.startswith("cuda") else f"cpu, {args.threads} thread(s)"
+    print(f"kvarena bench on {where}, torch {torch.__version__}, {args.repeats} repeats")
+    runners = {
+        "decode": bench_decode,
+        "memo": bench_memo,
+        "oracle": bench_oracle,
+        "churn": bench_churn,
+        "copy": bench_copy,
+    }
+    out = {"device": where, "repeats": args.repeats}
+    for s in sections:
+        out[s] = runners[s](args, args.device)
+        _print(s, out[s])
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump(out, f, indent=1)
+        print(f"json: {args.json}")
+    return 0

@@ -1,0 +1,14 @@
+"""The verification product: everything ``kvarena verify`` runs, bar the proofs.
+
+- ``selfcheck``: the spec's contract-checked scenarios and seeded random walks;
+- ``differential``, ``differential_composites``: the Hypothesis machines that
+  drive the implementation and the spec side by side (arena, composites);
+- ``fuzz``, ``fuzz_targets``: those machines as a campaign over processes;
+- ``vectors``, ``vector_cases``: the conformance vectors, written by the spec
+  and replayed on any target;
+- ``planted``: named planted bugs and the suites that catch them;
+- ``verify``: the budgeted run of all of the above (``kvarena verify``).
+
+Imports ``kvarena.spec``, ``kvarena.impl`` and ``kvarena.proofs``; nothing
+in ``spec/``, ``impl/`` or ``proofs/`` imports from here.
+"""

@@ -1,0 +1,414 @@
+"""The differential campaign: ``kvarena fuzz`` and the tail of ``kvarena verify``.
+
+It runs the differential machines (``kvarena.verification.differential`` for the arena,
+``kvarena.verification.differential_composites`` for the composites; each relief policy
+where the machine takes one) in rounds of fresh random examples until a
+deadline, in ``workers`` processes that share one Hypothesis example
+database (a directory, or ``redis://...``), so a failure one worker finds
+is replayed first by every later run.
+
+A failure is shrunk by Hypothesis, then saved as a conformance vector
+(``kvarena.verification.vectors``): the machine's spec object is wrapped in a recorder
+that logs every call the machine made on it in the final, shrunk run; the
+spec replays that trace to write the expectations, with the observation
+after every step, and the vector is replayed on the implementation to
+confirm it reproduces.  The report prints Hypothesis's own step listing and
+a pytest test that replays the vector.
+
+Beyond one machine, the same machines run under HypoFuzz
+(``kvarena/verification/fuzz_targets.py``, README "Scaling fuzzing out").
+"""
+
+import hashlib
+import inspect
+import json
+import multiprocessing
+import time
+import traceback
+from collections import Counter
+from pathlib import Path
+
+from hypothesis import Phase, settings
+from hypothesis.database import DirectoryBasedExampleDatabase
+
+from kvarena import spec
+from kvarena.spec.contracts import checking
+from kvarena.verification import differential, differential_composites, vectors
+
+ARENA_RECORDED = ("alloc", "free", "flush", "make_room", "compact_holes", "open_short_side", "relieve")
+COMPOSITE_RECORDED = ("alloc_extend", "alloc_decode", "free", "free_swa", "alloc_state", "free_state", "relieve")
+MACHINES = {"core": differential, "composites": differential_composites}
+ALL_PHASES = [Phase.explicit, Phase.reuse, Phase.generate, Phase.target, Phase.shrink]
+
+
+# ------------------------------------------------------------- databases
+
+
+def open_database(db):
+    """``None``, a directory path, or ``redis://host:port/n`` (needs ``redis``)."""
+    if db is None or isinstance(db, (DirectoryBasedExampleDatabase,)):
+        return db
+    if str(db).startswith("redis://"):
+        import redis
+        from hypothesis.extra.redis import RedisExampleDatabase
+
+        return RedisExampleDatabase(redis.Redis.from_url(str(db)))
+    return DirectoryBasedExampleDatabase(str(db))
+
+
+# ------------------------------------------------------------- recording
+
+
+class CallTrace:
+    """The calls a machine made on its spec object, with evict rounds nested."""
+
+    def __init__(self):
+        self.config = None
+        self.steps = []
+        self._stack = [self.steps]  # where the next call goes
+
+    def record(self, call, args):
+        step = {"call": call, "args": args}
+        self._stack[-1].append(step)
+        return step
+
+
+class Recording:
+    """A transparent stand-in for a spec ``Arena`` or composite that logs
+    the calls in ``recorded`` (names, arguments by keyword) to ``trace``."""
+
+    def __init__(self, obj, trace, recorded):
+        object.__setattr__(self, "_obj", obj)
+        object.__setattr__(self, "_trace", trace)
+        object.__setattr__(self, "_recorded", recorded)
+
+    def __getattr__(self, name):
+        attr = getattr(self._obj, name)
+        if name not in self._recorded or not callable(attr):
+            return attr
+        trace = self._trace
+
+        def call(*args, **kwargs):
+            bound = inspect.signature(attr).bind(*args, **kwargs)
+            named = dict(bound.arguments)
+            evict = named.pop("evict", None)
+            step = trace.record(name, {k: vectors.jsonable(v) for k, v in named.items()})
+            if evict is not None:
+                step["evict"] = []
+                named["evict"] = self._evict(evict, step)
+            return attr(**named)
+
+        return call
+
+    def _evict(self, evict, step):
+        trace = self._trace
+
+        def wrapped(k):
+            rnd = {"ops": []}
+            step["evict"].append(rnd)
+            trace._stack.append(rnd["ops"])
+            try:
+                rnd["returns"] = evict(k)
+            except Exception:
+                rnd["raises"] = True
+                raise
+            finally:
+                trace._stack.pop()
+            return rnd["returns"]
+
+        return wrapped
+
+    def __setattr__(self, name, value):
+        setattr(self._obj, name, value)
+
+
+def config_of(obj):
+    """The vector ``pre`` (allocator, config) that rebuilds spec object ``obj``."""
+    if isinstance(obj, spec.Arena):
+        a = obj
+        pools = [
+            {
+                "name": n,
+                "entry_bytes": a.pool(n).entry_bytes,
+                "page_size": a.pool(n).page_size,
+                "grow": a.pool(n).grow,
+                "kind": a.pool(n).kind,
+            }
+            for n in a.chain
+        ]
+        return "arena", {
+            "total_bytes": a.total_bytes,
+            "pools": pools,
+            "lazy": [n for n in a.chain if a.is_lazy(n)],
+            "policy": a.policy,
+            "borrow": dict(a.lenders) or None,
+        }
+    a = obj.arena
+    cfg = {
+        "total_bytes": a.total_bytes,
+        "full_entry_bytes": a.pool("full").entry_bytes,
+        "page_size": obj.page_size,
+        "lazy": [n for n in a.chain if a.is_lazy(n)],
+        "policy": a.policy,
+    }
+    if "swa" in a.chain:
+        cfg["swa_entry_bytes"] = a.pool("swa").entry_bytes
+    if "state" in a.chain:
+        cfg["state_bytes"] = a.pool("state").entry_bytes
+    return type(obj).__name__, cfg
+
+
+def traced(machine_cls, sink):
+    """``machine_cls`` with its spec object recorded into ``sink["trace"]``
+    (a fresh trace per example) and ``sink["examples"]``/``["checks"]``
+    counted (``checks``: invariant checks, one per step plus one per example)."""
+
+    class Traced(machine_cls):
+        def __init__(self):
+            super().__init__()
+            sink["examples"] += 1
+
+        @property
+        def S(self):
+            try:
+                return self.__dict__["_recorded_S"]
+            except KeyError:
+                raise AttributeError("S") from None
+
+        @S.setter
+        def S(self, obj):
+            trace = CallTrace()
+            trace.config = config_of(obj)
+            sink["trace"] = trace
+            names = ARENA_RECORDED if isinstance(obj, spec.Arena) else COMPOSITE_RECORDED
+            self.__dict__["_recorded_S"] = Recording(obj, trace, names)
+
+        def check_invariants(self, *args, **kwargs):
+            sink["checks"] += 1
+            return super().check_invariants(*args, **kwargs)
+
+    Traced.__name__ = Traced.__qualname__ = machine_cls.__name__
+    return Traced
+
+
+def trace_to_case(trace, name):
+    """Replay a recorded trace on the spec and write it as a vector, with the
+    observation after every step."""
+    allocator, config = trace.config
+    r = vectors.Recorder(allocator, config, states=True)
+    r.start()
+
+    def run(step):
+        script = None
+        if "evict" in step:
+            script = [
+                {
+                    "ops": [(s["call"], s["args"]) for s in rnd["ops"]],
+                    "returns": rnd.get("returns", 0),
+                    "raises": rnd.get("raises", False),
+                }
+                for rnd in step["evict"]
+            ]
+        r(step["call"], evict=script, **step["args"])
+
+    for step in trace.steps:
+        run(step)
+    return r.case(
+        name,
+        "found by kvarena fuzz: the calls of the shrunk failing example, with the spec's "
+        "results and the state after every step",
+        ("fuzz",),
+    )
+
+
+# --------------------------------------------------------------- running
+
+
+def policies_for(module):
+    """The policies a machine module takes (``[None]``: it has no policy dimension)."""
+    pols = getattr(module, "POLICIES", None)
+    if pols and "policy" in inspect.signature(module.machine_for).parameters:
+        return list(pols)
+    return [None]
+
+
+def targets():
+    """Every (machine label, policy) the campaign runs."""
+    return [(label, p) for label, mod in MACHINES.items() for p in policies_for(mod)]
+
+
+def run_round(label, policy=None, device="cpu", examples=20, steps=None, database=None, shrink=True, derandomize=False):
+    """One run of a machine; a dict with examples, steps, cases and any failure."""
+    mod = MACHINES[label]
+    sink = {"examples": 0, "checks": 0, "trace": None}
+    machine = mod.machine_for(device, policy) if policy is not None else mod.machine_for(device)
+    cls = traced(machine, sink)
+    opts = {
+        **mod.PROFILES["ci"],
+        **differential.COMMON,
+        "max_examples": examples,
+        "database": database,
+        "derandomize": derandomize,
+        "phases": ALL_PHASES if shrink else differential.NO_SHRINK,
+    }
+    if steps:
+        opts["stateful_step_count"] = steps
+    mod.CASES.clear()
+    t = time.perf_counter()
+    out = {"machine": label, "policy": policy or "every policy", "device": device}
+    from hypothesis.stateful import run_state_machine_as_test
+
+    try:
+        with checking():
+            run_state_machine_as_test(cls, settings=settings(**opts))
+        failure = None
+    except Exception as e:
+        failure = {
+            "error": f"{type(e).__name__}: {e}"[:2000],
+            "traceback": traceback.format_exc()[-4000:],
+            "hypothesis": _clip("\n".join(getattr(e, "__notes__", []))),
+            "trace": sink["trace"],
+        }
+    out.update(
+        examples=sink["examples"],
+        steps=max(0, sink["checks"] - sink["examples"]),
+        cases=dict(mod.CASES),
+        seconds=time.perf_counter() - t,
+        failure=failure,
+    )
+    return out
+
+
+def _clip(text, head=3000, tail=5000):
+    """Hypothesis's step listing, its start and end kept when it is long."""
+    return text if len(text) <= head + tail else text[:head] + "\n[...]\n" + text[-tail:]
+
+
+def save_failure(failure, label, out_dir, device="cpu"):
+    """Write the failure's vector under ``out_dir``; add ``vector``,
+    ``reproduces`` and ``pytest`` to ``failure``."""
+    trace = failure.pop("trace", None)
+    if trace is None:
+        failure["vector"] = None
+        failure["pytest"] = "(no trace was recorded: the failure came before the machine booted)"
+        return failure
+    digest = hashlib.sha1(json.dumps([trace.config, trace.steps], default=str).encode()).hexdigest()[:10]
+    name = f"fuzz/{label}-{digest}"
+    try:
+        case = trace_to_case(trace, name)
+    except Exception as e:  # the spec itself fails this trace: print it, there is no oracle to write from
+        failure["vector"] = None
+        failure["pytest"] = f"(the spec itself fails on the recorded calls: {type(e).__name__}: {e})"
+        failure["calls"] = json.dumps({"pre": trace.config, "steps": trace.steps}, default=str)[:4000]
+        return failure
+    path = vectors.case_path(out_dir, name)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(vectors.dump(case))
+    res = vectors.replay_case(case, vectors.get_target("impl", device=device))
+    failure["vector"] = str(path)
+    failure["reproduces"] = not res.ok
+    failure["replay"] = res.detail
+    failure["pytest"] = pytest_repro(path, digest, device)
+    return failure
+
+
+def pytest_repro(path, digest, device="cpu"):
+    return (
+        f"# tests/test_fuzz_repro_{digest}.py: replays the vector kvarena fuzz saved\n"
+        f"from kvarena.verification.vectors import get_target, load_cases, replay_case\n\n\n"
+        f"def test_fuzz_repro_{digest}():\n"
+        f"    (case,) = load_cases({str(path)!r})\n"
+        f"    result = replay_case(case, get_target('impl', device={device!r}))\n"
+        f"    assert result.ok, result.detail\n"
+    )
+
+
+def _worker(args):
+    """One process of a campaign: rounds until the deadline or a failure.
+    Hypothesis seeds each process from the OS, so workers explore apart."""
+    index, deadline, db, device, examples, out_dir, shrink, min_rounds = args
+    todo = targets()
+    database = open_database(db)
+    summary = {
+        "worker": index,
+        "rounds": 0,
+        "examples": 0,
+        "steps": 0,
+        "cases": Counter(),
+        "failures": [],
+        "per_target": Counter(),
+    }
+    k = index
+    while time.time() < deadline or summary["rounds"] < min_rounds:
+        label, policy = todo[k % len(todo)]
+        k += 1
+        r = run_round(label, policy, device, examples=examples, database=database, shrink=shrink)
+        summary["rounds"] += 1
+        summary["examples"] += r["examples"]
+        summary["steps"] += r["steps"]
+        summary["cases"].update(r["cases"])
+        summary["per_target"][f"{label}/{r['policy']}"] += r["examples"]
+        if r["failure"]:
+            f = save_failure(r["failure"], label, out_dir, device)
+            f.update(machine=label, policy=r["policy"], device=device)
+            summary["failures"].append(f)
+            break
+    summary["cases"] = dict(summary["cases"])
+    summary["per_target"] = dict(summary["per_target"])
+    return summary
+
+
+def campaign(
+    seconds, workers=1, db=None, device="cpu", examples=20, out_dir="fuzz-failures", shrink=True, min_rounds=None
+):
+    """Fuzz for ``seconds`` in ``workers`` processes; the merged summary.
+
+    Every worker stops at the deadline (a round in progress finishes first)
+    or at its first failure, and not before it has run ``min_rounds``
+    rounds (default: one of every machine and policy).
+    """
+    deadline = time.time() + seconds
+    if min_rounds is None:
+        min_rounds = len(targets())
+    jobs = [
+        (i, deadline, None if db is None else str(db), device, examples, str(out_dir), shrink, min_rounds)
+        for i in range(workers)
+    ]
+    t = time.perf_counter()
+    if workers == 1:
+        parts = [_worker(jobs[0])]
+    else:
+        # spawn, not fork: a forked child of a process whose torch thread
+        # pool is running can deadlock in its first tensor operation
+        ctx = multiprocessing.get_context("spawn")
+        with ctx.Pool(workers) as pool:
+            parts = pool.map(_worker, jobs)
+    out = {
+        "workers": workers,
+        "seconds": time.perf_counter() - t,
+        "rounds": 0,
+        "examples": 0,
+        "steps": 0,
+        "cases": Counter(),
+        "per_target": Counter(),
+        "failures": [],
+        "database": None if db is None else str(db),
+    }
+    for p in parts:
+        for k in ("rounds", "examples", "steps"):
+            out[k] += p[k]
+        out["cases"].update(p["cases"])
+        out["per_target"].update(p["per_target"])
+        out["failures"] += p["failures"]
+    out["cases"] = dict(sorted(out["cases"].items()))
+    out["per_target"] = dict(out["per_target"])
+    return out
+
+
+def required_cases():
+    """Every coverage event some machine requires (``REQUIRED``)."""
+    return [c for mod in MACHINES.values() for c in mod.REQUIRED]
+
+
+def write_json(path, data):
+    Path(path).write_text(json.dumps(data, indent=1, default=str) + "\n")

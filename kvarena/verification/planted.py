@@ -1,0 +1,649 @@
+"""``kvarena planted``: named bugs planted one at a time, and who catches them.
+
+Each ``Mutation`` is a small text edit of one source file of the spec or
+the implementation that recreates one of the anchor's bugs (DESIGN section
+9) or another plausible slip.  For each, a fresh copy of the package is
+made with the edit applied (``kvarena/`` with ``spec/``, ``impl/`` and
+``proofs/`` inside, first on ``PYTHONPATH``), and the suites run against
+that copy in a subprocess, cheapest first:
+
+- ``vectors``: the shipped conformance vectors replayed on the spec and on
+  the implementation;
+- ``differential``: a fixed-seed pass of each differential machine;
+- ``unit``: the mutation's pytest files (the anchor-bug, hardening and
+  implementation tests unless it names others);
+- ``proofs``: the z3 obligations of the mutation's groups (spec mutations
+  only: the proofs reason about the spec's own functions).
+
+First every suite runs on the unmutated package (the baseline): a suite
+that fails anyway would "catch" everything, so the run stops there.  A
+suite *catches* a mutation when it fails.  By default the run stops at
+the first suite that catches it (``--all-suites`` runs every suite, for
+the full matrix).  ``kvarena planted`` fails unless every mutation is
+caught; a mutation whose text no longer matches its file is an error, not
+a pass.
+"""
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[2]  # the repository
+PACKAGES = {"kvarena": "kvarena", "spec": "kvarena/spec", "impl": "kvarena/impl", "proofs": "kvarena/proofs"}
+SUITES = ("vectors", "differential", "unit", "proofs")
+DEFAULT_UNIT = (
+    "tests/spec/test_anchor_bugs.py",
+    "tests/impl/test_anchor_bugs.py",
+    "tests/api/test_hardening.py",
+    "tests/impl/test_arena.py",
+)
+
+
+@dataclass
+class Mutation:
+    name: str
+    what: str  # the bug it recreates
+    file: str  # relative to the repository root
+    edits: list  # [(old, new)]: each old must occur exactly once
+    unit: tuple = DEFAULT_UNIT
+    proof_groups: tuple = ()  # z3 groups to run (spec mutations)
+    proof_only: tuple = ()  # or: obligation-name prefixes, run as `kvarena prove --only` (the proofs must catch it)
+
+
+@dataclass
+class Outcome:
+    name: str
+    what: str
+    caught_by: list = field(default_factory=list)
+    missed_by: list = field(default_factory=list)
+    error: str = ""
+    seconds: float = 0.0
+    details: dict = field(default_factory=dict)
+
+    @property
+    def caught(self):
+        return bool(self.caught_by) and not self.error
+
+
+MUTATIONS = [
+    Mutation(
+        "sink-off-by-one",
+        "min_page floors the sink: a pool's first page can overlap the padding sink",
+        "spec/arith.py",
+        [("    return cdiv(sink_bytes, epp)", "    return fdiv(sink_bytes, epp)")],
+        proof_groups=("layout",),
+    ),
+    Mutation(
+        "float-region-floor-spec",
+        "anchor bug 1: the float region's low edge floors an off-grid frontier (spec)",
+        "spec/arith.py",
+        [("lo = max_(cdiv(below, epp), lowest)", "lo = max_(fdiv(below, epp), lowest)")],
+        proof_groups=("layout", "capacity"),
+    ),
+    Mutation(
+        "float-region-floor-impl",
+        "anchor bug 1: the float region's low edge floors an off-grid frontier (impl)",
+        "impl/capacity.py",
+        [("    lo = _ceil(below, epp)", "    lo = _floor(below, epp)")],
+    ),
+    Mutation(
+        "end-gap-ceil",
+        "anchor bug 5: an END prices a partial page of an off-grid gap as whole",
+        "impl/capacity.py",
+        [("    ext = _floor(gap, epp)", "    ext = _ceil(gap, epp)")],
+    ),
+    Mutation(
+        "move-src-dst-swapped",
+        "anchor bug 4: a relocation copies destination onto source",
+        "impl/arena.py",
+        [
+            (
+                "view.index_copy_(0, dst, view.index_select(0, src))",
+                "view.index_copy_(0, src, view.index_select(0, dst))",
+            )
+        ],
+    ),
+    Mutation(
+        "memo-field-mutated-in-place",
+        "alloc writes holes and live around their epoch descriptors: an alloc served from holes leaves a stale memo",
+        "impl/arena.py",
+        [
+            ("        b.holes = b.holes[k:]\n", '        b.__dict__["holes"] = b.holes[k:]\n'),
+            ("        b.live = b.live + n\n", '        b.__dict__["live"] += n\n'),
+        ],
+        unit=("tests/impl/test_memo.py", "tests/impl/test_arena.py"),
+    ),
+    Mutation(
+        "holes-not-credited",
+        "an END's view forgets its lazy holes",
+        "impl/arena.py",
+        [
+            (
+                "return cap.end_available(self._gap(b), g.epp, room, b.n_holes)",
+                "return cap.end_available(self._gap(b), g.epp, room, 0)",
+            )
+        ],
+    ),
+    Mutation(
+        "lazy-frees-overwrite",
+        "anchor bug 8: a batch of lazy frees replaces the earlier batches' holes (pages lost)",
+        "impl/arena.py",
+        [("            b.holes = torch.cat([b.holes, pages])\n", "            b.holes = pages\n")],
+    ),
+    Mutation(
+        "sentinel-passes-free-check",
+        "anchor bug 9: a -1 sentinel passes free's validation",
+        "impl/arena.py",
+        [("            if not first <= v < end:", "            if v != -1 and not first <= v < end:")],
+    ),
+    Mutation(
+        "sink-freed-on-segment-free",
+        "anchor bug 10: the window free takes page 0 (the sink) as a live entry",
+        "impl/composites.py",
+        [
+            ("inside = (page >= 1) & (page < end)", "inside = (page >= 0) & (page < end)"),
+            ("live = inside & (rows > 0)", "live = inside & (rows >= 0)"),
+        ],
+        unit=("tests/impl/test_composites.py",),
+    ),
+    Mutation(
+        "coupled-alloc-keeps-one-side",
+        "a coupled allocation gated on full's own view keeps full's pages "
+        "when swa is short (the anchor's static SWA allocator leaked this way)",
+        "impl/composites.py",
+        [
+            (
+                "        if n > self.joint_pages():\n            self.relieve(tokens=n * self.page_size)\n"
+                "            if n > self.joint_pages():",
+                "        if n > self.arena.available_pages(FULL):\n            self.relieve(tokens=n * self.page_size)\n"
+                "            if n > self.arena.available_pages(FULL):",
+            ),
+            (
+                '            raise AccountingError(SWA, "joint gate", f"swa refused {n} pages the joint view allowed")',
+                "            return None",
+            ),
+        ],
+        unit=("tests/impl/test_composites.py",),
+    ),
+    Mutation(
+        "borrowed-id-freed-in-lender",
+        "a lender frees an id its borrower still holds",
+        "impl/arena.py",
+        [("for other in self.borrowers(b.name) if freeing else ():", "for other in ():")],
+    ),
+    Mutation(
+        "joint-view-per-side",
+        "anchor bug 7: the two-END joint view prices a coupled page at one side's bytes",
+        "impl/capacity.py",
+        [("p = hi + _floor(gap - solo, epp_a + epp_b)", "p = hi + _floor(gap - solo, max(epp_a, epp_b))")],
+        unit=("tests/impl/test_composites.py",),
+    ),
+    Mutation(
+        "no-slide-before-evict",
+        "anchor bug 6: the ladder never asks the float to give ground",
+        "impl/arena.py",
+        [("                    self.open_short_side(f, {name: need})\n", "                    pass\n")],
+    ),
+    Mutation(
+        "three-kinds-keep-swa",
+        "anchor bug 2: a three-kind composite never frees SWA on the window",
+        "impl/composites.py",
+        [
+            (
+                "        if count:\n            self.arena.free(SWA, key[:count], check=False)",
+                "        if count and not self._has(STATE):\n"
+                "            self.arena.free(SWA, key[:count], check=False)",
+            )
+        ],
+        unit=("tests/impl/test_composites.py",),
+    ),
+    Mutation(
+        "flush-cap-ignored",
+        "a capped lazy flush moves every survivor",
+        "impl/arena.py",
+        [("k = src.numel() if max_moves is None else min(src.numel(), max_moves)", "k = src.numel()")],
+    ),
+    Mutation(
+        "relief-flushes-whole",
+        "the composite ladder flushes each END whole: one page short moves every "
+        "stray survivor (the churn the steps removed)",
+        "impl/composites.py",
+        [
+            (
+                "self.arena.flush(name, max_moves=min(k, surplus)):",
+                "self.arena.flush(name):",
+            )
+        ],
+        unit=("tests/api/test_relief_steps.py",),
+    ),
+    Mutation(
+        "relief-compacts-short-end",
+        "the composite ladder compacts an END whose holes its own demand "
+        "takes: its frontier's pages are the ones its extension then needs (moves for nothing)",
+        "impl/composites.py",
+        [
+            (
+                "while (surplus := band.n_holes - demand[name]) > 0 and",
+                "while (surplus := band.n_holes) > 0 and",
+            )
+        ],
+        unit=("tests/api/test_relief_steps.py",),
+    ),
+    Mutation(
+        "park-off-centre",
+        "a parked float's new span rounds its centre up",
+        "impl/capacity.py",
+        [("    return lo + _floor(hi - lo - n, 2)", "    return lo + _ceil(hi - lo - n, 2)")],
+    ),
+    Mutation(
+        "relieve-verdict-early",
+        "hardening bug 1: relieve reports False after an evictor that freed pages but returned 0",
+        "impl/arena.py",
+        [("        return short() <= 0\n\n", "        return False\n\n")],
+    ),
+    Mutation(
+        "tombstone-translates-to-minus-one",
+        "translate hands out -1 for a freed id instead of the sink",
+        "impl/arena.py",
+        [(".clamp_min(0).reshape(ids.shape)", ".reshape(ids.shape)")],
+    ),
+    Mutation(
+        "make-room-need-floor",
+        "make_room clears one page too few when the target is off-grid (spec)",
+        "spec/arith.py",
+        [("    return cdiv(min_bytes - band_side, epp)", "    return fdiv(min_bytes - band_side, epp)")],
+        proof_groups=("make_room", "policy"),
+    ),
+    Mutation(
+        "policy-moves-when-both-short",
+        "the demand-vector policy slides a float when both sides are short (spec)",
+        "spec/policy.py",
+        [("    both_short = ite(low_short, high_short, False)", "    both_short = False")],
+        proof_groups=("policy",),
+    ),
+]
+
+
+# Spec bugs in the frontier and count logic that only the proofs need to see:
+# each one is in the code the arena runs (spec/chain.py, spec/transitions.py,
+# spec/bands.py), and `kvarena prove` must refute an obligation for each
+# (tests/proofs/test_planted.py).  DESIGN section 7: a bug planted in the arena
+# must fail an obligation, not only a test.
+PROOF_PLANTS = [
+    Mutation(
+        "view-drops-holes",
+        "the capacity view forgets an END's lazy holes",
+        "spec/chain.py",
+        [
+            (
+                "return arith.end_available(gap(s, i), p.epp, end_room(s, i), b.holes)",
+                "return arith.end_available(gap(s, i), p.epp, end_room(s, i), 0)",
+            )
+        ],
+        proof_only=("capacity.end_up.tight",),
+    ),
+    Mutation(
+        "float-free-loses-a-hole",
+        "a float's free records one hole too few",
+        "spec/transitions.py",
+        [
+            (
+                "return pick(a.live == k, park(s, i), holes)",
+                "return pick(a.live == k, park(s, i), Counts(a.lo, a.hi, a.live - k, a.holes + k - 1))",
+            )
+        ],
+        proof_only=("inv.free_float.conservation.n3",),
+    ),
+    Mutation(
+        "float-extends-toward-smaller-gap",
+        "the side choice flipped: a float extends toward its smaller gap",
+        "spec/transitions.py",
+        [("return hi - a.hi >= a.lo - lo", "return hi - a.hi <= a.lo - lo")],
+        proof_only=("inv.alloc_float_extend_low.order.n3",),
+    ),
+    Mutation(
+        "eager-free-retreats-one-short",
+        "an eager END's frontier retreats one page less than it freed",
+        "spec/transitions.py",
+        [("Counts(a.lo, a.hi - k, a.live - k, a.holes)", "Counts(a.lo, a.hi - k + 1, a.live - k, a.holes)")],
+        proof_only=("inv.free_eager.conservation.n2",),
+    ),
+    Mutation(
+        "walk-sees-parked-floats",
+        "the chain walk stops at a parked float",
+        "spec/chain.py",
+        [("        r = ite(opaque(s, j), value(j), r)", "        r = value(j)")],
+        proof_only=("golden.up_gap.n3", "golden.down_gap.n3"),
+    ),
+    Mutation(
+        "leapfrog-lands-one-high",
+        "a leapfrog packs one page past the region's edge",
+        "spec/transitions.py",
+        [("Counts(r_hi - a.live, r_hi, a.live, 0)", "Counts(r_hi - a.live + 1, r_hi + 1, a.live, 0)")],
+        proof_only=("inv.make_room_leapfrog.order.n3",),
+    ),
+    Mutation(
+        "make-room-cost-miscounted",
+        "make_room's page count charges one page more than the cleared live pages",
+        "spec/transitions.py",
+        [("s.bands[i].live - spared, need - spared)", "s.bands[i].live - spared, need - spared + 1)")],
+        proof_only=("policy.cost_bound",),
+    ),
+    Mutation(
+        "move-keeps-the-source",
+        "a move leaves the source page mapped to its id",
+        "spec/bands.py",
+        [("    for s in src:\n        p2v[s] = -1\n", "")],
+        proof_only=("integrity.move.k1.bounded",),
+    ),
+]
+MUTATIONS += PROOF_PLANTS
+
+
+def by_name(name):
+    for m in MUTATIONS:
+        if m.name == name:
+            return m
+    raise ValueError(f"mutation {name!r}: unknown")
+
+
+# --------------------------------------------------------------- copies
+
+
+def mutated_copy(m, dest, root=ROOT):
+    """Lay the package out under ``dest`` with ``m`` applied; raise
+    ``ValueError`` when an edit's text does not occur exactly once."""
+    for src, rel in PACKAGES.items():
+        shutil.copytree(
+            root / src, dest / rel, ignore=shutil.ignore_patterns("__pycache__", "*.pyc"), dirs_exist_ok=True
+        )
+    if not m.edits:  # the baseline: the package as it is
+        return dest
+    top, _, rest = m.file.partition("/")
+    target = dest / PACKAGES[top] / rest
+    text = target.read_text()
+    for old, new in m.edits:
+        n = text.count(old)
+        if n != 1:
+            raise ValueError(f"mutation {m.name!r}: {old[:60]!r} occurs {n} times in {m.file}")
+        text = text.replace(old, new)
+    target.write_text(text)
+    return dest
+
+
+# ----------------------------------------------------- suites (in the child)
+
+
+def suite_vectors(m):
+    from kvarena.verification import vectors
+
+    for target in ("spec", "impl"):
+        for c in vectors.load_cases(vectors.default_dir()):
+            r = vectors.replay_case(c, target)
+            if r.status == "fail":
+                return True, f"{target}: {r.name}: {r.detail[:200]}"
+    return False, "every case passes on spec and impl"
+
+
+def suite_differential(m, examples=60):
+    from kvarena.verification import fuzz
+
+    for label, policy in fuzz.targets():
+        r = fuzz.run_round(label, policy, examples=examples, shrink=False, derandomize=True)
+        if r["failure"]:
+            return True, f"{label} ({r['policy']}): {r['failure']['error'][:200]}"
+    return False, f"{examples} fixed-seed examples per machine agree"
+
+
+def suite_unit(m):
+    """The mutation's test files, from the checkout (not the scratch copy)."""
+    root = Path(os.environ.get("KVARENA_PLANTED_ROOT", ROOT))
+    files = [str(root / f) for f in m.unit]
+    proc = subprocess.run(
+        [sys.executable, "-m", "pytest", "-x", "-q", "-p", "no:cacheprovider", *files],
+        capture_output=True,
+        text=True,
+        cwd=os.getcwd(),
+    )
+    tail = (proc.stdout.strip().splitlines() or [""])[-1]
+    if proc.returncode not in (0, 1):  # pytest could not run them: that is no verdict at all
+        return None, f"pytest exit {proc.returncode}: {tail} {proc.stderr.strip()[-200:]}"
+    return proc.returncode == 1, f"{' '.join(m.unit)}: {tail}"
+
+
+def suite_proofs(m):
+    if m.proof_only:
+        return _kvarena_prove(m.proof_only)
+    if not m.proof_groups:
+        return None, "not run: the proofs reason about the spec, this mutation is in the implementation"
+    from kvarena.proofs.core import run_obligation
+    from kvarena.proofs.obligations import REGISTRY
+
+    names = [n for n in REGISTRY if n.split(".")[0] in m.proof_groups]
+    unknown = []
+    for n in names:
+        r = run_obligation(REGISTRY[n])
+        if r["result"] == "unknown":  # a time-out is no verdict, either way
+            unknown.append(n)
+        elif not r["ok"]:
+            return True, f"{n}: {r['result']}"
+    return False, (
+        f"{len(names) - len(unknown)} obligations of {', '.join(m.proof_groups)} hold"
+        + (f"; {len(unknown)} timed out: {', '.join(unknown[:3])}" if unknown else "")
+    )
+
+
+def _kvarena_prove(prefixes):
+    """``kvarena prove --only PREFIXES --no-crosshair`` on the (mutated)
+    package; caught when it exits non-zero with an obligation refuted
+    (a counterexample) or found vacuous: a time-out alone is no verdict."""
+    import contextlib
+    import io
+
+    from kvarena.proofs import cli
+
+    with tempfile.TemporaryDirectory() as tmp:
+        out = Path(tmp) / "prove.json"
+        with contextlib.redirect_stdout(io.StringIO()):
+            rc = cli.main(["--only", ",".join(prefixes), "--no-crosshair", "--jobs", "1", "--json", str(out)])
+        rows = json.loads(out.read_text())["results"]
+    refuted = [
+        r
+        for r in rows
+        if not r["ok"] and ((r["result"] != r["expect"] and r["result"] != "unknown") or r.get("vacuity") == "unsat")
+    ]
+    if rc and refuted:
+        r = refuted[0]
+        return True, f"kvarena prove exits {rc}: {r['name']}: {r['result']}, vacuity {r.get('vacuity')}"
+    unknown = [r["name"] for r in rows if r["result"] == "unknown"]
+    return False, (
+        f"kvarena prove exits {rc}: {len(rows) - len(unknown)} obligations hold"
+        + (f"; {len(unknown)} timed out: {', '.join(unknown[:3])}" if unknown else "")
+    )
+
+
+RUNNERS = {"vectors": suite_vectors, "differential": suite_differential, "unit": suite_unit, "proofs": suite_proofs}
+
+
+def child(name, suites, first):
+    """Run ``suites`` against the (mutated) package this process imports."""
+    m = by_name(name)
+    out = {}
+    for s in suites:
+        t = time.perf_counter()
+        try:
+            caught, detail = RUNNERS[s](m)
+        except Exception as e:  # a crash of the mutated code inside a suite is that suite catching it
+            caught, detail = True, f"{type(e).__name__}: {str(e)[:200]}"
+        out[s] = {"caught": caught, "detail": detail, "seconds": round(time.perf_counter() - t, 1)}
+        if caught and first:
+            break
+    print("PLANTED-RESULT " + json.dumps(out))
+
+
+# ------------------------------------------------------------- the parent
+
+
+def run_mutation(m, suites=SUITES, first=True, root=ROOT, timeout=900, vectors_dir=None):
+    """Apply ``m`` in a scratch copy and run the suites there; an ``Outcome``."""
+    t = time.perf_counter()
+    out = Outcome(m.name, m.what)
+    with tempfile.TemporaryDirectory(prefix="kvarena-planted-") as tmp:
+        try:
+            mutated_copy(m, Path(tmp), root)
+        except ValueError as e:
+            out.error = str(e)
+            return out
+        env = {
+            **os.environ,
+            "PYTHONPATH": tmp + os.pathsep + os.environ.get("PYTHONPATH", ""),
+            "KVARENA_VECTORS": str(vectors_dir or root / "tests" / "vectors"),
+            "KVARENA_PLANTED_ROOT": str(root),
+            "KVARENA_PLANTED_DEF": json.dumps(m.__dict__),
+        }
+        cmd = [sys.executable, "-m", "kvarena.verification.planted", "--child", m.name, "--suites", ",".join(suites)]
+        if first:
+            cmd.append("--first")
+        try:
+            proc = subprocess.run(cmd, capture_output=True, text=True, cwd=tmp, env=env, timeout=timeout)
+        except subprocess.TimeoutExpired:
+            out.error = f"suites ran past {timeout}s"
+            return out
+        line = next((x for x in proc.stdout.splitlines() if x.startswith("PLANTED-RESULT ")), None)
+        if line is None:
+            out.error = f"the suites did not report (exit {proc.returncode}): {proc.stderr.strip()[-400:]}"
+            return out
+        res = json.loads(line[len("PLANTED-RESULT ") :])
+    out.details = res
+    out.caught_by = [s for s, r in res.items() if r["caught"] is True]
+    out.missed_by = [s for s, r in res.items() if r["caught"] is False]
+    out.seconds = time.perf_counter() - t
+    return out
+
+
+BASELINE = Mutation(
+    "baseline",
+    "no mutation: every suite must pass on the package as it is",
+    "",
+    [],
+    unit=tuple(sorted({f for m in MUTATIONS for f in m.unit})),
+    proof_groups=tuple(sorted({g for m in MUTATIONS for g in m.proof_groups})),
+)
+PROOF_BASELINE = Mutation(
+    "proof-baseline",
+    "no mutation: the planted proofs' obligations hold",
+    "",
+    [],
+    proof_only=tuple(sorted({g for m in PROOF_PLANTS for g in m.proof_only})),
+)
+
+
+def check_baseline(suites=SUITES, vectors_dir=None):
+    """Run the suites on the unmutated package; a ``ValueError`` naming the
+    suites that fail, since a suite that fails anyway catches nothing."""
+    runs = [run_mutation(BASELINE, suites, first=False, vectors_dir=vectors_dir)]
+    if "proofs" in suites:
+        runs.append(run_mutation(PROOF_BASELINE, ("proofs",), first=False, vectors_dir=vectors_dir))
+    for o in runs:
+        if o.error or o.caught_by:
+            bad = o.error or "; ".join(f"{s}: {o.details[s]['detail']}" for s in o.caught_by)
+            raise ValueError(f"the suites fail without any mutation, so no catch would mean anything: {bad}")
+    runs[0].seconds = sum(o.seconds for o in runs)
+    return runs[0]
+
+
+def run_all(mutations=None, suites=SUITES, first=True, jobs=2, progress=None):
+    """Every mutation, ``jobs`` at a time; outcomes in the mutations' order."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    mutations = list(MUTATIONS if mutations is None else mutations)
+    done = []
+
+    def one(m):
+        o = run_mutation(m, suites, first)
+        done.append(o)
+        if progress:
+            progress(o, len(done), len(mutations))
+        return o
+
+    with ThreadPoolExecutor(max_workers=max(1, jobs)) as ex:
+        return list(ex.map(one, mutations))
+
+
+def main(args, console):
+    """``kvarena planted``: the table, the JSON, the exit code."""
+    from rich.table import Table
+
+    ms = [m for m in MUTATIONS if not args.only or m.name.startswith(args.only)]
+    if args.list:
+        for m in ms:
+            console.print(f"{m.name}\t{m.file}\t{m.what}")
+        return 0
+    t = time.perf_counter()
+    try:
+        base = check_baseline()
+    except ValueError as e:
+        console.print(f"[red]kvarena planted: {e}[/red]")
+        return 1
+    console.print(f"baseline: every suite passes unmutated ({base.seconds:.0f}s)")
+    first = not getattr(args, "all_suites", False)
+    outcomes = run_all(
+        ms,
+        first=first,
+        progress=lambda o, k, n: console.print(
+            f"[{k}/{n}] {o.name}: "
+            + (
+                "[green]caught by " + ", ".join(o.caught_by) + "[/green]"
+                if o.caught
+                else f"[red]MISSED[/red] {o.error}"
+            )
+        ),
+    )
+    tab = Table(title=f"kvarena planted: {len(outcomes)} mutations, {time.perf_counter() - t:.0f}s")
+    for col in ("mutation", "recreates", "caught by", "evidence"):
+        tab.add_column(col, overflow="fold")
+    for o in outcomes:
+        catcher = o.caught_by[0] if o.caught_by else None
+        evidence = o.error or (
+            o.details[catcher]["detail"] if catcher else "; ".join(f"{s}: {r['detail']}" for s, r in o.details.items())
+        )
+        tab.add_row(o.name, o.what, ", ".join(o.caught_by) or "[red]none[/red]", evidence[:240])
+    console.print(tab)
+    missed = [o for o in outcomes if not o.caught]
+    if args.json:
+        Path(args.json).write_text(json.dumps([o.__dict__ for o in outcomes], indent=1) + "\n")
+    colour = "red" if missed else "green"
+    console.print(
+        f"[{colour}]kvarena planted: {len(outcomes) - len(missed)} caught, {len(missed)} missed"
+        f"{' (' + ', '.join(o.name for o in missed) + ')' if missed else ''}[/{colour}]"
+    )
+    return 1 if missed else 0
+
+
+if __name__ == "__main__":
+    import argparse
+
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--child", required=True)
+    ap.add_argument("--suites", default=",".join(SUITES))
+    ap.add_argument("--first", action="store_true")
+    a = ap.parse_args()
+    if a.child not in {x.name for x in MUTATIONS}:  # a mutation defined by the caller (tests)
+        d = json.loads(os.environ["KVARENA_PLANTED_DEF"])
+        MUTATIONS.append(
+            Mutation(
+                **{
+                    **d,
+                    "unit": tuple(d["unit"]),
+                    "proof_groups": tuple(d["proof_groups"]),
+                    "proof_only": tuple(d["proof_only"]),
+                }
+            )
+        )
+    child(a.child, a.suites.split(","), a.first)

@@ -1,0 +1,679 @@
+"""Conformance vectors: JSON cases any allocator can replay.
+
+The spec is the reference, so it writes the expectations; the torch
+implementation replays them in CI, and another engine's allocator replays
+them through a small adapter (a *target*).  The cases live in
+``tests/vectors/`` (``kvarena vectors generate DIR`` writes them from
+``kvarena.verification.vector_cases``); the schema is ``kvarena/verification/vectors.schema.json``.
+
+The format (``"format": "kvarena-vector/1"``)
+=============================================
+
+One JSON object per file::
+
+    {"format": "kvarena-vector/1",
+     "name": "arena/alloc-end-exact/anchor",          # unique, also the file's path
+     "description": "...",
+     "tags": ["call:alloc", "policy:anchor", "anchor-bug:5", ...],
+     "pre":  {"allocator": "arena" | "HybridSWA" | "MambaHybrid" | "TriPool",
+              "config": {...},                          # constructor arguments (below)
+              "ops": [step, ...],                       # the operations that build the pre state
+              "state": observation},                    # the state they build
+     "ops":  [step, ...],                               # the operations under test
+     "post": observation}                               # the state after them
+
+``config`` holds the constructor's keyword arguments as DESIGN section 10
+names them: for ``"arena"`` ``total_bytes``, ``pools`` (a list of
+``{name, entry_bytes, page_size, grow, kind}``), ``lazy`` (a bool or a list
+of END names), ``policy`` and ``borrow`` (``{borrower: lender}`` or null);
+for a composite ``total_bytes``, ``full_entry_bytes``, ``swa_entry_bytes``
+(``HybridSWA``, ``TriPool``), ``state_bytes`` (``MambaHybrid``,
+``TriPool``), ``page_size``, ``lazy`` and ``policy``.
+
+A **step** calls one method with keyword arguments named as in DESIGN
+section 10 and says what it returns::
+
+    {"call": "alloc", "args": {"name": "full", "n": 4}, "returns": [40, 41, 42, 43]}
+    {"call": "free", "args": {"name": "full", "ids": [0]}, "raises": "ValueError"}
+    {"call": "relieve", "args": {"name": "mamba", "need_pages": 3},
+     "evict": [{"ops": [step, ...], "returns": 2}, ...],  # absent or null: no evictor
+     "shortfalls": [3, ...], "returns": true}
+
+- ``returns`` is the JSON form of the result: lists of ints for ids,
+  pages and token slots (tensors become lists), ints, bools, ``null`` for a
+  refused allocation, a list for ``frontiers``.
+- ``raises: "ValueError"``: the call must raise ``ValueError`` (bad input);
+  the state must then be exactly as before (the next observation checks it).
+  ``raises: "EvictorError"``: a ``relieve`` whose scripted evict round
+  raised (``{"ops": [...], "raises": true}``) must pass that exception on.
+- ``evict`` scripts the callback of a ``relieve``: the replayer passes a
+  callable whose k-th call records its argument, runs round k's ``ops``
+  (each a step, checked like any other) and returns round k's ``returns``;
+  calls past the script return 0 and run nothing.  ``shortfalls`` lists the
+  arguments the callback must have received.
+- A step may carry ``state``: the observation expected right after it
+  (cases saved by ``kvarena fuzz`` do, so the first diverging step shows).
+
+An **observation** is::
+
+    {"pools": {name: {"frontiers": [low, high],          # bytes
+                      "pages": [[vid, phys], ...],      # every live id (id 0, the sink, excluded), by id
+                      "holes": [phys, ...],             # sorted
+                      "free_ids": [vid, ...],           # the FIFO of unbound ids, front first
+                      "available_pages": n, "available_size": n,
+                      "schedulable_available_size": n, "gap_bytes": n}},
+     "views": {"available_size": n, "full_available_size": n, ...},   # composites only
+     "data_follows": true}   # every live id's data is found at its translated page
+
+The calls a case uses: ``ARENA_CALLS`` and ``COMPOSITE_CALLS`` below.
+
+The adapter protocol (a *target*)
+=================================
+
+A target is an object with three methods::
+
+    boot(allocator: str, config: dict) -> None
+        Build a fresh allocator.  Raise ``Unsupported(reason)`` for a
+        configuration it cannot build (the case is reported unsupported,
+        never passed).
+    call(call: str, args: dict) -> result
+        Run one operation.  ``args["evict"]``, when present, is a callable
+        to hand to ``relieve``.  Return ids, pages and slots as any
+        sequence of ints; raise ``ValueError`` for bad input; raise
+        ``Unsupported`` for a call it does not have.
+    observe() -> dict
+        The current observation.  A field it cannot see may be left out of
+        a pool (the replay counts what it compared); it must report at least
+        each pool's ``pages``, or the case fails: a replay that compares
+        nothing passes nothing.
+
+Register a target under a name with ``register_target(name, factory)``
+(``factory(device=...)`` returns a fresh target).  ``get_target`` finds a
+name registered in this process, then one declared by an installed
+package's entry point in the group ``kvarena.targets``, then a module named
+in ``PLUGINS`` (``"anchor"`` -> ``kvarena.anchor``, which registers itself
+on import), then ``module.path:factory``.  ``spec`` and ``impl`` are
+built in.
+"""
+
+import copy
+import importlib
+import json
+import os
+from dataclasses import dataclass, field
+from importlib import metadata, resources
+from pathlib import Path
+
+import torch
+
+FORMAT = "kvarena-vector/1"
+SCHEMA_FILE = "vectors.schema.json"
+
+ARENA_CALLS = (
+    "alloc",
+    "free",
+    "flush",
+    "make_room",
+    "compact_holes",
+    "open_short_side",
+    "plan_floats",
+    "relieve",
+    "translate",
+    "available_pages",
+    "available_size",
+    "schedulable_available_size",
+    "gap_bytes",
+    "frontiers",
+    "holes",
+)
+COMPOSITE_CALLS = (
+    "alloc_extend",
+    "alloc_decode",
+    "free",
+    "free_swa",
+    "alloc_state",
+    "free_state",
+    "available_size",
+    "full_available_size",
+    "swa_available_size",
+    "state_available_size",
+    "state_slot_token_cost",
+    "relieve",
+    "translate",
+)
+COMPOSITES = ("HybridSWA", "MambaHybrid", "TriPool")
+ALLOCATORS = ("arena",) + COMPOSITES
+POOL_VIEWS = ("available_pages", "available_size", "schedulable_available_size", "gap_bytes")
+COMPOSITE_VIEWS = {
+    "HybridSWA": ("available_size", "full_available_size", "swa_available_size"),
+    "MambaHybrid": ("available_size", "full_available_size", "state_available_size", "state_slot_token_cost"),
+    "TriPool": (
+        "available_size",
+        "full_available_size",
+        "swa_available_size",
+        "state_available_size",
+        "state_slot_token_cost",
+    ),
+}
+
+# Targets another package provides: name -> module that registers it on import.
+PLUGINS = {"anchor": "kvarena.anchor"}
+ENTRY_POINT_GROUP = "kvarena.targets"
+
+
+class Unsupported(Exception):
+    """A target cannot run this case (a configuration or call it lacks)."""
+
+
+class EvictorError(RuntimeError):
+    """What a scripted evict round with ``"raises": true`` throws; the
+    ``relieve`` that called it must pass it on."""
+
+
+def schema():
+    """The JSON Schema of one vector file."""
+    return json.loads(resources.files("kvarena.verification").joinpath(SCHEMA_FILE).read_text())
+
+
+def jsonable(x):
+    """A result in its JSON form: tensors and tuples become lists."""
+    if isinstance(x, torch.Tensor):
+        return x.tolist()
+    if isinstance(x, (list, tuple)):
+        return [jsonable(v) for v in x]
+    if isinstance(x, dict):
+        return {str(k): jsonable(v) for k, v in x.items()}
+    if isinstance(x, bool) or x is None or isinstance(x, str):
+        return x
+    return int(x)
+
+
+# --------------------------------------------------------------- registry
+
+_TARGETS = {}
+
+
+def register_target(name, factory):
+    """Make ``--target name`` build targets with ``factory(device=...)``."""
+    _TARGETS[name] = factory
+
+
+def target_names():
+    """Every target name known without importing a plugin."""
+    names = set(_TARGETS) | set(PLUGINS)
+    try:
+        names |= {ep.name for ep in metadata.entry_points(group=ENTRY_POINT_GROUP)}
+    except Exception:  # a broken distribution's metadata must not hide the built-ins
+        pass
+    return sorted(names)
+
+
+def get_target(name, device="cpu"):
+    """A fresh target named ``name`` (see the module docstring for the lookup)."""
+    if name not in _TARGETS:
+        for ep in metadata.entry_points(group=ENTRY_POINT_GROUP):
+            if ep.name == name:
+                register_target(name, ep.load())
+        if name not in _TARGETS and name in PLUGINS:
+            try:
+                importlib.import_module(PLUGINS[name])
+            except ImportError as e:
+                raise ValueError(f"target {name!r}: its module {PLUGINS[name]} is not available ({e})") from None
+        if name not in _TARGETS and ":" in name:
+            mod, _, attr = name.partition(":")
+            register_target(name, getattr(importlib.import_module(mod), attr))
+    if name not in _TARGETS:
+        raise ValueError(f"target {name!r}: unknown (known: {', '.join(target_names())})")
+    return _TARGETS[name](device=device)
+
+
+# ------------------------------------------------------ the built-in targets
+
+
+def build(pkg, allocator, config, **extra):
+    """The allocator ``config`` describes, from package ``pkg`` (spec or impl)."""
+    cfg = dict(config)
+    if allocator == "arena":
+        pools = [
+            pkg.SubPool(p["name"], p["entry_bytes"], p["page_size"], p["grow"], p["kind"]) for p in cfg.pop("pools")
+        ]
+        lazy = cfg.pop("lazy", False)
+        lazy = set(lazy) if isinstance(lazy, list) else lazy
+        return pkg.Arena(cfg.pop("total_bytes"), pools, lazy=lazy, **cfg, **extra)
+    if allocator in COMPOSITES:
+        lazy = cfg.pop("lazy", False)
+        lazy = set(lazy) if isinstance(lazy, list) else lazy
+        return getattr(pkg, allocator)(lazy=lazy, **cfg, **extra)
+    raise ValueError(f"allocator {allocator!r}: not one of {ALLOCATORS}")
+
+
+class _Target:
+    """What the spec and impl targets share: boot, call, the observation."""
+
+    pkg = None
+
+    def __init__(self, device="cpu"):
+        self.device = device
+        self.obj = None
+
+    def boot(self, allocator, config):
+        self.allocator = allocator
+        self.obj = build(self.pkg, allocator, config, **self.extra())
+        self.arena = self.obj if allocator == "arena" else self.obj.arena
+        self.after_call()
+
+    def extra(self):
+        return {}
+
+    def call(self, call, args):
+        allowed = ARENA_CALLS if self.allocator == "arena" else COMPOSITE_CALLS
+        if call not in allowed or not hasattr(self.obj, call):
+            raise Unsupported(f"{self.allocator} has no call {call!r}")
+        try:
+            return getattr(self.obj, call)(**args)
+        finally:
+            self.after_call()
+
+    def after_call(self):
+        """Hook run after every call, nested ones included."""
+
+    def live(self, name):
+        v2p = jsonable(self.arena.v2p(name))
+        return [(v, p) for v, p in enumerate(v2p) if v > 0 and p >= 0]
+
+    def observe(self):
+        """The observation, after the allocator's own ``verify()`` passes
+        (an ``AccountingError`` fails the case)."""
+        self.obj.verify()
+        a, pools = self.arena, {}
+        for n in a.chain:
+            pools[n] = {
+                "frontiers": list(a.frontiers(n)),
+                "pages": [list(vp) for vp in self.live(n)],
+                "holes": sorted(jsonable(a.holes(n))),
+                "free_ids": self.free_ids(n),
+                **{v: int(getattr(a, v)(n)) for v in POOL_VIEWS},
+            }
+        out = {"pools": pools}
+        if self.allocator != "arena":
+            out["views"] = {v: int(getattr(self.obj, v)()) for v in COMPOSITE_VIEWS[self.allocator]}
+        out["data_follows"] = self.data_follows()
+        return out
+
+
+class SpecTarget(_Target):
+    """The executable spec: the reference every vector was written from."""
+
+    from kvarena import spec as pkg
+
+    def free_ids(self, name):
+        return list(self.arena.bands[name].free_ids)
+
+    def data_follows(self):
+        """The content model: every live id's bytes sit where ``v2p`` says."""
+        return all(self.arena.content(n).get(p) == v for n in self.arena.chain for v, p in self.live(n))
+
+
+class ImplTarget(_Target):
+    """The torch implementation on ``device``: every page is stamped with a
+    byte pattern of (pool, id, generation) when it becomes live, and
+    ``data_follows`` reads each live page back through ``translate``."""
+
+    from kvarena import impl as pkg
+
+    def extra(self):
+        self.stamps = {}  # pool -> {vid: generation}
+        self.gen = 0
+        return {"device": self.device}
+
+    def free_ids(self, name):
+        return jsonable(self.arena.free_ids(name))
+
+    def after_call(self):
+        from kvarena.verification.differential import pattern
+
+        a = self.arena
+        for i, n in enumerate(a.chain):
+            stamped = self.stamps.setdefault(n, {})
+            live = {v for v, _ in self.live(n)}
+            for v in set(stamped) - live:
+                del stamped[v]
+            fresh = sorted(live - set(stamped))
+            if fresh:
+                self.gen += 1
+                stamped.update(dict.fromkeys(fresh, self.gen))
+                a.write_pages(n, fresh, pattern(i, fresh, [self.gen] * len(fresh), a.geometry(n).epp))
+
+    def data_follows(self):
+        from kvarena.verification.differential import pattern
+
+        a = self.arena
+        for i, n in enumerate(a.chain):
+            ids = sorted(self.stamps.get(n, {}))
+            if not ids:
+                continue
+            want = pattern(i, ids, [self.stamps[n][v] for v in ids], a.geometry(n).epp)
+            pages = a.translate(n, torch.tensor(ids, device=a.device))
+            if not torch.equal(a.page_view(n).index_select(0, pages).cpu(), want):
+                return False
+        return True
+
+
+register_target("spec", lambda device="cpu": SpecTarget(device))
+register_target("impl", lambda device="cpu": ImplTarget(device))
+
+
+# ------------------------------------------------------------- recording
+
+
+class Recorder:
+    """Writes one case: every step runs on the spec and records what it did.
+
+    A scenario calls ``r("alloc", name="full", n=4)`` for each step (the
+    spec's result comes back, so later steps can use it), ``r.start()``
+    where the pre state ends and the operations under test begin, and
+    ``r.case(name, ...)`` at the end.  ``evict=[{"ops": [(call, args)],
+    "returns": k}, ...]`` scripts a ``relieve``'s callback.
+    """
+
+    def __init__(self, allocator, config, states=False):
+        self.allocator, self.config = allocator, copy.deepcopy(config)
+        self.target = SpecTarget()
+        self.target.boot(allocator, config)
+        self.pre, self.ops = [], []
+        self.phase = self.pre  # where steps go: the pre state until start()
+        self.pre_state = None
+        self.states = states  # record the observation after every step (fuzz repros)
+
+    def start(self):
+        self.pre_state = self.target.observe()
+        self.phase = self.ops
+
+    def __call__(self, call, evict=None, **args):
+        step = self._run(call, args, evict)
+        self.phase.append(step)
+        return step.get("_result")
+
+    def _run(self, call, args, evict):
+        step = {"call": call, "args": jsonable(args)}
+        real = dict(args)
+        if evict is not None:
+            rounds, shortfalls = [], []
+            script = iter(evict)
+
+            def callback(k):
+                shortfalls.append(int(k))
+                r = next(script, None)
+                if r is None:
+                    return 0
+                nested = [self._run(c, a, None) for c, a in r["ops"]]
+                if r.get("raises"):
+                    rounds.append({"ops": [self._clean(s) for s in nested], "raises": True})
+                    raise EvictorError(f"evict round {len(shortfalls)}")
+                rounds.append({"ops": [self._clean(s) for s in nested], "returns": r["returns"]})
+                return r["returns"]
+
+            real["evict"] = callback
+        try:
+            result = self.target.call(call, real)
+            step["returns"] = jsonable(result)
+            step["_result"] = result
+        except ValueError:
+            step["raises"] = "ValueError"
+        except EvictorError:
+            step["raises"] = "EvictorError"
+        if evict is not None:
+            step["evict"], step["shortfalls"] = rounds, shortfalls
+        if self.states:
+            step["state"] = self.target.observe()
+        return step
+
+    @staticmethod
+    def _clean(step):
+        return {k: v for k, v in step.items() if not k.startswith("_")}
+
+    def case(self, name, description="", tags=()):
+        if self.pre_state is None:
+            self.start()
+        calls = sorted(
+            {s["call"] for s in self.ops}
+            | {n["call"] for s in self.ops for r in s.get("evict") or [] for n in r["ops"]}
+        )
+        policy = self.config.get("policy", "anchor")
+        auto = [f"allocator:{self.allocator}", f"policy:{policy}"] + [f"call:{c}" for c in calls]
+        if any("raises" in s for s in self.ops):
+            auto.append("bad-input")
+        return {
+            "format": FORMAT,
+            "name": name,
+            "description": description,
+            "tags": sorted(set(auto) | set(tags)),
+            "pre": {
+                "allocator": self.allocator,
+                "config": self.config,
+                "ops": [self._clean(s) for s in self.pre],
+                "state": self.pre_state,
+            },
+            "ops": [self._clean(s) for s in self.ops],
+            "post": self.target.observe(),
+        }
+
+
+# ---------------------------------------------------------------- replay
+
+
+@dataclass
+class Result:
+    name: str
+    status: str  # "pass", "fail" or "unsupported"
+    detail: str = ""
+    compared: int = 0  # steps' results and observed fields compared
+    unobserved: set = field(default_factory=set)  # expected fields the target did not report
+
+    @property
+    def ok(self):
+        return self.status == "pass"
+
+
+class Mismatch(AssertionError):
+    pass
+
+
+def _compare_state(where, want, got, res):
+    """Compare an observation field by field; a missing pool fails."""
+    for pool, fields in want.get("pools", {}).items():
+        have = got.get("pools", {}).get(pool)
+        if have is None:
+            raise Mismatch(f"{where}: pool {pool!r} not observed")
+        if "pages" not in have:
+            raise Mismatch(f"{where}: pool {pool!r}: the target reports no pages")
+        for k, v in fields.items():
+            if k not in have:
+                res.unobserved.add(f"pools.{k}")
+                continue
+            res.compared += 1
+            if jsonable(have[k]) != v:
+                raise Mismatch(f"{where}: pool {pool!r} {k}: expected {_short(v)}, got {_short(jsonable(have[k]))}")
+    for k in ("views",):
+        for view, v in want.get(k, {}).items():
+            if view not in got.get(k, {}):
+                res.unobserved.add(f"{k}.{view}")
+                continue
+            res.compared += 1
+            if got[k][view] != v:
+                raise Mismatch(f"{where}: view {view}: expected {v}, got {got[k][view]}")
+    if "data_follows" in want:
+        if "data_follows" not in got:
+            res.unobserved.add("data_follows")
+        else:
+            res.compared += 1
+            if got["data_follows"] != want["data_follows"]:
+                raise Mismatch(f"{where}: live data is not at its translated page")
+
+
+def _short(v, n=160):
+    s = json.dumps(v)
+    return s if len(s) <= n else s[:n] + "..."
+
+
+def _replay_step(target, where, step, res):
+    args = dict(step.get("args", {}))
+    shortfalls = []
+    if step.get("evict") is not None:
+        script = iter(step["evict"])
+
+        def evict(k):
+            shortfalls.append(int(k))
+            r = next(script, None)
+            if r is None:
+                return 0
+            for j, s in enumerate(r["ops"]):
+                _replay_step(target, f"{where} evict round {len(shortfalls)} op {j}", s, res)
+            if r.get("raises"):
+                raise EvictorError(f"evict round {len(shortfalls)}")
+            return r["returns"]
+
+        args["evict"] = evict
+    try:
+        got = jsonable(target.call(step["call"], args))
+        raised = None
+    except (ValueError, EvictorError) as e:
+        got, raised = None, e
+    if "raises" in step:
+        if type(raised).__name__ != step["raises"]:
+            raise Mismatch(
+                f"{where} {step['call']}: expected {step['raises']}, "
+                f"{'raised ' + type(raised).__name__ if raised else 'returned ' + _short(got)}"
+            )
+    elif raised is not None:
+        raise Mismatch(f"{where} {step['call']}: raised {type(raised).__name__}: {raised}")
+    elif got != step["returns"]:
+        raise Mismatch(
+            f"{where} {step['call']}({_short(step.get('args'), 80)}): "
+            f"expected {_short(step['returns'])}, got {_short(got)}"
+        )
+    res.compared += 1
+    if step.get("evict") is not None:
+        res.compared += 1
+        if shortfalls != step.get("shortfalls", []):
+            raise Mismatch(f"{where} {step['call']}: evict called with {shortfalls}, expected {step['shortfalls']}")
+    if "state" in step:
+        _compare_state(f"{where} (after {step['call']})", step["state"], target.observe(), res)
+
+
+def replay_case(case, target):
+    """Replay one case on ``target`` (an object or a registered name)."""
+    if isinstance(target, str):
+        target = get_target(target)
+    res = Result(case.get("name", "?"), "pass")
+    try:
+        if case.get("format") != FORMAT:
+            raise Mismatch(f"format {case.get('format')!r}, this replayer reads {FORMAT!r}")
+        pre = case["pre"]
+        target.boot(pre["allocator"], pre["config"])
+        for i, s in enumerate(pre["ops"]):
+            _replay_step(target, f"pre op {i}", s, res)
+        if "state" in pre:
+            _compare_state("pre state", pre["state"], target.observe(), res)
+        for i, s in enumerate(case["ops"]):
+            _replay_step(target, f"op {i}", s, res)
+        _compare_state("post state", case["post"], target.observe(), res)
+    except Unsupported as e:
+        res.status, res.detail = "unsupported", str(e)
+    except Mismatch as e:
+        res.status, res.detail = "fail", str(e)
+    except Exception as e:  # a crash in the target is a failure of that case, reported
+        res.status, res.detail = "fail", f"{type(e).__name__}: {e}"
+    if res.status == "pass" and res.compared == 0:
+        res.status, res.detail = "fail", "nothing was compared"
+    return res
+
+
+# ------------------------------------------------------------------ files
+
+
+def case_path(root, name):
+    return Path(root) / (name + ".json")
+
+
+def write_cases(root, cases):
+    """Write each case to ``root/<name>.json`` (a fresh tree) and an index."""
+    root = Path(root)
+    for old in sorted(root.rglob("*.json")) if root.exists() else []:
+        old.unlink()
+    names = set()
+    for c in cases:
+        if c["name"] in names:
+            raise ValueError(f"vector {c['name']!r}: duplicate name")
+        names.add(c["name"])
+        p = case_path(root, c["name"])
+        p.parent.mkdir(parents=True, exist_ok=True)
+        p.write_text(dump(c))
+    index = {"format": FORMAT, "cases": len(cases), "coverage": coverage(cases)}
+    (root / "index.json").write_text(json.dumps(index, indent=1, sort_keys=True) + "\n")
+    return len(cases)
+
+
+def dump(case):
+    """One case as text: keys sorted, one key per line, lists of numbers
+    on one line (stable and diffable, and a third of ``indent=1``'s size)."""
+    return _dump(case, 0) + "\n"
+
+
+def _dump(x, depth):
+    pad = " " * (depth + 1)
+    if isinstance(x, dict) and x and not all(_flat(v) for v in x.values()):
+        items = [f"{pad}{json.dumps(k)}: {_dump(x[k], depth + 1)}" for k in sorted(x)]
+        return "{\n" + ",\n".join(items) + "\n" + " " * depth + "}"
+    if isinstance(x, list) and any(isinstance(v, (dict, list)) for v in x) and not _pairs(x):
+        return "[\n" + ",\n".join(pad + _dump(v, depth + 1) for v in x) + "\n" + " " * depth + "]"
+    return json.dumps(x, sort_keys=True, separators=(",", ":") if _pairs(x) else (", ", ": "))
+
+
+def _flat(x, nested=True):
+    """A number, string, bool, null, a list of them, or (one level down) a
+    dict of them: printed inline."""
+    if isinstance(x, list):
+        return not any(isinstance(v, (dict, list)) for v in x)
+    if isinstance(x, dict):
+        return nested and all(_flat(v, nested=False) for v in x.values())
+    return True
+
+
+def _pairs(x):
+    """A list of [vid, page] pairs: printed on one line."""
+    return (
+        isinstance(x, list) and bool(x) and all(isinstance(v, list) and all(isinstance(i, int) for i in v) for v in x)
+    )
+
+
+def load_cases(root):
+    """Every case under ``root`` (files or a single file), sorted by name."""
+    root = Path(root)
+    files = [root] if root.is_file() else sorted(p for p in root.rglob("*.json") if p.name != "index.json")
+    return sorted((json.loads(p.read_text()) for p in files), key=lambda c: c["name"])
+
+
+def coverage(cases):
+    """Tag -> number of cases carrying it."""
+    out = {}
+    for c in cases:
+        for t in c["tags"]:
+            out[t] = out.get(t, 0) + 1
+    return dict(sorted(out.items()))
+
+
+def replay_dir(root, target="impl", device="cpu", progress=None):
+    """Replay every case under ``root``; a list of ``Result``."""
+    results = []
+    cases = load_cases(root)
+    for c in cases:
+        results.append(replay_case(c, get_target(target, device=device)))
+        if progress:
+            progress(results[-1])
+    return results
+
+
+def default_dir():
+    """``tests/vectors`` of a source checkout, where the shipped set lives."""
+    return Path(os.environ.get("KVARENA_VECTORS", Path(__file__).resolve().parents[2] / "tests" / "vectors"))

@@ -1,0 +1,57 @@
+"""Each anchor bug the conformance campaign found, kept as a minimal case
+(``tests/anchor_cases/*.json``) and replayed on sglang 0.5.23's own
+allocator: the test asserts the anchor's *current* behaviour, so it fails
+the day the anchor changes it (and the case should then be revisited)."""
+
+import json
+import subprocess
+import sys
+
+import pytest
+
+from kvarena.anchor.campaign import replay
+from kvarena.anchor.classify import CLASSES
+from tests.support import ROOT
+
+CASES = sorted((ROOT / "tests" / "anchor_cases").glob("*.json"))
+
+
+def test_every_anchor_bug_class_has_a_case():
+    bugs = {c for c, (kind, _) in CLASSES.items() if kind == "anchor-bug"}
+    assert {json.loads(p.read_text())["class"] for p in CASES} == bugs
+
+
+@pytest.mark.parametrize("path", CASES, ids=lambda p: p.stem)
+def test_anchor_case_replays_as_recorded(path):
+    case = json.loads(path.read_text())
+    assert case["kind"] == CLASSES[case["class"]][0] == "anchor-bug"
+    classes, detail, spec, anchor = replay(case)
+    assert classes == case["expect"]["classes"]
+    assert detail["anchor"] == case["expect"]["anchor"]  # what the anchor does today
+    assert detail["spec"] == case["expect"]["spec"]  # what kvarena does
+    assert detail["fields"] == case["expect"]["fields"]
+    spec.verify()
+    assert anchor.violations() == []  # the anchor's own check sees nothing wrong
+
+
+def test_float_own_ladder_fails_what_its_schedulable_view_promised():
+    """The user-visible form of the float ladder bug: the view says it fits,
+    the alloc (which runs the anchor's own ladder) returns None."""
+    case = json.loads((ROOT / "tests" / "anchor_cases" / "float-own-ladder-flush.json").read_text())
+    *before, (op, args) = case["ops"]
+    _, _, spec, anchor = replay(dict(case, ops=before))
+    name, n = args["name"], args["n"]
+    ps = anchor.page_size[name]
+    assert anchor.available_size(name) < n * ps <= anchor.schedulable_available_size(name)
+    assert anchor.alloc(name, n) is None
+    assert spec.alloc(name, n) is None and spec.relieve(name, n) and spec.alloc(name, n) is not None
+
+
+def test_replay_command_reports_each_case():
+    proc = subprocess.run(
+        [sys.executable, "-m", "kvarena.cli", "conform", "--no-install", "--replay", *map(str, CASES)],
+        capture_output=True,
+        text=True,
+    )
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert proc.stdout.count("as recorded") == len(CASES)

@@ -1,0 +1,360 @@
+"""The composites' obligations (``kvarena.proofs.composites``) tied to the code
+that runs: fidelity of the closed form and the TriPool predicate against the
+spec's brute-force joint view and the implementation's, the finding's
+regression test, and mutations of the closed form that the obligations catch.
+"""
+
+import copy
+import dataclasses
+import random
+
+import pytest
+import z3
+from hypothesis import HealthCheck, assume, given, settings
+from hypothesis import strategies as st
+
+from kvarena.impl import capacity as icap
+from kvarena.proofs import abstract as A
+from kvarena.proofs import composites as C
+from kvarena.proofs.core import run_obligation
+from kvarena.proofs.obligations import REGISTRY
+from kvarena.spec import arith
+from kvarena.spec import composites as SC
+
+torch = pytest.importorskip("torch")
+from kvarena.impl import composites as IC  # noqa: E402
+
+SETTINGS = settings(
+    max_examples=100, deadline=None, suppress_health_check=[HealthCheck.too_slow, HealthCheck.filter_too_much]
+)
+OPS = ("admit", "admit", "decode", "decode", "free_swa", "free")
+
+
+def z3_eval(fn, *args):
+    """``fn`` on z3 constants, then the values substituted and simplified."""
+    xs = [z3.Int(f"a{k}") for k in range(len(args))]
+    e = z3.simplify(z3.substitute(fn(*xs), *[(x, z3.IntVal(v)) for x, v in zip(xs, args)]))
+    return e.as_long()
+
+
+def _brute(fits, hi=400):
+    """The largest P with ``fits(P)`` (fits(0) holds; fits is down-closed)."""
+    p = 0
+    while p < hi and fits(p + 1):
+        p += 1
+    return p
+
+
+# ---------------------------------------------------------- the shim formula
+
+
+@settings(max_examples=300, deadline=None)
+@given(
+    st.integers(0, 400),
+    st.integers(1, 64),
+    st.integers(0, 12),
+    st.integers(0, 60),
+    st.integers(1, 64),
+    st.integers(0, 12),
+    st.integers(0, 60),
+)
+def test_two_end_closed_form_is_the_largest_fitting_bind(gap, epp_a, holes_a, room_a, epp_b, holes_b, room_b):
+    args = (gap, epp_a, holes_a, room_a, epp_b, holes_b, room_b)
+    j = arith.two_end_joint_pages(*args)
+    assert j == _brute(lambda p: arith.two_end_fits(p, *args))
+    assert j == icap.two_end_joint_pages(*args)  # the implementation's twin
+    assert j == z3_eval(arith.two_end_joint_pages, *args)  # the same source on z3 terms
+
+
+def test_two_end_rejects_bad_sizes_in_both_twins():
+    for bad in ((-1, 4, 0, 1, 4, 0, 1), (8, 0, 0, 1, 4, 0, 1), (8, 4, 0, 1, 4, -1, 1), (8, 4, 0, -1, 4, 0, 1)):
+        for fn in (arith.two_end_joint_pages, icap.two_end_joint_pages):
+            with pytest.raises(ValueError):
+                fn(*bad)
+
+
+# --------------------------------------------------- random composite runs
+
+
+def _step(c, reqs, op, rng, ps, impl=None):
+    """One scheduler step on the spec composite ``c`` (and its impl twin);
+    ``reqs`` holds each live request's token ids."""
+
+    def both(name, *a):
+        out = getattr(c, name)(*a)
+        if impl is not None:
+            got = getattr(impl, name)(*a)
+            if isinstance(got, torch.Tensor):
+                got = got.tolist()
+            assert got == out, (name, a, out, got)
+        return out
+
+    if op == "admit" or not reqs:
+        n = rng.randint(1, 3 * ps + 1)
+        toks = both("alloc_extend", [0], [n], [-1])
+        if toks is not None:
+            reqs.append(list(toks))
+        return
+    i = rng.randrange(len(reqs))
+    req = reqs[i]
+    if op == "decode":
+        tok = both("alloc_decode", [len(req) + 1], [req[-1]])
+        if tok is not None:
+            req.append(tok[0])
+    elif op == "free_swa":
+        k = rng.randint(0, len(req) // ps) * ps
+        both("free_swa", req[:k], 0)
+    else:
+        both("free", req)
+        reqs.pop(i)
+
+
+def _make(cls_spec, cls_impl, *args, **kw):
+    try:
+        c = cls_spec(*args, **kw)
+    except ValueError:
+        assume(False)
+    return c, cls_impl(*args, **kw)
+
+
+@SETTINGS
+@given(
+    st.sampled_from([1, 4, 16]),
+    st.integers(1, 6),
+    st.integers(1, 6),
+    st.integers(6, 40),
+    st.booleans(),
+    st.lists(st.sampled_from(OPS), min_size=4, max_size=40),
+    st.integers(0, 2**32),
+)
+def test_hybrid_closed_form_matches_spec_and_impl(ps, e_full, e_swa, pages, lazy, ops, seed):
+    """On random HybridSWA runs: the closed form on the arena's numbers
+    (``proofs.composites.hybrid_joint``, which the obligations use) equals
+    the spec's brute-force joint view, the gate sequence the obligations
+    reason about (``hybrid_gates``), and the implementation's joint view."""
+    total = pages * (e_full + e_swa) * ps + seed % 97
+    c, impl = _make(SC.HybridSWA, IC.HybridSWA, total, e_full, e_swa, page_size=ps, lazy=lazy)
+    rng, reqs = random.Random(seed), []
+    for op in ("admit",) + tuple(ops):
+        _step(c, reqs, op, rng, ps, impl)
+        s = A.from_arena(c.arena)
+        assert A.inv_all(s) is True
+        j = C.hybrid_joint(s)
+        assert j == c.available_size() // ps  # the spec's binary search over copies
+        assert j == _brute(lambda p: C.hybrid_gates(s, p) is True)
+        assert j == impl.joint_pages() == impl.available_size() // ps
+        if s.bands[C.UP].holes and s.bands[C.DOWN].holes:
+            EVENTS.add("hybrid_holes_both_sides")
+        if j < min(A.available(s, C.UP), A.available(s, C.DOWN)):
+            EVENTS.add("hybrid_joint_below_min")
+        if j == 0:
+            EVENTS.add("hybrid_exhausted")
+
+
+@SETTINGS
+@given(
+    st.sampled_from([1, 4, 16]),
+    st.integers(1, 6),
+    st.integers(1, 6),
+    st.integers(1, 24),
+    st.integers(6, 40),
+    st.booleans(),
+    st.lists(st.sampled_from(OPS + ("state", "state", "free_state", "drain_swa")), min_size=4, max_size=40),
+    st.integers(0, 2**32),
+)
+def test_tripool_predicate_matches_spec(ps, e_full, e_swa, state_bytes, pages, lazy, ops, seed):
+    """On random TriPool runs: the coupled-bind predicate of the golden
+    obligations (``tripool_fits``: full's gate, then the float's gate once
+    full's frontier moved) gives the spec's brute-force joint view; with the
+    swa float empty, it is the two-END closed form on swa's grid and at most
+    one page less off it."""
+    total = pages * (e_full + e_swa) * ps + 8 * state_bytes + seed % 97
+    c, impl = _make(SC.TriPool, IC.TriPool, total, e_full, e_swa, state_bytes, page_size=ps, lazy=lazy)
+    rng, reqs, slots = random.Random(seed), [], []
+    for op in ("admit",) + tuple(ops):
+        if op == "state":
+            n = rng.randint(1, 3)
+            got, got_i = c.alloc_state(n), impl.alloc_state(n)
+            assert got == (got_i.tolist() if isinstance(got_i, torch.Tensor) else got_i)
+            slots += got or []
+        elif op == "free_state" and slots:
+            k = rng.randint(1, len(slots))
+            c.free_state(slots[:k])
+            impl.free_state(slots[:k])
+            slots = slots[k:]
+        elif op == "drain_swa":
+            for req in reqs:
+                c.free_swa(req, 0)
+                impl.free_swa(req, 0)
+        elif op not in ("state", "free_state"):
+            _step(c, reqs, op, rng, ps, impl)
+        s = A.from_arena(c.arena)
+        j = c.available_size() // ps
+        assert j == _brute(lambda p: C.tripool_fits(s, p) is True)
+        assert j == impl.joint_pages()
+        if s.bands[C.SWA3].live == 0:
+            two = C.tripool_two_end(s)
+            if A.high_f(s, C.STATE3) % s.pools[C.SWA3].epp == 0:
+                assert j == two
+            else:
+                assert two - 1 <= j <= two
+                EVENTS.add("off_grid_" + ("short" if j < two else "equal"))
+            EVENTS.add("empty_float")
+
+
+EVENTS = set()  # coverage of the random runs
+
+
+def test_composite_runs_reach_the_interesting_cases():
+    """The random runs above reach: lazy holes on both HybridSWA sides, a
+    joint view below the min of the component views (anchor bug 7),
+    exhaustion, and an empty TriPool float with the state frontier off
+    swa's grid, both where the one-page slack is used and where it is not."""
+    EVENTS.clear()
+    test_hybrid_closed_form_matches_spec_and_impl()
+    test_tripool_predicate_matches_spec()
+    want = {
+        "hybrid_holes_both_sides",
+        "hybrid_joint_below_min",
+        "hybrid_exhausted",
+        "empty_float",
+        "off_grid_equal",
+        "off_grid_short",
+    }
+    assert want <= EVENTS, want - EVENTS
+
+
+# ------------------------------------------------------------------ finding
+
+
+def test_finding_tripool_off_grid_loses_a_page():
+    """Finding (``golden.tripool_empty_float.exact_off_grid``, refuted): with
+    its float empty a TriPool is the two-END layout only when the state
+    END's high frontier is on swa's grid.  z3's counterexample, replayed:
+    epp 3 (state) / 8 (swa) / 6 (full), 480 bytes, lazy; state high 107
+    pages = 321 bytes (off the 8-byte grid), full at page 58 with 21 live
+    pages and a hole.  The two-END form gives 2 pages (2*8 + 1*6 <= 27 free
+    bytes), but the float's region rounds its low edge up to page 41 (328
+    bytes) and full's second page leaves it one page: the joint view is 1
+    (``within_one_page`` bounds the loss)."""
+    for mod in (SC, IC):
+        c = mod.TriPool(480, 6, 8, 3, page_size=1, lazy=True)
+        toks = c.alloc_extend([0], [22], [-1])
+        toks = toks.tolist() if isinstance(toks, torch.Tensor) else toks
+        c.free_swa(toks, 0)
+        c.free([toks[5]])
+        assert c.alloc_state(104) is not None
+        assert c.available_size() == 1 and not c.fits(2)
+    s = A.from_arena(SC_arena_of_finding())
+    assert [(b.lo, b.hi, b.live, b.holes) for b in s.bands] == [(3, 107, 104, 0), (60, 60, 0, 0), (58, 80, 21, 1)]
+    assert C.tripool_two_end(s) == 2 and C.tripool_fits(s, 1) is True and C.tripool_fits(s, 2) is False
+    assert REGISTRY["golden.tripool_empty_float.exact_off_grid"].expect == "counterexample"
+
+
+def SC_arena_of_finding():
+    c = SC.TriPool(480, 6, 8, 3, page_size=1, lazy=True)
+    toks = c.alloc_extend([0], [22], [-1])
+    c.free_swa(toks, 0)
+    c.free([toks[5]])
+    c.alloc_state(104)
+    return c.arena
+
+
+# ---------------------------------------------------------------- mutations
+
+
+def _fails(*names):
+    return [n for n in names if not run_obligation(REGISTRY[n])["ok"]]
+
+
+def test_mutation_closed_form_drops_a_hole_term(monkeypatch):
+    """``b``'s room cap without its holes (``room_b`` for ``holes_b +
+    room_b``) under-promises: ``joint_tight`` fails."""
+    real = arith.two_end_joint_pages
+
+    def mutant(gap, epp_a, holes_a, room_a, epp_b, holes_b, room_b):
+        return arith.min_(real(gap, epp_a, holes_a, room_a, epp_b, holes_b, room_b), room_b)
+
+    monkeypatch.setattr(arith, "two_end_joint_pages", mutant)
+    assert "composite.hybrid.joint_tight" in _fails("composite.hybrid.joint_sound", "composite.hybrid.joint_tight")
+
+
+def test_mutation_closed_form_counts_the_larger_holes(monkeypatch):
+    """The one-side bound from ``max(holes)`` instead of ``min(holes)``
+    over-promises (both sides extend sooner than it thinks): ``joint_sound``
+    fails."""
+
+    def mutant(gap, epp_a, holes_a, room_a, epp_b, holes_b, room_b):
+        lo, hi = arith.min_(holes_a, holes_b), arith.max_(holes_a, holes_b)
+        e1 = arith.ite(holes_a < holes_b, epp_a, epp_b)
+        one_side = hi + arith.fdiv(gap, e1)  # was lo + ...
+        both = hi + arith.fdiv(gap - (hi - lo) * e1, epp_a + epp_b)
+        return arith.min_(arith.min_(one_side, both), arith.min_(holes_a + room_a, holes_b + room_b))
+
+    monkeypatch.setattr(arith, "two_end_joint_pages", mutant)
+    assert "composite.hybrid.joint_sound" in _fails("composite.hybrid.joint_sound", "composite.hybrid.joint_tight")
+
+
+def test_mutation_closed_form_drops_the_first_sides_cost(monkeypatch):
+    """Pricing both sides' extension at ``b``'s epp only (``2*epp_b`` for
+    ``epp_a + epp_b``, with ``epp_a`` the larger) over-promises: sound fails."""
+
+    def mutant(gap, epp_a, holes_a, room_a, epp_b, holes_b, room_b):
+        return arith.min_(
+            arith.fdiv(gap, 2 * epp_b) + arith.min_(holes_a, holes_b), arith.min_(holes_a + room_a, holes_b + room_b)
+        )
+
+    monkeypatch.setattr(arith, "two_end_joint_pages", mutant)
+    assert "composite.hybrid.joint_sound" in _fails("composite.hybrid.joint_sound")
+
+
+# ------------------------------------------------------ the relief ladder
+
+
+def test_surplus_only_fails_when_the_ladder_stops_a_hole_early():
+    """Stopping at ``holes <= demand + 1`` leaves the END one page short of
+    the packed END's reach: z3 finds it, on both chain sizes."""
+    for n in (2, 3):
+        ob = REGISTRY[f"relief.surplus_only.n{n}"]
+        planted = dataclasses.replace(ob, build=C._surplus_only(n, slack=1))
+        assert run_obligation(ob)["ok"]
+        assert not run_obligation(planted)["ok"]
+
+
+@pytest.mark.parametrize("policy", ["anchor", "planner"])
+@settings(max_examples=60, deadline=None)
+@given(seed=st.integers(0, 10_000))
+def test_surplus_only_on_the_real_arena(policy, seed):
+    """The obligation's claim on ``spec.Arena`` states the ladder leaves: an
+    END left with holes at most its demand extends (``planner_inputs``) as
+    far as after a whole flush."""
+    rng = random.Random(seed)
+    c = SC.TriPool(64 * 60, 32, 16, 192, page_size=2, lazy=True, policy=policy)
+    reqs = []
+    for _ in range(rng.randrange(4, 30)):
+        r = rng.random()
+        if r < 0.45:
+            t = c.alloc_extend([0], [rng.randrange(1, 30)], [-1])
+            if t is not None:
+                reqs.append([int(x) for x in t])
+        elif r < 0.65:
+            c.alloc_state(1)
+        elif r < 0.85 and reqs:
+            c.free(reqs.pop(rng.randrange(len(reqs))))
+        elif reqs:
+            q = reqs[rng.randrange(len(reqs))]
+            c.free_swa(q[: len(q) // 2], 0)
+    tokens, slots = c.available_size() + rng.randrange(1, 30), rng.randrange(0, 2)
+    c.relieve(tokens=tokens, state_slots=slots)
+    pages = -(-tokens // c.page_size)
+    d = [slots, pages, pages]
+    whole = copy.deepcopy(c.arena)
+    for n in whole.chain:
+        whole.flush(n)
+    s, w = c.arena.state(), whole.state()
+    checked = 0
+    for i in (0, 2):
+        if s.bands[i].holes <= d[i]:
+            assert C._end_reach(s, i, d) == C._end_reach(w, i, d)
+            checked += 1
+    assert checked or c.fits(tokens, slots)  # a ladder that stopped short of the fit left no surplus

@@ -1,0 +1,255 @@
+"""``kvarena bench``: what the comparisons compare, never how fast.
+
+The static twin follows the anchor's slot rules; the decode loop gives both
+allocators the same page work; the eager arena's moved bytes are counted;
+the arena's memo is keyed on one arena-wide clock (a memoised read no
+longer walks the chain: planted back, the walk is caught); and the command
+runs and writes every section's numbers.
+"""
+
+import copy
+import json
+import types
+
+import pytest
+import torch
+
+from kvarena import cli
+from kvarena.impl import Arena, SubPool
+from kvarena.impl.arena import VIEWS
+from kvarena.sim import bench
+from kvarena.sim.backends import count_moves
+
+pytestmark = pytest.mark.usefixtures("one_thread")  # conftest: one torch thread, as the commands use
+PS = 16
+
+
+def loop_args(**kw):
+    base = dict(batch=32, start=200, warmup=2, steps=40)
+    base.update(kw)
+    return types.SimpleNamespace(**base)
+
+
+def test_static_twin_follows_the_anchor_slot_rules():
+    s = bench.StaticFreeList(64, 64, 4, "cpu")
+    toks = s.alloc_extend(torch.tensor([0, 0]), torch.tensor([5, 3]), torch.tensor([-1, -1]))
+    assert toks.tolist() == [4, 5, 6, 7, 8, 12, 13, 14]  # pages 1, 2 for request 0; 3 for request 1
+    # seq 6 continues page 2 at last+1; seq 5 opens a new page (5 % 4 == 1): page 4, offset 0.
+    out = s.alloc_decode(torch.tensor([6, 5]), torch.tensor([8, 14]))
+    assert out.tolist() == [9, 16]
+    swa = s.translate(torch.tensor([4, 9, -1]), "swa")
+    assert swa.tolist()[:2] == [4, 9] and swa.tolist()[2] == 0  # swa pages 1, 2 mirror; -1 -> slot 0
+    s.free_swa(torch.tensor([4, 5, 6, 7]), 0)
+    assert s.translate(torch.tensor([4]), "swa").tolist() == [0]  # freed: the sink
+    before = s.swa.count
+    s.free_swa(torch.tensor([4, 5, 6, 7]), 0)  # already freed: skipped
+    assert s.swa.count == before
+    assert s.translate(torch.tensor([9]), "full").tolist() == [9]
+
+
+@pytest.mark.parametrize("lazy", [True, False])
+def test_decode_loop_gives_both_the_same_page_work(lazy):
+    args = loop_args()
+    ours_mk, static_mk, ps = bench._decode_pair("lazy" if lazy else "eager", args, "cpu")
+    ours, static = ours_mk(), static_mk()
+    lo = bench.DecodeLoop(ours, args.batch, ps, 127, args.start, args.steps, "cpu")
+    ls = bench.DecodeLoop(static, args.batch, ps, 127, args.start, args.steps, "cpu")
+    for _ in range(args.steps):
+        lo.step()
+        ls.step()
+        full_live = ours.arena.live_pages("full")
+        assert full_live == static.full.cap - static.full.count
+        assert ours.arena.live_pages("swa") == static.swa.cap - static.swa.count
+    # Every request keeps its whole sequence in full, and about a window in SWA.
+    assert full_live == sum(-(-(args.start + i + args.steps) // ps) for i in range(args.batch))
+    assert ours.arena.live_pages("swa") <= args.batch * (-(-(127 + 2 * ps) // ps))
+    ours.verify()
+
+
+@pytest.mark.parametrize("mode, trusted", [("lazy", True), ("lazy_checked", False), ("eager", True)])
+def test_each_decode_row_drives_the_path_it_names(monkeypatch, mode, trusted):
+    """The target's row runs the trusted path (``check=False``) and the
+    checked row the default path, in all three calls; seen by spying on
+    the trusted path's own helpers."""
+    from kvarena.impl import composites
+
+    seen = []
+    for owner, name in (
+        (composites._Composite, "_decode_trusted"),
+        (composites._Composite, "_translate"),
+        (composites._WithSWA, "_live_once"),
+    ):
+        raw = vars(owner)[name]
+        fn = getattr(raw, "__func__", raw)  # a staticmethod's function
+
+        def spy(*a, _fn=fn, _n=name, **k):
+            seen.append(_n)
+            return _fn(*a, **k)
+
+        monkeypatch.setattr(owner, name, staticmethod(spy) if isinstance(raw, staticmethod) else spy)
+    args = loop_args(steps=4)
+    ours_mk, _, ps = bench._decode_pair(mode, args, "cpu")
+    loop = bench.DecodeLoop(ours_mk(), args.batch, ps, 127, args.start, args.steps, "cpu")
+    del seen[:]
+    for _ in range(args.steps):
+        loop.step()
+    if trusted:
+        assert {"_decode_trusted", "_translate"} <= set(seen)
+    else:
+        assert "_decode_trusted" not in seen and "_translate" not in seen
+    assert "_live_once" in seen  # both paths' one selection: window pages were freed
+
+
+def test_eager_moves_are_counted_and_lazy_moves_nothing():
+    args = loop_args(steps=24)
+    for mode, expect_moves in (("eager", True), ("lazy", False)):
+        ours_mk, _, ps = bench._decode_pair(mode, args, "cpu")
+        r = bench._eager_moves(ours_mk, args, ps, "cpu")
+        assert (r["bytes_moved_per_step"] > 0) == expect_moves
+        assert 0 <= r["moved_per_allocated"] < 1
+
+
+def test_count_moves_counts_live_pages_moved_only():
+    a = Arena(4096, [SubPool("U", 8, 1, "up"), SubPool("D", 8, 1, "down")], lazy=True)
+    ids = a.alloc("U", 6)
+    a.free("U", ids[:3])  # three holes under three survivors
+    moved = count_moves(a)
+    assert a.flush("U") == 3 and moved[0] == 3 * 8
+    e = Arena(4096, [SubPool("U", 8, 1, "up"), SubPool("D", 8, 1, "down")])
+    ids = e.alloc("U", 4)
+    moved = count_moves(e)
+    e.free("U", ids[-2:])  # the frontier's own pages: eager compaction pads with self-copies
+    assert moved[0] == 0
+    e.free("U", ids[:1])  # one survivor moves down into the hole
+    assert moved[0] == 8
+
+
+# ------------------------------------------------------------------ memo
+
+
+def memo_arena():
+    return bench._memo_arena(2)
+
+
+def test_one_clock_for_the_whole_arena():
+    a = memo_arena()
+    clocks = {id(b.clock) for b in a.bands.values()}
+    assert len(clocks) == 1 and a._memo.clock is a.bands["full"].clock
+    for name in a.chain:
+        a.available_pages(name)
+    assert a._memo.entries()
+    a.bands["swa1"].lo = a.bands["swa1"].lo  # any band's rebind ...
+    assert not a._memo.entries()  # ... ticks the clock, which empties the memo
+    b = copy.deepcopy(a)
+    assert b._memo.clock is not a._memo.clock and b.bands["full"].clock is b._memo.clock
+    assert b._cache is b._memo.cache and any(c is b._cache for c in b._memo.clock.caches)  # the copy's own dict
+    want = a.available_pages("full")
+    b.alloc("full", 1)  # the copy's clock ticks, not the original's
+    assert a._memo.entries() == [("available_pages", "full", want)]
+
+
+def test_a_memoised_read_does_not_walk_the_chain():
+    """The old key summed every band's epoch on each read.  Reads that hit
+    the memo must not touch the band list at all; plant the sum back and
+    the same reads fail."""
+
+    class NoWalk(list):
+        def __iter__(self):
+            raise AssertionError("a memoised read walked the chain")
+
+    a = memo_arena()
+    for name in a.chain:
+        for v in VIEWS:
+            a._view(v, name)  # fill
+    a._order = NoWalk(a._order)
+    misses = a._memo.misses
+    for name in a.chain:
+        for v in VIEWS:
+            a._view(v, name)
+    assert a._memo.misses == misses  # every read a hit
+
+    planted = memo_arena()
+    for name in planted.chain:
+        for v in VIEWS:
+            planted._view(v, name)
+
+    def summed_key(view, name):  # the old read: key on the sum of the bands' epochs first
+        sum(b.epoch for b in planted._order)
+        return Arena._view(planted, view, name)
+
+    planted._view = summed_key
+    planted._order = NoWalk(planted._order)
+    with pytest.raises(AssertionError, match="walked the chain"):
+        planted._view("available_pages", "full")
+
+
+def test_memo_stays_exact_under_operations():
+    a = memo_arena()
+    for step in range(30):
+        name = a.chain[step % len(a.chain)]
+        ids = a.alloc(name, 2)
+        for n in a.chain:
+            for v in VIEWS:
+                assert a._view(v, n) == a.fresh_view(v, n)
+        if ids is not None and step % 3 == 0:
+            a.free(name, ids[:1])
+    a.verify()
+
+
+# ----------------------------------------------------------------- command
+
+
+def test_bench_command_writes_every_section(tmp_path, capsys):
+    out = tmp_path / "b.json"
+    rc = cli.main(
+        [
+            "bench",
+            "--repeats",
+            "1",
+            "--batch",
+            "32",
+            "--steps",
+            "3",
+            "--warmup",
+            "1",
+            "--start",
+            "200",
+            "--reads",
+            "20",
+            "--oracle-ops",
+            "300",
+            "--churn-requests",
+            "40",
+            "--copy-mb",
+            "1",
+            "--copy-page-kib",
+            "16",
+            "--json",
+            str(out),
+        ]
+    )
+    assert rc == 0
+    text = capsys.readouterr().out
+    for word in (
+        "decode step, lazy (check=False)",
+        "decode step, lazy (checked)",
+        "decode step, eager",
+        "memo, 2 pools",
+        "memo, 5 pools",
+        "spec oracle",
+        "churn, tri-synthetic",
+        "copy,",
+    ):
+        assert word in text
+    data = json.loads(out.read_text())
+    assert list(data["decode"]) == ["lazy", "lazy_checked", "eager"]
+    for mode in ("lazy", "lazy_checked", "eager"):
+        r = data["decode"][mode]
+        assert r["ratio"]["min"] <= r["ratio"]["median"] <= r["ratio"]["max"]
+        assert r["ours_us"]["median"] > 0 and r["static_us"]["median"] > 0
+    assert data["decode"]["eager"]["bytes_moved_per_step"] > 0
+    assert set(data["memo"]) == {"2 pools", "3 pools", "4 pools", "5 pools"}
+    assert data["copy"]["bytes"] == 1 << 20
+    churn = data["churn"]["gpt-oss-120b"]["anchor"]
+    assert churn["moved_per_allocated"] == pytest.approx(churn["bytes_moved"] / churn["bytes_allocated"])
+    assert cli.main(["bench", "--only", "nope"]) == 2

@@ -1,0 +1,80 @@
+"""Lint and type-check kvarena, as the test suite does (``tests/repo/test_checks.py``).
+
+    python tools/check.py            # both
+    python tools/check.py ruff       # ruff check and ruff format --check
+    python tools/check.py mypy       # mypy --strict on spec/ and impl/, the default mode on the rest
+
+The settings are pyproject's ``[tool.ruff]`` and ``[tool.mypy]``.  mypy finds
+modules by their paths, and in this repository ``spec/`` is imported as
+``kvarena.spec`` (likewise ``impl/`` and ``proofs/``), so the package is laid
+out as installed in a scratch folder of symbolic links and checked there.
+Exits non-zero on any finding.
+"""
+
+import os
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+PARTS = {"spec": "spec", "impl": "impl", "proofs": "proofs"}  # kvarena.<name> -> folder
+STRICT = ["kvarena.spec", "kvarena.impl"]
+
+
+def installed_layout(dest: Path, extra: dict[str, str] | None = None) -> Path:
+    """``dest/kvarena`` as installed: links to ``kvarena/*`` and to ``spec/``, ``impl/``, ``proofs/``.
+
+    ``extra`` maps a path under ``dest/kvarena`` to a file's text, written in
+    place of a link (the tests plant a finding this way)."""
+    pkg = dest / "kvarena"
+    pkg.mkdir(parents=True)
+    for entry in (ROOT / "kvarena").iterdir():
+        if entry.name != "__pycache__":
+            (pkg / entry.name).symlink_to(entry)
+    for name, folder in PARTS.items():
+        (pkg / name).symlink_to(ROOT / folder)
+    for rel, text in (extra or {}).items():
+        target = pkg / rel
+        target.parent.mkdir(parents=True, exist_ok=True)
+        target.write_text(text)
+    return dest
+
+
+def run(cmd: list[str], cwd: Path) -> int:
+    print("$", " ".join(cmd), flush=True)
+    return subprocess.run(cmd, cwd=cwd, check=False).returncode
+
+
+def ruff() -> int:
+    return run([sys.executable, "-m", "ruff", "check", "."], ROOT) | run(
+        [sys.executable, "-m", "ruff", "format", "--check", "."], ROOT
+    )
+
+
+def mypy(extra: dict[str, str] | None = None) -> int:
+    config = ["--config-file", str(ROOT / "pyproject.toml"), "--cache-dir", str(ROOT / ".mypy_cache")]
+    with tempfile.TemporaryDirectory() as tmp:
+        layout = installed_layout(Path(tmp), extra)
+        strict = [x for p in STRICT for x in ("-p", p)]
+        return run([sys.executable, "-m", "mypy", *config, "--strict", *strict], layout) | run(
+            [sys.executable, "-m", "mypy", *config, "-p", "kvarena"], layout
+        )
+
+
+def main(argv: list[str]) -> int:
+    which = argv[0] if argv else "all"
+    if which not in ("ruff", "mypy", "all"):
+        print(__doc__)
+        return 2
+    os.environ.setdefault("MYPY_FORCE_COLOR", "0")
+    rc = 0
+    if which in ("ruff", "all"):
+        rc |= ruff()
+    if which in ("mypy", "all"):
+        rc |= mypy()
+    return rc
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))
