@@ -8,7 +8,8 @@ The settings are pyproject's ``[tool.ruff]`` and ``[tool.mypy]``.  mypy finds
 modules by their paths, and in this repository ``spec/`` is imported as
 ``kvarena.spec`` (likewise ``impl/`` and ``proofs/``), so the package is laid
 out as installed in a scratch folder of symbolic links and checked there.
-Exits non-zero on any finding.
+Exits non-zero on any finding.  ``KVARENA_MYPY_CACHE`` names mypy's cache
+folder (default ``.mypy_cache``).
 """
 
 import os
@@ -53,7 +54,8 @@ def ruff() -> int:
 
 
 def mypy(extra: dict[str, str] | None = None) -> int:
-    config = ["--config-file", str(ROOT / "pyproject.toml"), "--cache-dir", str(ROOT / ".mypy_cache")]
+    cache = os.environ.get("KVARENA_MYPY_CACHE", str(ROOT / ".mypy_cache"))
+    config = ["--config-file", str(ROOT / "pyproject.toml"), "--cache-dir", cache]
     with tempfile.TemporaryDirectory() as tmp:
         layout = installed_layout(Path(tmp), extra)
         strict = [x for p in STRICT for x in ("-p", p)]
