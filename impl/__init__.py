@@ -5,7 +5,19 @@ Behaves page for page like ``kvarena.spec.Arena``; see ``docs/impl.md``.
 Modules: ``capacity`` (torch-free scalar arithmetic), ``memo`` (epoch
 fields and the capacity memo), ``band`` (one pool's device tables),
 ``arena`` (chain walks, operations, relieve, verify, bytes), ``composites``
-(the token-level HybridSWA, MambaHybrid, TriPool; DESIGN section 6).
+(the token-level HybridSWA, MambaHybrid, TriPool; DESIGN section 6; they
+use only ``Arena``'s public methods).
+
+May import: ``kvarena.spec``.
+
+Imports from ``kvarena.spec``: ``geometry`` (``AccountingError``, ``Geometry``,
+``SubPool``, ``borrowing``, ``check_policy``, ``lazy_ends``, ``make_layout``),
+``planner`` (``End``, ``Float``, ``move_order``, ``plan_chain``).
+
+The first is the boot-time layout, its validation and its types; the
+second is the chain planner's decision, which ``Arena.plan_floats`` calls
+on the arena's host counters every time it runs.  Nothing else: every
+other per-operation step is written here.
 """
 
 from kvarena.spec.geometry import AccountingError, SubPool

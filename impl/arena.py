@@ -1,28 +1,44 @@
 """The production arena on torch: one byte buffer, bands on one chain.
 
 Same behaviour as ``kvarena.spec.Arena`` page for page (the differential
-tests hold the two equal), written independently over tensors.  Layout is
-imported from the spec (boot-time arithmetic, DESIGN section 2); every
+tests hold the two equal), written independently over tensors.  From the
+spec it imports ``geometry``'s boot-time layout and validation
+(``make_layout``, ``lazy_ends``, ``check_policy``, ``borrowing``; the types
+``SubPool``, ``Geometry``, ``AccountingError``; DESIGN section 2) and
+``planner``'s decision (``End``, ``Float``, ``plan_chain``, ``move_order``),
+which ``plan_floats`` calls on this arena's host counters; every other
 per-operation step is here.
+
+The composites (``impl/composites.py``) use only this class's public
+methods: ``counts`` (a band's host counts, a copy), ``id_end`` and
+``v2p_at`` (reads of a table into a new tensor), ``bind_with_borrowers``
+(a coupled bind their joint gate has priced) and ``new_memo`` (a memo on
+this arena's clock); nothing they are handed writes the arena.
 
 Host syncs.  Counters (span ends, live, hole counts) live on the host, so
 the capacity gate and ``alloc`` without borrowed ids never wait on the
-device.  ``free(check=False)`` and ``translate`` on a tensor are sync-free
-(``tests/impl/test_host_sync.py`` scans them).  The remaining syncs are marked
-``# SYNC:`` where they happen: id validation, and the cold paths (flush,
-make_room, compact_holes, refit) that compute move sets from the tables.
+device.  ``free(check=False)``, ``bind_with_borrowers``, ``v2p_at`` and
+``translate`` on a tensor are sync-free (``tests/impl/test_host_sync.py``
+scans them).  The remaining syncs are marked ``# SYNC:`` where they happen:
+id validation, and the cold paths (flush, make_room, compact_holes, refit)
+that compute move sets from the tables.
 """
 
+import itertools
 import operator
+from collections.abc import Callable, Collection, Iterable, Mapping
+from typing import ClassVar, SupportsIndex
 
 import torch
 
-from kvarena.spec import planner
-from kvarena.spec.geometry import AccountingError, borrowing, check_policy, lazy_ends, make_layout
+from kvarena.spec.geometry import AccountingError, Geometry, SubPool, borrowing, check_policy, lazy_ends, make_layout
+from kvarena.spec.planner import End, Float, move_order, plan_chain
 
 from . import capacity as cap
-from .band import I64, Band
+from .band import I64, Band, BandCounts
 from .memo import Memo
+
+Ids = torch.Tensor | Iterable[int]  # virtual ids: a tensor, or a host sequence of ints
 
 SIDES = ("low", "high")
 MAX_EVICT_ROUNDS = 4
@@ -30,7 +46,15 @@ VIEWS = ("available_pages", "schedulable_pages", "gap_bytes")
 
 
 class Arena:
-    def __init__(self, total_bytes, pools, lazy=False, policy="anchor", borrow=None, device="cpu"):
+    def __init__(
+        self,
+        total_bytes: int,
+        pools: list[SubPool],
+        lazy: bool | Collection[str] = False,
+        policy: str = "anchor",
+        borrow: Mapping[str, str] | None = None,
+        device: str | torch.device = "cpu",
+    ) -> None:
         # Boot-time validation is the spec's (DESIGN section 2): configuration, not an operation.
         layout = make_layout(total_bytes, pools)
         lazy_set = lazy_ends(layout, lazy)
@@ -51,7 +75,7 @@ class Arena:
                 n in lazy_set,
                 self.device,
                 lenders.get(n),
-                layout.geometry.get(lenders.get(n)),
+                layout.geometry[lenders[n]] if n in lenders else None,
             )
             for n in self.chain
         }
@@ -62,64 +86,82 @@ class Arena:
 
     # ------------------------------------------------------------ access
 
-    def _band(self, name):
+    def _band(self, name: str) -> Band:
         b = self.bands.get(name) if isinstance(name, str) else None
         if b is None:
             raise ValueError(f"pool {name!r}: unknown pool (arena has {', '.join(self.chain)})")
         return b
 
-    def _float(self, name):
+    def _float(self, name: str) -> Band:
         b = self._band(name)
         if b.is_end:
             raise ValueError(f"pool {name!r}: only a float band can slide; this is the {b.grow} END")
         return b
 
-    def geometry(self, name):
+    def geometry(self, name: str) -> Geometry:
         return self._band(name).geom
 
-    def pool(self, name):
+    def pool(self, name: str) -> SubPool:
         return self._band(name).pool
 
-    def is_lazy(self, name):
+    def is_lazy(self, name: str) -> bool:
         return self._band(name).lazy
 
-    def live_pages(self, name):
+    def live_pages(self, name: str) -> int:
         """How many pages are allocated (live)."""
         return self._band(name).live
 
-    def lender(self, name):
+    def lender(self, name: str) -> str | None:
         return self._band(name).lender
 
-    def borrowers(self, name):
+    def borrowers(self, name: str) -> list[str]:
         self._band(name)
         return [n for n, lender in self.lenders.items() if lender == name]
 
-    def v2p(self, name):
+    def v2p(self, name: str) -> torch.Tensor:
         b = self._band(name)
         return b.v2p[: b.id_end].clone()
 
-    def p2v(self, name):
+    def p2v(self, name: str) -> torch.Tensor:
         b = self._band(name)
         return b.p2v[: b.geom.num_pages].clone()
 
-    def free_ids(self, name):
+    def free_ids(self, name: str) -> torch.Tensor:
         """The FIFO of unbound virtual ids, front first."""
         return self._band(name).queued_ids()
 
-    def frontiers(self, name):
+    def frontiers(self, name: str) -> tuple[int, int]:
         return self._band(name).frontiers
 
-    def holes(self, name):
+    def holes(self, name: str) -> torch.Tensor:
         return torch.sort(self._band(name).holes).values
+
+    def counts(self, name: str) -> BandCounts:
+        """``name``'s span, live and hole counts and rooms: host ints, a copy."""
+        return self._band(name).counts
+
+    def id_end(self, name: str) -> int:
+        """One past ``name``'s last id (its lender's, for a borrower): the
+        index of ``v2p``'s ``-1`` sentinel row."""
+        return self._band(name).id_end
+
+    def v2p_at(self, name: str, rows: torch.Tensor) -> torch.Tensor:
+        """``name``'s ``v2p`` rows at ``rows`` (an int64 tensor on the arena's
+        device, each in ``[0, id_end]``), gathered into a new tensor.
+
+        Sync-free and unchecked: the composites' way to read the table on
+        their hot paths (row ``id_end`` reads ``-1``; an index outside the
+        table fails the gather on CPU and is a device-side assert on CUDA)."""
+        return self._band(name).v2p.index_select(0, rows)
 
     # ----------------------------------------------------------- bytes
 
-    def page_view(self, name):
+    def page_view(self, name: str) -> torch.Tensor:
         """Raw page envelopes of ``name``'s grid: uint8 ``[num_pages, epp]``."""
         g = self._band(name).geom
         return self.buffer[: g.num_pages * g.epp].view(g.num_pages, g.epp)
 
-    def kv_view(self, name, dtype=torch.uint8):
+    def kv_view(self, name: str, dtype: torch.dtype = torch.uint8) -> torch.Tensor:
         """A KV pool's pages as ``[num_pages, page_size, entry_bytes/itemsize]``;
         a state pool's slots as ``[num_pages, entry_bytes/itemsize]``."""
         b = self._band(name)
@@ -128,7 +170,7 @@ class Arena:
         shape = (g.num_pages, p.entry_bytes) if p.kind == "state" else (g.num_pages, p.page_size, p.entry_bytes)
         return raw.view(shape).view(dtype)
 
-    def write_pages(self, name, ids, data):
+    def write_pages(self, name: str, ids: Ids, data: torch.Tensor) -> None:
         """Write whole page envelopes ``data`` (uint8 ``[len(ids), epp]``) at ``ids``."""
         b = self._band(name)
         ids = self._bound_ids(b, ids)
@@ -139,13 +181,13 @@ class Arena:
         pages = b.v2p.index_select(0, ids)
         self.page_view(name).index_copy_(0, pages, data.to(self.device, torch.uint8))
 
-    def read_pages(self, name, ids):
+    def read_pages(self, name: str, ids: Ids) -> torch.Tensor:
         """Page envelopes of ``ids``: uint8 ``[len(ids), epp]``."""
         b = self._band(name)
         ids = self._bound_ids(b, ids)
         return self.page_view(name).index_select(0, b.v2p.index_select(0, ids))
 
-    def _move(self, b, dst, src):
+    def _move(self, b: Band, dst: torch.Tensor, src: torch.Tensor) -> int:
         """Relocate pages ``src[i] -> dst[i]``: bytes and tables, one batch.
 
         Every source is gathered into a temporary before any destination is
@@ -167,7 +209,7 @@ class Arena:
 
     # ------------------------------------------------------- chain walks
 
-    def _neighbour(self, name, upward):
+    def _neighbour(self, name: str, upward: bool) -> Band | None:
         i = self.chain.index(name)
         rest = self.chain[i + 1 :] if upward else self.chain[:i][::-1]
         for n in rest:
@@ -175,21 +217,21 @@ class Arena:
                 return self.bands[n]
         return None
 
-    def above(self, name):
+    def above(self, name: str) -> int:
         nb = self._neighbour(name, True)
         return self.total_bytes if nb is None else nb.frontiers[0]
 
-    def below(self, name):
+    def below(self, name: str) -> int:
         nb = self._neighbour(name, False)
         return 0 if nb is None else nb.frontiers[1]
 
-    def region(self, name):
+    def region(self, name: str) -> tuple[int, int]:
         g = self._band(name).geom
         return cap.float_region(self.below(name), self.above(name), g.epp, g.min_page, g.num_pages)
 
     # ---------------------------------------------------- capacity views
 
-    def _gap(self, b):
+    def _gap(self, b: Band) -> int:
         low, high = b.frontiers
         if b.grow == "up":
             return max(0, self.above(b.name) - high)
@@ -198,26 +240,29 @@ class Arena:
         below, above = self.below(b.name), self.above(b.name)
         return above - below if not b.opaque else (low - below) + (above - high)
 
-    def _available(self, b):
+    def _available(self, b: Band) -> int:
         g = b.geom
         if b.is_end:
-            room = g.num_pages - g.min_page - (b.hi - b.lo)
+            room = b.span_room
             return cap.end_available(self._gap(b), g.epp, room, b.n_holes)
         region_lo, region_hi = self.region(b.name)
         return cap.float_available(not b.opaque, region_lo, region_hi, b.lo, b.hi, b.n_holes, b.index_room)
 
-    def _schedulable(self, b):
+    def _schedulable(self, b: Band) -> int:
         if not b.is_end:
             return self._available(b)
-        g = b.geom
         nb = self._neighbour(b.name, b.grow == "up")
+        assert nb is not None  # an END faces the other END at least
         credit = nb.n_holes * nb.geom.epp if nb.is_end and nb.lazy else 0
-        room = g.num_pages - g.min_page - (b.hi - b.lo)
-        return cap.end_available(self._gap(b) + credit, g.epp, room, b.n_holes)
+        return cap.end_available(self._gap(b) + credit, b.geom.epp, b.span_room, b.n_holes)
 
-    _FRESH = {"available_pages": _available, "schedulable_pages": _schedulable, "gap_bytes": _gap}
+    _FRESH: ClassVar[dict[str, Callable[["Arena", Band], int]]] = {
+        "available_pages": _available,
+        "schedulable_pages": _schedulable,
+        "gap_bytes": _gap,
+    }
 
-    def _view(self, view, name):
+    def _view(self, view: str, name: str) -> int:
         """A memoised view.  The hit path is one dict lookup: an entry present
         is valid (every clock tick empties the memo), and its pool was
         checked when it was stored."""
@@ -226,29 +271,35 @@ class Arena:
         except (KeyError, TypeError):  # a miss, or an unhashable name: checked below
             return self._memo.put(view, name, self._FRESH[view](self, self._band(name)))
 
-    def fresh_view(self, view, name):
+    def new_memo(self) -> Memo:
+        """An empty ``Memo`` on this arena's clock: any capacity change of any
+        band empties it.  For views this arena does not know (a composite's
+        joint view); ``verify`` does not check it, its owner does."""
+        return Memo(self._memo.clock)
+
+    def fresh_view(self, view: str, name: str) -> int:
         """A view recomputed from the fields, bypassing the memo."""
         return self._FRESH[view](self, self._band(name))
 
-    def gap_bytes(self, name):
+    def gap_bytes(self, name: str) -> int:
         return self._view("gap_bytes", name)
 
-    def available_pages(self, name):
+    def available_pages(self, name: str) -> int:
         return self._view("available_pages", name)
 
-    def available_size(self, name):
+    def available_size(self, name: str) -> int:
         return self.available_pages(name) * self._band(name).pool.page_size
 
-    def schedulable_available_size(self, name):
+    def schedulable_available_size(self, name: str) -> int:
         return self._view("schedulable_pages", name) * self._band(name).pool.page_size
 
-    def conserved_available_size(self, name):
+    def conserved_available_size(self, name: str) -> int:
         b = self._band(name)
         return b.index_room * b.pool.page_size
 
     # -------------------------------------------------- argument checks
 
-    def _count(self, name, n, what="n"):
+    def _count(self, name: str, n: SupportsIndex, what: str = "n") -> int:
         if isinstance(n, bool):
             raise ValueError(f"pool {name!r}: {what} must be an int, got {n!r}")
         try:
@@ -259,14 +310,14 @@ class Arena:
             raise ValueError(f"pool {name!r}: {what} must be >= 0, got {n}")
         return n
 
-    def _as_tensor(self, b, ids):
+    def _as_tensor(self, b: Band, ids: Ids) -> torch.Tensor:
         if isinstance(ids, torch.Tensor):
             if ids.dtype.is_floating_point or ids.dtype == torch.bool:
                 raise ValueError(f"pool {b.name!r}: ids must be ints")
             return ids.reshape(-1).to(self.device, I64)
         return torch.tensor(self._host_ids(b, ids), dtype=I64, device=self.device)
 
-    def _host_ids(self, b, ids):
+    def _host_ids(self, b: Band, ids: Iterable[int]) -> list[int]:
         try:
             ids = list(ids)
             if any(isinstance(i, bool) for i in ids):
@@ -275,7 +326,7 @@ class Arena:
         except TypeError:
             raise ValueError(f"pool {b.name!r}: ids must be ints") from None
 
-    def _checked(self, b, ids, bound, freeing=False):
+    def _checked(self, b: Band, ids: Ids, bound: bool, freeing: bool = False) -> torch.Tensor:
         """Validate ids for pool ``b``; ``bound``: they must be allocated.
 
         Binding into a borrower needs each id live in the lender; freeing
@@ -296,7 +347,7 @@ class Arena:
         if not host:
             return t
 
-        def rows(band):
+        def rows(band: Band) -> list[int]:
             return band.v2p.index_select(0, t).tolist()  # SYNC: table read
 
         for v, p in zip(host, rows(b)):
@@ -315,12 +366,12 @@ class Arena:
                     )
         return t
 
-    def _bound_ids(self, b, ids):
+    def _bound_ids(self, b: Band, ids: Ids) -> torch.Tensor:
         return self._checked(b, ids, bound=True)
 
     # -------------------------------------------------------- operations
 
-    def alloc(self, name, n, ids=None, check=True):
+    def alloc(self, name: str, n: int, ids: Ids | None = None, check: bool = True) -> torch.Tensor | None:
         """``n`` pages as an int64 tensor of virtual ids, or None if short.
 
         Holes first (oldest first), then the frontier extends; ids pair with
@@ -345,11 +396,23 @@ class Arena:
             return self._bind(b, n)  # fresh ids from the queue: the caller's own tensor
         return self._bind(b, n, ids).clone()  # the caller's ids: never hand them back aliased
 
-    def _bind(self, b, n, ids=None):
+    def bind_with_borrowers(self, name: str, n: int) -> torch.Tensor:
+        """Bind ``n > 0`` fresh ids of lender ``name`` (its queue's oldest),
+        then the same ids in each of its borrowers; the ids (a new tensor).
+
+        The coupled bind of a composite, whose joint gate has already
+        decided that both binds fit (the lender's, then each borrower's in
+        what the lender left): no gate here, no check, no host sync.  A
+        bind that does not fit is undefined behaviour."""
+        ids = self._bind(self._band(name), n)
+        for borrower in self.borrowers(name):
+            self._bind(self.bands[borrower], n, ids)
+        return ids
+
+    def _bind(self, b: Band, n: int, ids: torch.Tensor | None = None) -> torch.Tensor:
         """Bind ``n`` pages, ``0 < n <= available_pages``, to ``ids`` (valid
         unbound ids, or None: the queue's oldest).  No check, no sync: the
-        tail of ``alloc``, and the composites' trusted decode path, whose
-        joint gate has priced every band it binds.  Returns the ids."""
+        tail of ``alloc`` and of ``bind_with_borrowers``.  Returns the ids."""
         k = min(n, b.n_holes)
         pages = b.holes[:k]
         b.holes = b.holes[k:]
@@ -357,6 +420,7 @@ class Arena:
             ext = self._extend(b, n - k)
             pages = torch.cat([pages, ext]) if k else ext
         if ids is None:
+            assert b.free_ids is not None  # only a band that mints its ids binds without them
             ids = b.free_ids.take(n)
         elif b.free_ids is not None:  # a borrower keeps no queue
             b.free_ids.remove(ids)
@@ -365,7 +429,7 @@ class Arena:
         b.live = b.live + n
         return ids
 
-    def _extend(self, b, m):
+    def _extend(self, b: Band, m: int) -> torch.Tensor:
         """Grow ``b``'s span by ``m`` pages (the gate checked they fit)."""
         if b.grow == "up":
             b.hi = b.hi + m
@@ -384,7 +448,7 @@ class Arena:
         b.lo = b.lo - m
         return b.pages(b.lo, b.lo + m)
 
-    def free(self, name, ids, check=True):
+    def free(self, name: str, ids: Ids, check: bool = True) -> None:
         """Free pages by virtual id.
 
         ``check=True``: validate first (a documented host read); ``ValueError``
@@ -413,7 +477,7 @@ class Arena:
                 b.park()
         return None
 
-    def _compact_eager(self, b, freed, k):
+    def _compact_eager(self, b: Band, freed: torch.Tensor, k: int) -> None:
         """Retreat the frontier by ``k`` and fill holes from the vacated pages.
 
         Sync-free: fixed length-``k`` move sets.  Say ``j`` survivors sit in
@@ -438,7 +502,7 @@ class Arena:
         dst = torch.sort(freed).values
         self._move(b, dst, src)
 
-    def flush(self, name, max_moves=None):
+    def flush(self, name: str, max_moves: int | None = None) -> int:
         """Settle a band's backlog; pages moved.
 
         A lazy END absorbs frontier holes and moves the survivors nearest the
@@ -478,7 +542,7 @@ class Arena:
         b.holes = h[keep]  # order kept: reuse stays oldest first
         return moved
 
-    def _refit(self, b):
+    def _refit(self, b: Band) -> None:
         """Shrink a float's span to its live pages; drop holes left outside.
 
         SYNC: reads the live pages' extent."""
@@ -491,7 +555,7 @@ class Arena:
         keep = (h >= b.lo) & (h < b.hi) & (b.p2v.index_select(0, h) < 0)
         b.holes = h[keep]
 
-    def make_room(self, name, side, min_bytes):
+    def make_room(self, name: str, side: str, min_bytes: int) -> int:
         """Slide float ``name`` until the band on ``side`` has ``min_bytes``.
 
         Returns pages moved; 0 with nothing changed when the side already has
@@ -534,7 +598,7 @@ class Arena:
         self._refit(b)
         return moved
 
-    def compact_holes(self, name, retreat_side):
+    def compact_holes(self, name: str, retreat_side: str) -> int:
         """Pack a float's live pages toward the edge opposite ``retreat_side``,
         keeping their order.  Pages moved."""
         b = self._float(name)
@@ -550,7 +614,7 @@ class Arena:
         self._refit(b)
         return moved
 
-    def translate(self, name, ids, out=None):
+    def translate(self, name: str, ids: Ids, out: torch.Tensor | None = None) -> torch.Tensor:
         """Physical pages of virtual ids; a tombstone (unbound, -1) maps to 0.
 
         On a tensor this is sync-free: ids outside the id range index
@@ -576,7 +640,7 @@ class Arena:
 
     # ------------------------------------------------------------ policy
 
-    def open_short_side(self, name, demand):
+    def open_short_side(self, name: str, demand: Mapping[str, int]) -> int:
         """Slide float ``name`` for a demand vector ``{pool: pages}``; pages moved."""
         b = self._float(name)
         for n in demand:
@@ -587,7 +651,7 @@ class Arena:
         if any(d > self.bands[n].index_room for n, d in demand.items()):
             return 0  # short of virtual ids: bytes cannot fix that
 
-        def side_need(end):
+        def side_need(end: str) -> int:
             e = self.bands[end]
             return max(0, demand.get(end, 0) - e.n_holes) * e.geom.epp
 
@@ -604,7 +668,7 @@ class Arena:
             return 0
         return self.make_room(name, "low" if side_is_low else "high", target)
 
-    def plan_floats(self, demand):
+    def plan_floats(self, demand: Mapping[str, int]) -> int:
         """The planner's rung (DESIGN section 4b); pages moved.
 
         The decision is the spec's own ``planner.plan_chain`` (one source,
@@ -615,7 +679,7 @@ class Arena:
         demand = {n: self._count(n, d, "demand") for n, d in demand.items()}
         names = self.chain[1:-1]
         floats = [
-            planner.Float(
+            Float(
                 b.geom.epp,
                 b.geom.min_page,
                 b.geom.num_pages,
@@ -631,18 +695,10 @@ class Arena:
         ends = []
         for name, side in ((self.chain[0], 1), (self.chain[-1], 0)):
             e = self.bands[name]
-            g = e.geom
-            ends.append(
-                planner.End(
-                    e.frontiers[side],
-                    g.epp,
-                    max(0, demand.get(name, 0) - e.n_holes),
-                    g.num_pages - g.min_page - (e.hi - e.lo),
-                )
-            )
-        plan = planner.plan_chain(ends[0], floats, ends[1])
+            ends.append(End(e.frontiers[side], e.geom.epp, max(0, demand.get(name, 0) - e.n_holes), e.span_room))
+        plan = plan_chain(ends[0], floats, ends[1])
         moved = 0
-        for i in planner.move_order(floats, plan):
+        for i in move_order(floats, plan):
             b = self.bands[names[i]]
             live = b.occupied_pages()  # SYNC: the move set depends on the live pages
             target = b.pages(plan.starts[i], plan.starts[i] + live.numel())
@@ -651,7 +707,7 @@ class Arena:
             self._refit(b)
         return moved
 
-    def flush_targets(self, name):
+    def flush_targets(self, name: str) -> list[str]:
         """The bands an urgent flush visits for a shortfall in ``name``: the
         nearest opaque band on each side the band grows toward (an END
         grows one way, a float both)."""
@@ -659,7 +715,7 @@ class Arena:
         ways = {"up": (True,), "down": (False,), "float": (False, True)}[b.grow]
         return [nb.name for nb in (self._neighbour(name, up) for up in ways) if nb is not None]
 
-    def relieve(self, name, need_pages, evict=None):
+    def relieve(self, name: str, need_pages: int, evict: Callable[[int], object] | None = None) -> bool:
         """The shortfall ladder; True once ``need_pages`` fits in ``name``.
 
         Each attempt flushes the flush targets, then, while the need is
@@ -673,7 +729,7 @@ class Arena:
         self._band(name)
         need = self._count(name, need_pages, "need_pages")
 
-        def short():
+        def short() -> int:
             return need - self.available_pages(name)
 
         attempts = 1 + (MAX_EVICT_ROUNDS if evict is not None else 0)
@@ -681,7 +737,7 @@ class Arena:
             if attempt == 0:
                 if short() <= 0:
                     return True
-            elif not evict(short()):
+            elif evict is None or not evict(short()):
                 break
             for t in self.flush_targets(name):
                 self.flush(t)
@@ -699,7 +755,7 @@ class Arena:
 
     # ------------------------------------------------------------ checks
 
-    def verify(self):
+    def verify(self) -> None:
         """Check every accounting rule; raise ``AccountingError`` naming the pool.
 
         The memo is checked first, so a write around a ``CapField`` is
@@ -722,7 +778,7 @@ class Arena:
         # The ENDs' own checks keep the first band clear of the sink and the
         # last inside the buffer; what is left is neighbours overlapping.
         opaque = [b for b in self._order if b.opaque]
-        for below, b in zip(opaque, opaque[1:]):
+        for below, b in itertools.pairwise(opaque):
             low, high = b.frontiers[0], below.frontiers[1]
             if low < high:
                 raise AccountingError(
@@ -730,7 +786,7 @@ class Arena:
                 )
         self._conservation(opaque, recount)
 
-    def _conservation(self, opaque, recount):
+    def _conservation(self, opaque: list[Band], recount: dict[str, int]) -> None:
         """Bytes accounted from counts, not frontiers: the sink, the padding up
         to the first band, and for each opaque band its recounted live pages
         and holes plus the free bytes the chain walk sees above it (clamped
@@ -749,11 +805,11 @@ class Arena:
                 f"live {recount[b.name]} + holes {b.n_holes}",
             )
 
-    def _check_band(self, b):
+    def _check_band(self, b: Band) -> int:
         """Check one band from its device tables; return its live pages, recounted."""
         g, name, n, ids_end = b.geom, b.name, b.geom.num_pages, b.id_end
 
-        def need(ok, rule, detail=""):
+        def need(ok: bool, rule: str, detail: str = "") -> None:
             if not ok:
                 raise AccountingError(name, rule, detail)
 
@@ -792,7 +848,7 @@ class Arena:
         )
         return len(live)
 
-    def snapshot(self):
+    def snapshot(self) -> dict[str, object]:
         """The whole state as JSON-able data (same shape as the spec's).
 
         Copies every table to the host: a tool and test path, never a hot one.

@@ -39,7 +39,7 @@ def float_available(parked: bool, lo: int, hi: int, lo_wm: int, hi_wm: int, hole
     return free if free > 0 else 0
 
 
-def float_region(below: int, above: int, epp: int, lowest: int, num_pages: int):
+def float_region(below: int, above: int, epp: int, lowest: int, num_pages: int) -> tuple[int, int]:
     """Pages ``[lo, hi)`` of a float's grid strictly between its neighbours'
     frontiers: round the low edge up and the high edge down (anchor bug 1)."""
     lo = _ceil(below, epp)
@@ -70,7 +70,9 @@ def make_room_need(band_side: int, min_bytes: int, epp: int) -> int:
     return _ceil(min_bytes - band_side, epp)
 
 
-def short_side_decision(sides_low: int, sides_high: int, band_low: int, band_high: int, float_bytes: int, slack: int):
+def short_side_decision(
+    sides_low: int, sides_high: int, band_low: int, band_high: int, float_bytes: int, slack: int
+) -> tuple[bool, bool, int]:
     """``(act, side_is_low, target)`` for one float and one demand vector."""
     surplus_low = band_low - sides_low
     surplus_high = band_high - sides_high

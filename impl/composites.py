@@ -15,10 +15,16 @@ composite      chain (low bytes -> high)                  ids
 
 A **token id** is ``vpage*ps + offset`` in full's id space; swa borrows those
 ids (``borrow={"swa": "full"}``).  A batch that needs ``n`` new pages takes
-``n`` ids from full's FIFO (``arena.alloc("full", n)``) and binds the *same*
-ids in swa (``arena.alloc("swa", n, ids=ids, check=False)``), full first.
-The gate decides beforehand, from host counters, whether both binds succeed
-(the joint view below), so a refusal never leaves one side allocated.
+``n`` ids from full's FIFO and binds the *same* ids in swa, full first, in
+one ``arena.bind_with_borrowers("full", n)``.  One gate decides beforehand,
+from host counters, whether both binds succeed (the joint view below), so a
+refusal never leaves one side allocated, and the bind checks nothing again.
+
+**The arena seam.**  A composite calls only the arena's public methods:
+the per-pool calls (``alloc``, ``free``, ``flush``, the views, ...), and for
+its own needs ``counts`` (a band's host counts, a copy), ``id_end`` and
+``v2p_at`` (table reads into new tensors), ``bind_with_borrowers`` and
+``new_memo``.  Nothing it is handed writes the arena.
 
 **Host syncs.**  The per-step path is ``alloc_decode`` + ``free_swa`` +
 ``translate``.  ``translate`` on a tensor is sync-free.  ``alloc_extend``,
@@ -39,9 +45,10 @@ coupled bind succeeds now without relief, from host ints only:
 * ``MambaHybrid``: full's own view (``end_available`` against the state
   END's high frontier); binding tokens touches only full.
 * ``HybridSWA``: a closed form over the two ENDs sharing one gap; see
-  ``_joint_two_ends``.
+  ``HybridSWA._joint_pages``.
 * ``TriPool``: a binary search over a monotone O(1) predicate that mirrors
-  both gates; see ``_joint_tri``.
+  both bands' gates (each band's ``available_pages``, what ``alloc`` would
+  check); see ``TriPool._joint_pages``.
 
 It is memoised on the arena's clock (every band's capacity fields tick it,
 and a tick empties the memo), in the composite's own ``Memo`` (the arena's
@@ -54,11 +61,15 @@ computation.
 its input (the composite's ``Arena.alloc(check=False)``): the inputs are 1-D
 int64 tensors on the arena's device and valid as each call states; the
 state, the result and the one host read are the checked call's, without the
-argument checks and the batch validation.  Bad input there is undefined
-behaviour.  The checked path stays the default.
+argument checks and the batch validation.  Both ``alloc_decode`` paths
+share the rule for which requests open a page and how their slots are
+laid out (``_opens_page``, ``_decode_slots``).  Bad input there is
+undefined behaviour.  The checked path stays the default.
 """
 
 import operator
+from collections.abc import Callable, Sequence
+from typing import ClassVar, NoReturn, SupportsIndex, cast
 
 import torch
 
@@ -67,29 +78,31 @@ from kvarena.spec.geometry import AccountingError, SubPool
 from . import capacity as cap
 from .arena import MAX_EVICT_ROUNDS, Arena
 from .band import I64
-from .memo import Memo
+
+# What a batch argument may be: a tensor, or an ordered sequence of ints.
+IntsLike = torch.Tensor | Sequence[int]
 
 FULL, SWA, STATE = "full", "swa", "state"
 
 __all__ = ["HybridSWA", "MambaHybrid", "TriPool", "swa_window_end"]
 
 
-def _cdiv(a, b):
+def _cdiv(a: int, b: int) -> int:
     return -((-a) // b)
 
 
-def _host_read(t):
-    """The one documented host read of a call: a small int64 tensor to a list.
+def _host_read(t: torch.Tensor) -> list[int]:
+    """The one documented host read of a call: a small 1-D int64 tensor to a list.
 
     SYNC: every hot-path call funnels its single device-to-host read through
-    here (``tests/impl/test_composites.py`` counts the calls)."""
+    here (``tests/impl/test_host_sync.py`` counts the calls)."""
     return t.tolist()  # SYNC: the one documented read per call
 
 
 # ------------------------------------------------------------- arguments
 
 
-def _int(what, v):
+def _int(what: str, v: SupportsIndex) -> int:
     try:
         if isinstance(v, bool):
             raise TypeError
@@ -98,7 +111,7 @@ def _int(what, v):
         raise ValueError(f"{what} must be an int, got {v!r}") from None
 
 
-def _count(what, v):
+def _count(what: str, v: SupportsIndex) -> int:
     v = _int(what, v)
     if v < 0:
         raise ValueError(f"{what} must be >= 0, got {v}")
@@ -126,7 +139,7 @@ def swa_window_end(seq_len: int, window: int, page_size: int) -> int:
 # ------------------------------------------------------------ the common part
 
 
-def _live_token(v2p, t, ps, what):
+def _live_token(v2p: list[int], t: int, ps: int, what: str) -> None:
     """Raise, in the spec's words, unless token ``t`` lies in a live page of
     ``v2p`` (a host list): the batch calls' error path and ``free``'s check."""
     page = t // ps
@@ -143,28 +156,36 @@ def _live_token(v2p, t, ps, what):
 class _Composite:
     """What every composite shares: token allocation, free, views, relief."""
 
-    CHAIN = ()
-    BORROW = {}
+    CHAIN: ClassVar[tuple[str, ...]] = ()
+    BORROW: ClassVar[dict[str, str]] = {}
 
-    def __init__(self, total_bytes, pools, page_size, lazy, policy, device):
+    def __init__(
+        self,
+        total_bytes: int,
+        pools: list[SubPool],
+        page_size: int,
+        lazy: bool,
+        policy: str,
+        device: str | torch.device,
+    ) -> None:
         self.arena = Arena(
             total_bytes, pools, lazy=lazy, policy=policy, borrow=dict(self.BORROW) or None, device=device
         )
         self.page_size = page_size
         self.device = self.arena.device
-        self._memo = Memo(self.arena._memo.clock)  # the arena's clock: any band's change empties it
+        self._memo = self.arena.new_memo()  # the arena's clock: any band's change empties it
         self._joint_key = ("joint_pages", type(self).__name__)
         self.verify()
 
-    def _has(self, name):
+    def _has(self, name: str) -> bool:
         return name in self.CHAIN
 
-    def _floats(self):
+    def _floats(self) -> list[str]:
         return list(self.CHAIN[1:-1])
 
     # ------------------------------------------------------ input tensors
 
-    def _vec(self, what, x):
+    def _vec(self, what: str, x: IntsLike) -> torch.Tensor:
         """A 1-D int64 tensor on the arena's device (a tensor, or any ordered
         sequence of ints: list, tuple, range, array; not a string, set or mapping)."""
         if isinstance(x, torch.Tensor):
@@ -181,17 +202,17 @@ class _Composite:
 
     # --------------------------------------------------- the joint view
 
-    @staticmethod
-    def _end_room(b):
-        g = b.geom
-        return g.num_pages - g.min_page - (b.hi - b.lo)
-
-    def _joint_pages(self, state_ext=0):
+    def _joint_pages(self, state_ext: int = 0) -> int:
         """The largest ``P`` whose coupled bind succeeds now, without relief,
         with the state END's frontier first advanced by ``state_ext`` pages."""
         raise NotImplementedError
 
-    def joint_pages(self):
+    def _state_ext(self, state_slots: int) -> int:
+        """Pages ``state_slots`` new slots extend the state END by: what its
+        lazy holes do not cover."""
+        return max(0, state_slots - self.arena.counts(STATE).holes)
+
+    def joint_pages(self) -> int:
         """The joint view in pages, memoised on the arena's clock: a hit is
         one dict lookup."""
         try:
@@ -199,33 +220,32 @@ class _Composite:
         except KeyError:
             return self._memo.put(*self._joint_key, self._joint_pages(0))
 
-    def available_size(self):
+    def available_size(self) -> int:
         """The joint view, in tokens (DESIGN section 6; anchor bug 7): the
         largest ``n`` for which ``alloc_extend([0], [n], [-1])`` succeeds now
         without relief.  It can be below the ``min`` of the per-component
         views: each of those assumes the shared gap is its own."""
         return self.joint_pages() * self.page_size
 
-    def full_available_size(self):
+    def full_available_size(self) -> int:
         return self.arena.available_size(FULL)
 
-    def fits(self, tokens=0, state_slots=0):
+    def fits(self, tokens: int = 0, state_slots: int = 0) -> bool:
         """Would ``state_slots`` slots and then one request of ``tokens`` new
         tokens (empty prefix) both succeed now, without relief?  Host ints
         only, nothing changes."""
         tokens, state_slots = self._demand_args("fits", tokens, state_slots)
         return self._fits(tokens, state_slots)
 
-    def _fits(self, tokens, state_slots):
+    def _fits(self, tokens: int, state_slots: int) -> bool:
         need = _cdiv(tokens, self.page_size)
         if not state_slots:
             return need <= self.joint_pages()
-        st = self.arena.bands[STATE]
         if state_slots > self.arena.available_pages(STATE):
             return False
-        return need <= self._joint_pages(max(0, state_slots - st.n_holes))
+        return need <= self._joint_pages(self._state_ext(state_slots))
 
-    def _demand_args(self, what, tokens, state_slots):
+    def _demand_args(self, what: str, tokens: int, state_slots: int) -> tuple[int, int]:
         tokens = _count(f"{what}: tokens", tokens)
         state_slots = _count(f"{what}: state_slots", state_slots)
         if state_slots and not self._has(STATE):
@@ -234,45 +254,33 @@ class _Composite:
 
     # ------------------------------------------------------ the coupled bind
 
-    def _take_pages(self, n, check=True):
+    def _take_pages(self, n: int) -> torch.Tensor | None:
         """Gate and bind ``n`` new pages: an int64 id tensor, or None with no
-        id allocated on any side (relief moves may have happened).
-        ``check=False`` (the trusted path) binds without the arena's own
-        per-band gates and argument checks, which the joint gate implies."""
+        id allocated on any side (relief moves may have happened).  The
+        joint gate is the one gate: it priced every band the bind touches,
+        so the bind itself checks nothing again."""
         if n == 0:
             return torch.empty(0, dtype=I64, device=self.device)
         if n > self.joint_pages():
             self.relieve(tokens=n * self.page_size)
             if n > self.joint_pages():
                 return None
-        if not check:
-            bands = self.arena.bands
-            ids = self.arena._bind(bands[FULL], n)
-            if SWA in bands:
-                self.arena._bind(bands[SWA], n, ids)
-            return ids
-        ids = self.arena.alloc(FULL, n)
-        if ids is None:  # the joint gate priced this bind: unreachable
-            raise AccountingError(FULL, "joint gate", f"full refused {n} pages the joint view allowed")
-        if self._has(SWA) and self.arena.alloc(SWA, n, ids=ids, check=False) is None:
-            raise AccountingError(SWA, "joint gate", f"swa refused {n} pages the joint view allowed")
-        return ids
+        return self.arena.bind_with_borrowers(FULL, n)
 
     # ----------------------------------------------------- allocation
 
-    def _request_flags(self, prefix, seq, loc):
+    def _request_flags(self, prefix: torch.Tensor, seq: torch.Tensor, loc: torch.Tensor) -> torch.Tensor:
         """How many requests are invalid, as a 0-dim int64 tensor (sync-free): the
         checks of ``_explain``, vectorised; ``_explain`` names the first."""
         ps = self.page_size
-        full = self.arena.bands[FULL]
-        end = full.id_end
+        end = self.arena.id_end(FULL)
         page = torch.div(loc, ps, rounding_mode="floor")
         ok_idx = (loc >= 0) & (page >= 1) & (page < end)
-        row = full.v2p.index_select(0, torch.where(ok_idx, page, end))
+        row = self.arena.v2p_at(FULL, torch.where(ok_idx, page, end))
         live = ok_idx & (row >= 0)
         empty = prefix == 0
         aligned = torch.remainder(loc, ps) == torch.remainder(prefix - 1, ps)
-        g = full.geom
+        g = self.arena.geometry(FULL)
         fits_ever = seq <= (g.num_pages - g.min_page) * ps  # before any sum can overflow
         good = (prefix >= 0) & (seq >= prefix) & fits_ever & torch.where(empty, loc == -1, live & aligned)
         bad = (~good).to(I64)
@@ -283,7 +291,7 @@ class _Composite:
         dup = (key[1:] == key[:-1]) & (key[1:] > 0)
         return bad.sum() + dup.to(I64).sum()
 
-    def _explain(self, what, prefix, seq, loc):
+    def _explain(self, what: str, prefix: torch.Tensor, seq: torch.Tensor, loc: torch.Tensor) -> NoReturn:
         """Error path only: name the first bad request (host reads)."""
         ps = self.page_size
         if what == "alloc_decode":
@@ -291,8 +299,8 @@ class _Composite:
                 if s < 1:
                     raise ValueError(f"{what}: request {i}: seq_len must be >= 1, got {s}")
         v2p = self.arena.v2p(FULL).tolist()
-        continued = {}
-        for i, (p, s, l) in enumerate(zip(prefix.tolist(), seq.tolist(), loc.tolist())):
+        continued: dict[int, int] = {}
+        for i, (p, s, last) in enumerate(zip(prefix.tolist(), seq.tolist(), loc.tolist())):
             if p < 0:
                 raise ValueError(f"{what}: request {i}: prefix_len {p} < 0")
             if s < p:
@@ -304,30 +312,30 @@ class _Composite:
                     f"{(g.num_pages - g.min_page) * ps} tokens this arena could ever hold"
                 )
             if p == 0:
-                if l != -1:
-                    raise ValueError(f"{what}: request {i}: empty prefix needs last_loc -1, got {l}")
+                if last != -1:
+                    raise ValueError(f"{what}: request {i}: empty prefix needs last_loc -1, got {last}")
                 continue
-            _live_token(v2p, l, ps, f"{what}: request {i}: last_loc")
-            if l % ps != (p - 1) % ps:
+            _live_token(v2p, last, ps, f"{what}: request {i}: last_loc")
+            if last % ps != (p - 1) % ps:
                 raise ValueError(
-                    f"{what}: request {i}: last_loc {l} is at offset {l % ps} of its page, "
+                    f"{what}: request {i}: last_loc {last} is at offset {last % ps} of its page, "
                     f"but position {p - 1} belongs at offset {(p - 1) % ps}"
                 )
             if p % ps and s > p:
-                if l // ps in continued:
-                    raise ValueError(f"{what}: requests {continued[l // ps]} and {i} both continue page {l // ps}")
-                continued[l // ps] = i
+                if last // ps in continued:
+                    raise ValueError(
+                        f"{what}: requests {continued[last // ps]} and {i} both continue page {last // ps}"
+                    )
+                continued[last // ps] = i
         raise ValueError(f"{what}: invalid batch")
 
-    def _new_pages(self, what, prefix, seq, loc):
-        """Check the batch's lengths agree; new pages per request (sync-free)."""
+    def _same_length(self, what: str, prefix: torch.Tensor, seq: torch.Tensor, loc: torch.Tensor) -> None:
         if not prefix.numel() == seq.numel() == loc.numel():
             raise ValueError(
                 f"{what}: length mismatch: {prefix.numel()} prefix_lens, {seq.numel()} seq_lens, {loc.numel()} last_loc"
             )
-        return _cdiv_t(seq, self.page_size) - _cdiv_t(prefix, self.page_size)
 
-    def alloc_extend(self, prefix_lens, seq_lens, last_loc):
+    def alloc_extend(self, prefix_lens: IntsLike, seq_lens: IntsLike, last_loc: IntsLike) -> torch.Tensor | None:
         """Slots for positions ``[prefix_i, seq_i)`` of each request, flat and
         request-major (int64 tensor), or None.  ANCHOR section 1 to the slot:
         request ``i`` takes ``ceil(seq/ps) - ceil(prefix/ps)`` new pages, in
@@ -341,7 +349,8 @@ class _Composite:
         prefix = self._vec(f"{what}: prefix_lens", prefix_lens)
         seq = self._vec(f"{what}: seq_lens", seq_lens)
         loc = self._vec(f"{what}: last_loc", last_loc)
-        new = self._new_pages(what, prefix, seq, loc)
+        self._same_length(what, prefix, seq, loc)
+        new = _cdiv_t(seq, self.page_size) - _cdiv_t(prefix, self.page_size)  # new pages per request
         lens = seq - prefix
         bad = self._request_flags(prefix, seq, loc)
         # SYNC: the one documented read: pages to bind, tokens out, bad requests.
@@ -353,7 +362,16 @@ class _Composite:
             return None
         return self._slots(prefix, seq, loc, new, lens, ids, total)
 
-    def _slots(self, prefix, seq, loc, new, lens, ids, total):
+    def _slots(
+        self,
+        prefix: torch.Tensor,
+        seq: torch.Tensor,
+        loc: torch.Tensor,
+        new: torch.Tensor,
+        lens: torch.Tensor,
+        ids: torch.Tensor,
+        total: int,
+    ) -> torch.Tensor:
         """Request-major slots of a bound batch, vectorised (no loop)."""
         ps, dev = self.page_size, self.device
         nreq = prefix.numel()
@@ -371,7 +389,7 @@ class _Composite:
         pages = torch.cat([ids, ids.new_zeros(1)]).index_select(0, q)
         return torch.where(in_cont, loc.index_select(0, req) + 1 + j, pages * ps + torch.remainder(pos, ps))
 
-    def alloc_decode(self, seq_lens, last_loc, check=True):
+    def alloc_decode(self, seq_lens: IntsLike, last_loc: IntsLike, check: bool = True) -> torch.Tensor | None:
         """One slot per request, for position ``seq_i - 1`` (int64 tensor), or
         None: a new page iff ``seq % ps == 1`` (ps = 1: always), else
         ``last_loc + 1``.  ``seq_lens`` >= 1.  Shortfalls as ``alloc_extend``.
@@ -382,43 +400,49 @@ class _Composite:
         token at position ``seq - 2``, or ``-1`` when ``seq`` is 1; no two
         requests continue one page).  Same slots, state and host read."""
         if not check:
-            return self._decode_trusted(seq_lens, last_loc)
+            return self._decode_trusted(cast(torch.Tensor, seq_lens), cast(torch.Tensor, last_loc))
         what = "alloc_decode"
         seq = self._vec(f"{what}: seq_lens", seq_lens)
         loc = self._vec(f"{what}: last_loc", last_loc)
         prefix = seq - 1
-        new = self._new_pages(what, prefix, seq, loc)
+        self._same_length(what, prefix, seq, loc)
+        opens = self._opens_page(seq)
         bad = self._request_flags(prefix, seq, loc) + (seq < 1).to(I64).sum()
         # SYNC: the one documented read: pages to bind and bad requests.
-        n, n_bad = _host_read(torch.stack([new.sum(), bad]))
+        n, n_bad = _host_read(torch.stack([opens.sum(), bad]))
         if n_bad:
             self._explain(what, prefix, seq, loc)
         ids = self._take_pages(n)
         if ids is None:
             return None
-        ps = self.page_size
-        base = torch.cumsum(new, 0) - new
-        q = torch.where(new > 0, base, ids.numel())
-        pages = torch.cat([ids, ids.new_zeros(1)]).index_select(0, q)
-        return torch.where(new > 0, pages * ps + torch.remainder(prefix, ps), loc + 1)
+        return self._decode_slots(opens, ids, loc)
 
-    def _decode_trusted(self, seq, loc):
-        """``alloc_decode(check=False)``: request ``i`` opens a page iff
-        position ``seq_i - 1`` is a page's first, and its slot is then that
-        page's first; the ``k``-th opener takes ``ids[k - 1]``."""
-        ps = self.page_size
-        new = torch.remainder(seq, ps) == 1 % ps  # position seq - 1 opens a page (ps 1: always)
+    def _decode_trusted(self, seq: torch.Tensor, loc: torch.Tensor) -> torch.Tensor | None:
+        """``alloc_decode(check=False)``: the checked call's page rule and
+        slots, without its validation."""
+        opens = self._opens_page(seq)
         # SYNC: the one documented read: pages to bind.
-        ids = self._take_pages(_host_read(new.sum()), check=False)
+        (n,) = _host_read(opens.sum().reshape(1))
+        ids = self._take_pages(n)
         if ids is None:
             return None
+        return self._decode_slots(opens, ids, loc)
+
+    def _opens_page(self, seq: torch.Tensor) -> torch.Tensor:
+        """Which requests open a page (a bool tensor, sync-free): position
+        ``seq - 1`` is a page's first (ps 1: always)."""
+        return torch.remainder(seq, self.page_size) == 1 % self.page_size
+
+    def _decode_slots(self, opens: torch.Tensor, ids: torch.Tensor, loc: torch.Tensor) -> torch.Tensor:
+        """Each request's slot for position ``seq - 1``: the ``k``-th opener
+        takes the first slot of ``ids[k - 1]``, the others ``last_loc + 1``."""
         # the others index a leading 0 row, so no index is out of range
-        pages = torch.cat([ids.new_zeros(1), ids]).index_select(0, torch.cumsum(new, 0) * new)
-        return torch.where(new, pages * ps, loc + 1)
+        pages = torch.cat([ids.new_zeros(1), ids]).index_select(0, torch.cumsum(opens, 0) * opens)
+        return torch.where(opens, pages * self.page_size, loc + 1)
 
     # ------------------------------------------------------------ free
 
-    def free(self, token_ids):
+    def free(self, token_ids: IntsLike) -> None:
         """Free the pages of these tokens: their swa entries still live, then
         the full pages, both in ascending page order.  Every token must be
         live in full (``-1``, page 0, out of range, unknown, freed or
@@ -429,16 +453,16 @@ class _Composite:
         if len(set(toks)) != len(toks):
             raise ValueError(f"free: pool 'full': a token is repeated in {toks}")
         v2p = self.arena.v2p(FULL).tolist()  # SYNC: validation
-        pages = set()
+        page_set: set[int] = set()
         for t in toks:
             _live_token(v2p, t, ps, "free: pool 'full': token")
-            pages.add(t // ps)
-        pages = sorted(pages)
+            page_set.add(t // ps)
+        pages = sorted(page_set)
         if not pages:
             return None
         ids = torch.tensor(pages, dtype=I64, device=self.device)
         if self._has(SWA):
-            swa = self.arena.bands[SWA].v2p.index_select(0, ids).tolist()  # SYNC: cold path
+            swa = self.arena.v2p_at(SWA, ids).tolist()  # SYNC: cold path
             live = [p for p, s in zip(pages, swa) if s > 0]
             if live:
                 self.arena.free(SWA, torch.tensor(live, dtype=I64, device=self.device), check=False)
@@ -447,19 +471,20 @@ class _Composite:
 
     # --------------------------------------------------------- relief
 
-    def _absorb_members(self):
+    def _absorb_members(self) -> None:
         for name in self._floats() + [self.CHAIN[0], self.CHAIN[-1]]:
             self.arena.flush(name, max_moves=0)
 
-    def _compact_ends(self, demand, fits, replan):
+    def _compact_ends(self, demand: dict[str, int], fits: Callable[[], bool], replan: Callable[[], bool]) -> bool:
         """The ENDs' surplus holes (beyond their own demand) in chain order,
         each in doubling steps capped at the surplus, until it fits; then,
         with floats and the anchor policy (whose slide reads packed ENDs),
         the ENDs whole (the spec's ``_compact_ends``)."""
         for name in (self.CHAIN[0], self.CHAIN[-1]):
-            band = self.arena.bands[name]
             k = 1
-            while (surplus := band.n_holes - demand[name]) > 0 and self.arena.flush(name, max_moves=min(k, surplus)):
+            while (surplus := self.arena.counts(name).holes - demand[name]) > 0:
+                if not self.arena.flush(name, max_moves=min(k, surplus)):
+                    break
                 if fits() or replan():
                     return True
                 k *= 2
@@ -468,19 +493,12 @@ class _Composite:
                 self.arena.flush(name)
         return False
 
-    def _shortfall(self, tokens, state_slots):
-        """Tokens ``evict`` is asked for: the joint token shortfall plus, for
-        state slots short, ``slots * state_slot_token_cost()``; when that is
-        0 the tokens fit alone but not after the slots: what they then lack."""
-        short = max(0, tokens - self.available_size())
-        if state_slots:
-            short += max(0, state_slots - self.state_available_size()) * self.state_slot_token_cost()
-        if short == 0 and state_slots:
-            st = self.arena.bands[STATE]
-            short = tokens - self._joint_pages(max(0, state_slots - st.n_holes)) * self.page_size
-        return short
+    def _shortfall(self, tokens: int, state_slots: int) -> int:
+        """Tokens ``evict`` is asked for: the joint token shortfall (a
+        composite with a state pool adds its slots', ``_WithState``)."""
+        return max(0, tokens - self.available_size())
 
-    def relieve(self, tokens=0, state_slots=0, evict=None):
+    def relieve(self, tokens: int = 0, state_slots: int = 0, evict: Callable[[int], object] | None = None) -> bool:
         """The shortfall ladder for a demand; True once it fits (DESIGN 4, 6).
 
         Demand vector ``{full: ceil(tokens/ps), swa: same (where present),
@@ -507,16 +525,16 @@ class _Composite:
             demand[STATE] = state_slots
         planner = self.arena.policy == "planner"
 
-        def fits():
+        def fits() -> bool:
             return self._fits(tokens, state_slots)
 
-        def replan():
+        def replan() -> bool:
             if not planner:
                 return False
             self.arena.plan_floats(demand)
             return fits()
 
-        def rungs():
+        def rungs() -> bool:
             self._absorb_members()
             if fits() or replan() or self._compact_ends(demand, fits, replan):
                 return True
@@ -534,7 +552,7 @@ class _Composite:
             if attempt == 0:
                 if fits():
                     return True
-            elif not evict(self._shortfall(tokens, state_slots)):
+            elif evict is None or not evict(self._shortfall(tokens, state_slots)):
                 break
             if rungs():
                 return True
@@ -542,7 +560,7 @@ class _Composite:
 
     # ------------------------------------------------------- translate
 
-    def translate(self, token_ids, pool="full", check=True):
+    def translate(self, token_ids: IntsLike, pool: str = "full", check: bool = True) -> torch.Tensor:
         """Physical slots ``v2p[t // ps] * ps + t % ps`` (int64 tensor).  A
         tombstoned page, page 0 and ``-1`` give slot 0 itself.  Sync-free on
         a tensor (out-of-range ids also give 0 there); a host sequence is
@@ -552,12 +570,11 @@ class _Composite:
         int64 tensor on the arena's device, each id in ``[-1, id end)`` of
         ``pool``, which must be one of the composite's pools."""
         if not check:
-            return self._translate(token_ids, self.arena.bands[pool], 1 if pool == STATE else self.page_size)
+            return self._translate(cast(torch.Tensor, token_ids), pool, 1 if pool == STATE else self.page_size)
         if not isinstance(pool, str) or not self._has(pool):
             raise ValueError(f"translate: pool {pool!r}: {type(self).__name__} has pools {', '.join(self.CHAIN)}")
         ps = 1 if pool == STATE else self.page_size
-        band = self.arena.bands[pool]
-        n_ids = band.id_end
+        n_ids = self.arena.id_end(pool)
         toks = self._vec("translate: token_ids", token_ids)
         if not isinstance(token_ids, torch.Tensor):  # a host sequence: range-checked on the host
             for t in token_ids:
@@ -565,22 +582,21 @@ class _Composite:
                     raise ValueError(f"translate: pool {pool!r}: token {t} out of range [-1, {n_ids * ps})")
         page = torch.div(toks, ps, rounding_mode="floor")
         idx = torch.where((toks >= 0) & (page < n_ids), page, n_ids)
-        phys = band.v2p.index_select(0, idx)
+        phys = self.arena.v2p_at(pool, idx)
         return torch.where(phys > 0, phys * ps + torch.remainder(toks, ps), torch.zeros_like(phys))
 
-    @staticmethod
-    def _translate(toks, band, ps):
+    def _translate(self, toks: torch.Tensor, pool: str, ps: int) -> torch.Tensor:
         """``translate(check=False)``: every id is in ``[-1, id end)``, so a
         page is in ``[-1, id end)`` and ``page mod (id end + 1)`` sends only
         ``-1`` to the sentinel row (``-1``: slot 0), one operation where the
         checked path's range mask takes four."""
         page = torch.div(toks, ps, rounding_mode="floor")
-        phys = band.v2p.index_select(0, torch.remainder(page, band.id_end + 1))
+        phys = self.arena.v2p_at(pool, torch.remainder(page, self.arena.id_end(pool) + 1))
         return torch.where(phys > 0, phys * ps + torch.remainder(toks, ps), 0)
 
     # ---------------------------------------------------------- checks
 
-    def verify(self):
+    def verify(self) -> None:
         """``arena.verify()`` (which checks swa's live ids are live in full),
         the composite's roles, and its joint-view memo against a fresh
         computation (first, as the arena does, so a write around a
@@ -595,18 +611,18 @@ class _Composite:
         if self.arena.lenders != self.BORROW:
             raise AccountingError(SWA, "composite roles", f"borrow {self.arena.lenders}, expected {self.BORROW}")
 
-    def snapshot(self):
+    def snapshot(self) -> dict[str, object]:
         return {"composite": type(self).__name__, "page_size": self.page_size, "arena": self.arena.snapshot()}
 
 
-def _cdiv_t(x, d):
+def _cdiv_t(x: torch.Tensor, d: int) -> torch.Tensor:
     return torch.div(x + (d - 1), d, rounding_mode="floor")
 
 
-class _WithSWA:
+class _WithSWA(_Composite):
     """Calls of a composite with an SWA band (``HybridSWA``, ``TriPool``)."""
 
-    def free_swa(self, token_ids, start_pos, check=True):
+    def free_swa(self, token_ids: IntsLike, start_pos: int, check: bool = True) -> None:
         """The per-step window free (ANCHOR section 1, ``free_segment``).
 
         ``start_pos`` must be a non-negative multiple of ``ps`` (else
@@ -628,16 +644,15 @@ class _WithSWA:
         pages are freed, with the same one host read (the count alone).
         """
         ps = self.page_size
-        band = self.arena.bands[SWA]
-        end = band.id_end
+        end = self.arena.id_end(SWA)
         if not check:
-            page = torch.div(token_ids[::ps], ps, rounding_mode="floor")
+            page = torch.div(cast(torch.Tensor, token_ids)[::ps], ps, rounding_mode="floor")
             # every page is in [-1, end): mod (end + 1) sends -1 alone to the sentinel row;
             # v2p > 0 also skips the sink (row 0 holds 0) and freed entries
-            live = band.v2p.index_select(0, torch.remainder(page, end + 1)) > 0
+            live = self.arena.v2p_at(SWA, torch.remainder(page, end + 1)) > 0
             key, count_t = self._live_once(page, live, end)
             # SYNC: the one documented read: entries to free.
-            count = _host_read(count_t)
+            (count,) = _host_read(count_t.reshape(1))
         else:
             start = _int("free_swa: start_pos", start_pos)
             if start < 0 or start % ps:
@@ -645,7 +660,7 @@ class _WithSWA:
             reps = self._vec("free_swa: token_ids", token_ids)[::ps]
             page = torch.div(reps, ps, rounding_mode="floor")
             inside = (page >= 1) & (page < end)
-            rows = band.v2p.index_select(0, torch.where(inside, page, end))
+            rows = self.arena.v2p_at(SWA, torch.where(inside, page, end))
             live = inside & (rows > 0)
             key, count_t = self._live_once(page, live, end)
             bad = ((reps < -1) | (page >= end)).sum()
@@ -658,7 +673,7 @@ class _WithSWA:
         return None
 
     @staticmethod
-    def _live_once(page, live, end):
+    def _live_once(page: torch.Tensor, live: torch.Tensor, end: int) -> tuple[torch.Tensor, torch.Tensor]:
         """The ``live`` pages ascending and once each, then ``end`` keys, and
         their count (a 0-dim tensor).  Sync-free; both paths' selection."""
         key = torch.sort(torch.where(live, page, end)).values
@@ -667,20 +682,23 @@ class _WithSWA:
         key = torch.sort(key).values
         return key, (key < end).sum()
 
-    def _explain_reps(self, reps, end):
+    def _explain_reps(self, reps: torch.Tensor, end: int) -> NoReturn:
         """Error path only: name the first out-of-range representative."""
         ps = self.page_size
         first = next(t for t in reps.tolist() if t < -1 or t // ps >= end)
         raise ValueError(f"free_swa: pool 'swa': token {first} out of range [-1, {end * ps})")
 
-    def swa_available_size(self):
+    def swa_available_size(self) -> int:
         return self.arena.available_size(SWA)
 
 
-class _WithState:
+class _WithState(_Composite):
     """Calls of a composite with a state pool (``MambaHybrid``, ``TriPool``)."""
 
-    def alloc_state(self, n=1):
+    state_bytes: int  # set by each composite
+    _token_entry_bytes: int  # bytes of one token across the KV pools
+
+    def alloc_state(self, n: int = 1) -> torch.Tensor | None:
         """``n`` state slots (int64 tensor, FIFO), or None.  On a shortfall
         ``relieve(state_slots=n)`` without eviction, then one more try: the
         other side gives ground before any eviction (anchor bug 6)."""
@@ -690,38 +708,56 @@ class _WithState:
             ids = self.arena.alloc(STATE, n)
         return ids
 
-    def free_state(self, slots):
+    def free_state(self, slots: IntsLike) -> None:
         """Free state slots; unknown, freed, repeated, 0 or out of range:
         ``ValueError``, nothing changed."""
-        slots = self._vec("free_state: slots", slots)
+        ids = self._vec("free_state: slots", slots)
         try:
-            self.arena.free(STATE, slots)  # validates every slot first
+            self.arena.free(STATE, ids)  # validates every slot first
         except ValueError as e:
             raise ValueError(f"free_state: {e}") from None
 
-    def state_available_size(self):
+    def state_available_size(self) -> int:
         return self.arena.available_size(STATE)
 
-    def state_slot_token_cost(self):
+    def state_slot_token_cost(self) -> int:
         return _cdiv(self.state_bytes, self._token_entry_bytes)
+
+    def _shortfall(self, tokens: int, state_slots: int) -> int:
+        """The joint token shortfall plus, for state slots short, ``slots *
+        state_slot_token_cost()``; when that is 0 the tokens fit alone but
+        not after the slots: what they then lack."""
+        short = super()._shortfall(tokens, state_slots)
+        if state_slots:
+            short += max(0, state_slots - self.state_available_size()) * self.state_slot_token_cost()
+            if short == 0:
+                short = tokens - self._joint_pages(self._state_ext(state_slots)) * self.page_size
+        return short
 
 
 # -------------------------------------------------------------- composites
 
 
-class HybridSWA(_WithSWA, _Composite):
+class HybridSWA(_WithSWA):
     """Full + SWA KV: swa (up END) . full (down END); swa borrows full's ids."""
 
     CHAIN = (SWA, FULL)
-    BORROW = {SWA: FULL}
+    BORROW: ClassVar[dict[str, str]] = {SWA: FULL}
 
     def __init__(
-        self, total_bytes, full_entry_bytes, swa_entry_bytes, page_size=1, lazy=False, policy="anchor", device="cpu"
-    ):
+        self,
+        total_bytes: int,
+        full_entry_bytes: int,
+        swa_entry_bytes: int,
+        page_size: int = 1,
+        lazy: bool = False,
+        policy: str = "anchor",
+        device: str | torch.device = "cpu",
+    ) -> None:
         pools = [SubPool(SWA, swa_entry_bytes, page_size, "up"), SubPool(FULL, full_entry_bytes, page_size, "down")]
         super().__init__(total_bytes, pools, page_size, lazy, policy, device)
 
-    def _joint_pages(self, state_ext=0):
+    def _joint_pages(self, state_ext: int = 0) -> int:
         """Closed form for two ENDs sharing one gap.
 
         A bind of ``P`` pages takes ``min(P, H)`` lazy holes on each side
@@ -740,50 +776,58 @@ class HybridSWA(_WithSWA, _Composite):
         ``b + (G - (b - a)*e_x) // (e_f + e_s)``.  The room caps are
         ``H + room`` per side (for full, its free ids).  Computed by
         ``capacity.two_end_joint_pages`` (a = full, b = swa)."""
-        fu, sw = self.arena.bands[FULL], self.arena.bands[SWA]
-        e_f, e_s = fu.geom.epp, sw.geom.epp
+        fu, sw = self.arena.counts(FULL), self.arena.counts(SWA)
+        e_f, e_s = self.arena.geometry(FULL).epp, self.arena.geometry(SWA).epp
         gap = max(0, fu.lo * e_f - sw.hi * e_s)
-        return cap.two_end_joint_pages(gap, e_f, fu.n_holes, self._end_room(fu), e_s, sw.n_holes, self._end_room(sw))
+        return cap.two_end_joint_pages(gap, e_f, fu.holes, fu.span_room, e_s, sw.holes, sw.span_room)
 
 
-class MambaHybrid(_WithState, _Composite):
+class MambaHybrid(_WithState):
     """Mamba state + full KV: state (up END, page_size 1) . full (down END)."""
 
     CHAIN = (STATE, FULL)
 
     def __init__(
-        self, total_bytes, full_entry_bytes, state_bytes, page_size=1, lazy=False, policy="anchor", device="cpu"
-    ):
+        self,
+        total_bytes: int,
+        full_entry_bytes: int,
+        state_bytes: int,
+        page_size: int = 1,
+        lazy: bool = False,
+        policy: str = "anchor",
+        device: str | torch.device = "cpu",
+    ) -> None:
         pools = [SubPool(STATE, state_bytes, 1, "up", "state"), SubPool(FULL, full_entry_bytes, page_size, "down")]
         super().__init__(total_bytes, pools, page_size, lazy, policy, device)
         self.state_bytes = state_bytes
         self._token_entry_bytes = full_entry_bytes
 
-    def _joint_pages(self, state_ext=0):
+    def _joint_pages(self, state_ext: int = 0) -> int:
         """A token bind touches only full: full's own view, against the state
         END's high frontier advanced by ``state_ext`` pages."""
-        fu, st = self.arena.bands[FULL], self.arena.bands[STATE]
-        gap = max(0, fu.lo * fu.geom.epp - (st.hi + state_ext) * st.geom.epp)
-        return cap.end_available(gap, fu.geom.epp, self._end_room(fu), fu.n_holes)
+        fu, st = self.arena.counts(FULL), self.arena.counts(STATE)
+        e_f = self.arena.geometry(FULL).epp
+        gap = max(0, fu.lo * e_f - (st.hi + state_ext) * self.arena.geometry(STATE).epp)
+        return cap.end_available(gap, e_f, fu.span_room, fu.holes)
 
 
-class TriPool(_WithSWA, _WithState, _Composite):
+class TriPool(_WithSWA, _WithState):
     """state (up END) . swa (float) . full (down END); swa borrows full's ids."""
 
     CHAIN = (STATE, SWA, FULL)
-    BORROW = {SWA: FULL}
+    BORROW: ClassVar[dict[str, str]] = {SWA: FULL}
 
     def __init__(
         self,
-        total_bytes,
-        full_entry_bytes,
-        swa_entry_bytes,
-        state_bytes,
-        page_size=1,
-        lazy=False,
-        policy="anchor",
-        device="cpu",
-    ):
+        total_bytes: int,
+        full_entry_bytes: int,
+        swa_entry_bytes: int,
+        state_bytes: int,
+        page_size: int = 1,
+        lazy: bool = False,
+        policy: str = "anchor",
+        device: str | torch.device = "cpu",
+    ) -> None:
         pools = [
             SubPool(STATE, state_bytes, 1, "up", "state"),
             SubPool(SWA, swa_entry_bytes, page_size, "float"),
@@ -793,9 +837,9 @@ class TriPool(_WithSWA, _WithState, _Composite):
         self.state_bytes = state_bytes
         self._token_entry_bytes = full_entry_bytes + swa_entry_bytes
 
-    def _joint_pages(self, state_ext=0):
+    def _joint_pages(self, state_ext: int = 0) -> int:
         """Binary search over ``P`` in ``[0, full's view]`` on ``feasible(P)``,
-        which mirrors the two gates of the bind exactly (O(1), host ints):
+        which mirrors the two bands' gates exactly (O(1), host ints):
 
         1. full's gate: ``P <= end_available(gap_f, ...)``, the gap between
            full and the first opaque band below it (swa if opaque, else the
@@ -813,18 +857,20 @@ class TriPool(_WithSWA, _WithState, _Composite):
         ``above``, so swa's available pages are non-increasing in ``P``
         while the demand ``P`` increases.  Relocation is not priced in
         (relief runs when demand exceeds this)."""
-        st, sw, fu = self.arena.bands[STATE], self.arena.bands[SWA], self.arena.bands[FULL]
-        e_st, e_s, e_f = st.geom.epp, sw.geom.epp, fu.geom.epp
+        a = self.arena
+        st, sw, fu = a.counts(STATE), a.counts(SWA), a.counts(FULL)
+        g = a.geometry(SWA)
+        e_st, e_s, e_f = a.geometry(STATE).epp, g.epp, a.geometry(FULL).epp
         state_high = (st.hi + state_ext) * e_st
         below_full = sw.hi * e_s if sw.opaque else state_high
-        avail_f = cap.end_available(max(0, fu.lo * e_f - below_full), e_f, self._end_room(fu), fu.n_holes)
-        h_f, g = fu.n_holes, sw.geom
+        avail_f = cap.end_available(max(0, fu.lo * e_f - below_full), e_f, fu.span_room, fu.holes)
+        h_f = fu.holes
         parked, room = not sw.opaque, sw.index_room
 
-        def feasible(p):
+        def feasible(p: int) -> bool:
             above = (fu.lo - max(0, p - h_f)) * e_f
             lo, hi = cap.float_region(state_high, above, e_s, g.min_page, g.num_pages)
-            return p <= cap.float_available(parked, lo, hi, sw.lo, sw.hi, sw.n_holes, room)
+            return p <= cap.float_available(parked, lo, hi, sw.lo, sw.hi, sw.holes, room)
 
         lo, hi = 0, avail_f
         while lo < hi:

@@ -13,6 +13,16 @@ that goes around the descriptor (``obj.__dict__``) bumps nothing;
 ``Arena.verify`` catches it as a "stale memo".
 """
 
+from collections.abc import Iterable
+from typing import TYPE_CHECKING, Any, Generic, TypeVar, overload
+
+if TYPE_CHECKING:
+    from .band import Band
+
+T = TypeVar("T")
+Key = tuple[str, str]  # (view, pool)
+Cache = dict[Key, int]
+
 
 class Clock:
     """The arena-wide epoch, shared by every band of the arena.  A tick
@@ -21,15 +31,15 @@ class Clock:
 
     __slots__ = ("caches",)
 
-    def __init__(self):
-        self.caches = []
+    def __init__(self) -> None:
+        self.caches: list[Cache] = []
 
-    def tick(self):
+    def tick(self) -> None:
         for c in self.caches:
             c.clear()
 
     @classmethod
-    def shared_by(cls, bands):
+    def shared_by(cls, bands: "Iterable[Band]") -> "Clock":
         """A new clock, attached to every band in ``bands``."""
         clock = cls()
         for b in bands:
@@ -37,20 +47,25 @@ class Clock:
         return clock
 
 
-class CapField:
+class CapField(Generic[T]):
     """A capacity-bearing attribute; each rebind bumps ``owner.epoch`` and
     ticks the owner's arena clock (``owner.clock``, once attached)."""
 
-    def __set_name__(self, owner, name):
+    def __set_name__(self, owner: type, name: str) -> None:
         self.name = name
 
-    def __get__(self, obj, objtype=None):
+    @overload
+    def __get__(self, obj: None, objtype: type | None = None) -> "CapField[T]": ...
+    @overload
+    def __get__(self, obj: object, objtype: type | None = None) -> T: ...
+    def __get__(self, obj: object, objtype: type | None = None) -> "T | CapField[T]":
         if obj is None:
             return self
-        return obj.__dict__[self.name]
+        value: T = obj.__dict__[self.name]
+        return value
 
-    def __set__(self, obj, value):
-        d = obj.__dict__
+    def __set__(self, obj: object, value: T) -> None:
+        d: dict[str, Any] = obj.__dict__
         d[self.name] = value
         d["epoch"] += 1  # the band sets epoch = 0 before its first field
         clock = d.get("clock")
@@ -66,23 +81,23 @@ class Memo:
     Readers look ``cache`` up themselves (the hit path is that one lookup)
     and ``put`` what they compute on a miss."""
 
-    def __init__(self, clock):
+    def __init__(self, clock: Clock) -> None:
         self.clock = clock
-        self.cache = {}
+        self.cache: Cache = {}
         self.misses = 0
         clock.caches.append(self.cache)
 
     @classmethod
-    def shared_by(cls, bands):
+    def shared_by(cls, bands: "Iterable[Band]") -> "Memo":
         """A memo on a new ``Clock`` attached to every band in ``bands``."""
         return cls(Clock.shared_by(bands))
 
-    def put(self, view, pool, value):
+    def put(self, view: str, pool: str, value: int) -> int:
         """Store a value computed on a miss (computing reads, never ticks)."""
         self.misses += 1
         self.cache[view, pool] = value
         return value
 
-    def entries(self):
+    def entries(self) -> list[tuple[str, str, int]]:
         """``(view, pool, value)`` for every entry (each is valid: a tick empties them)."""
         return [(v, p, val) for (v, p), val in self.cache.items()]

@@ -6,4 +6,9 @@
 - ``layout``, ``golden``, ``invariants``, ``capacity``, ``policy``, ``composites``: the obligations;
 - ``crosshair_runs``  ``crosshair check`` / ``diffbehavior`` runs;
 - ``cli``         ``kvarena prove``.
+
+Every obligation runs the spec's own code on z3 terms; nothing here models
+the spec a second time.
+
+May import: ``kvarena.spec``.
 """

@@ -17,6 +17,8 @@ requires the transition's guard (``transitions.*_ok``), which the arena
 asserts on every call.
 """
 
+import z3
+
 from kvarena.spec import arith
 from kvarena.spec import transitions as T
 from kvarena.spec.arith import fdiv, ite, max_
@@ -38,6 +40,8 @@ from kvarena.spec.chain import (  # noqa: F401
     opaque,
     region,
 )
+
+from .core import Built, Fresh
 
 # the proofs' historical names for the spec's records
 AState, BandState, PoolLayout = Chain, Counts, Shape
@@ -323,6 +327,18 @@ def symbolic_state(fresh, tag="s_", like=None, n=4):
         for i in range(n)
     )
     return Chain(total, sink, pools, bands)
+
+
+def on_every_state(n, conjuncts):
+    """An obligation's ``build``: on a symbolic ``n``-pool state with a valid
+    layout and every invariant holding, each of ``conjuncts(s)`` holds."""
+
+    def build():
+        s = symbolic_state(Fresh(), "s_", n=n)
+        goal = conjuncts(s)
+        return Built([layout_ok(s, first_pages=False), inv_all(s)], z3.And(*goal), hints=layout_hint(s))
+
+    return build
 
 
 def layout_hint(s, epps=(4, 6, 10, 8, 12), total=480):

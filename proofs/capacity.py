@@ -74,25 +74,22 @@ for _i, _e in ((0, "up"), (N - 1, "down")):
 
 
 def _float_gate():
-    def build():
-        f, s, t, hyps = _base()
-        n = f.int("n")
-        cases = []
-        goals = []
-        for i in FLOATS:
-            a = s.bands[i]
-            # the spec's choice of side, and the room it needs there
-            lo, hi = A.region(s, i)
-            m = n - a.holes
-            fits = z3.If(T.float_extends_high(s, i, n), m <= hi - a.hi, m <= a.lo - lo)
-            cases.append([n >= 1, n <= A.available(s, i), A.opaque(s, i)])
-            goals.append(z3.Or(n <= a.holes, fits))
-        # one goal per case: the k-th case is float k
-        sel = f.int("which")
-        goal = z3.And(z3.Implies(sel == 1, goals[0]), z3.Implies(sel == 2, goals[1]))
-        return Built(hyps, goal, cases=[c + [sel == k] for c, k in zip(cases, FLOATS)], hints=A.layout_hint(s))
-
-    return build
+    f, s, _t, hyps = _base()
+    n = f.int("n")
+    cases = []
+    goals = []
+    for i in FLOATS:
+        a = s.bands[i]
+        # the spec's choice of side, and the room it needs there
+        lo, hi = A.region(s, i)
+        m = n - a.holes
+        fits = z3.If(T.float_extends_high(s, i, n), m <= hi - a.hi, m <= a.lo - lo)
+        cases.append([n >= 1, n <= A.available(s, i), A.opaque(s, i)])
+        goals.append(z3.Or(n <= a.holes, fits))
+    # one goal per case: the k-th case is float k
+    sel = f.int("which")
+    goal = z3.And(z3.Implies(sel == 1, goals[0]), z3.Implies(sel == 2, goals[1]))
+    return Built(hyps, goal, cases=[c + [sel == k] for c, k in zip(cases, FLOATS)], hints=A.layout_hint(s))
 
 
 add(
@@ -100,31 +97,28 @@ add(
     "capacity",
     "opaque float: 1 <= n <= available_pages => holes cover n or one side's extension fits "
     "(alloc's bound pages, transitions.alloc_float, always fit the gate)",
-    _float_gate(),
+    _float_gate,
     timeout_s=30.0,
 )
 
 
 def _float_sound():
-    def build():
-        f, s, t, hyps = _base()
-        n = f.int("n")
-        rels = [
-            A.rel_alloc_float_holes,
-            A.rel_alloc_float_extend_low,
-            A.rel_alloc_float_extend_high,
-            A.rel_alloc_float_parked,
-        ]
-        cases = [[r(s, t, i, n)] for i in FLOATS for r in rels]
-        # bytes, not pages: the placed span lies inside the neighbours' frontiers
-        goal = [A.inv_all(t)]
-        for i in FLOATS:
-            goal.append(
-                z3.Implies(t.bands[i].live > 0, z3.And(A.low_f(t, i) >= A.below(s, i), A.high_f(t, i) <= A.above(s, i)))
-            )
-        return Built(hyps, z3.And(*goal), cases=cases, hints=A.layout_hint(s))
-
-    return build
+    f, s, t, hyps = _base()
+    n = f.int("n")
+    rels = [
+        A.rel_alloc_float_holes,
+        A.rel_alloc_float_extend_low,
+        A.rel_alloc_float_extend_high,
+        A.rel_alloc_float_parked,
+    ]
+    cases = [[r(s, t, i, n)] for i in FLOATS for r in rels]
+    # bytes, not pages: the placed span lies inside the neighbours' frontiers
+    goal = [A.inv_all(t)]
+    for i in FLOATS:
+        goal.append(
+            z3.Implies(t.bands[i].live > 0, z3.And(A.low_f(t, i) >= A.below(s, i), A.high_f(t, i) <= A.above(s, i)))
+        )
+    return Built(hyps, z3.And(*goal), cases=cases, hints=A.layout_hint(s))
 
 
 add(
@@ -132,7 +126,7 @@ add(
     "capacity",
     "float (holes / extend low / extend high / parked): n <= available_pages => the new span lies within "
     "the neighbours' byte frontiers (off-grid included) and all invariants hold",
-    _float_sound(),
+    _float_sound,
     timeout_s=40.0,
 )
 
@@ -178,7 +172,7 @@ add(
 
 def _float_tight(parked):
     def build():
-        f, s, t, hyps = _base()
+        f, s, _t, hyps = _base()
         n, x = f.int("n"), f.int("x")
         cases, goals = [], []
         for i in FLOATS:
@@ -188,7 +182,7 @@ def _float_tight(parked):
             room_ok = a.live + n <= p.num_pages - p.min_page
             m = n - a.holes
 
-            def fits(lo_pg, hi_pg):
+            def fits(lo_pg, hi_pg, p=p, bl=bl, ab=ab):
                 return z3.And(lo_pg >= p.min_page, hi_pg <= p.num_pages, lo_pg * p.epp >= bl, hi_pg * p.epp <= ab)
 
             base = [n == avail + 1, room_ok]
@@ -225,26 +219,23 @@ add(
 
 
 def _raw_bytes():
-    def build():
-        f, s, t, hyps = _base()
-        n, i = f.int("n"), 1
-        p = s.pools[i]
-        bl, ab = A.below(s, i), A.above(s, i)
-        raw = arith.fdiv(ab - bl, p.epp)  # raw byte pricing of the region
-        lo, hi = A.region(s, i)
-        hyps += [z3.Not(A.opaque(s, i)), n == raw, n >= 1, n <= p.num_pages - p.min_page]
-        # claim (false): the raw price always fits in the page-grid region
-        return Built(hyps, n <= hi - lo, hints=A.layout_hint(s))
-
-    return build
+    f, s, _t, hyps = _base()
+    n, i = f.int("n"), 1
+    p = s.pools[i]
+    bl, ab = A.below(s, i), A.above(s, i)
+    raw = arith.fdiv(ab - bl, p.epp)  # raw byte pricing of the region
+    lo, hi = A.region(s, i)
+    hyps += [z3.Not(A.opaque(s, i)), n == raw, n >= 1, n <= p.num_pages - p.min_page]
+    # claim (false): the raw price always fits in the page-grid region
+    return Built(hyps, n <= hi - lo, hints=A.layout_hint(s))
 
 
 add(
     "capacity.float.raw_bytes_overpromise",
     "capacity",
-    "REFUTED (bug-class demo, anchor bug 1; the spec rounds inward instead): pricing a parked float's region in raw bytes, (above-below)//epp, "
-    "always fits its page-grid region",
-    _raw_bytes(),
+    "REFUTED (bug-class demo, anchor bug 1; the spec rounds inward instead): pricing a parked float's region "
+    "in raw bytes, (above-below)//epp, always fits its page-grid region",
+    _raw_bytes,
     timeout_s=20.0,
     expect="counterexample",
     kind="demo",
@@ -253,25 +244,22 @@ add(
 
 
 def _down_floor():
-    def build():
-        f, s, t, hyps = _base()
-        i = N - 1
-        p, a = s.pools[i], s.bands[i]
-        bl = A.below(s, i)
-        m = f.int("m")
-        # the anchor's check: extend down to page lo-m if lo-m >= below // epp
-        hyps += [m >= 1, a.lo - m >= arith.fdiv(bl, p.epp), a.lo - m >= p.min_page]
-        return Built(hyps, (a.lo - m) * p.epp >= bl, hints=A.layout_hint(s))
-
-    return build
+    f, s, _t, hyps = _base()
+    i = N - 1
+    p, a = s.pools[i], s.bands[i]
+    bl = A.below(s, i)
+    m = f.int("m")
+    # the anchor's check: extend down to page lo-m if lo-m >= below // epp
+    hyps += [m >= 1, a.lo - m >= arith.fdiv(bl, p.epp), a.lo - m >= p.min_page]
+    return Built(hyps, (a.lo - m) * p.epp >= bl, hints=A.layout_hint(s))
 
 
 add(
     "capacity.end_down.floor_check_overlaps",
     "capacity",
-    "REFUTED (bug-class demo, anchor bug 5; the spec prices the gap in bytes instead): a down END extension checked as lo-m >= below // epp never overlaps "
-    "the band below",
-    _down_floor(),
+    "REFUTED (bug-class demo, anchor bug 5; the spec prices the gap in bytes instead): a down END extension "
+    "checked as lo-m >= below // epp never overlaps the band below",
+    _down_floor,
     timeout_s=20.0,
     expect="counterexample",
     kind="demo",

@@ -144,18 +144,21 @@ def _print(results, wall):
     )
 
 
-def main(argv=None):
-    ap = argparse.ArgumentParser(prog="kvarena prove", description=__doc__.splitlines()[0])
-    ap.add_argument(
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.description = __doc__.splitlines()[0]
+    parser.add_argument(
         "--only",
         metavar="NAME",
         help="run only obligations whose name is NAME or starts with it (several: comma-separated)",
     )
-    ap.add_argument("--json", metavar="PATH", help="also write machine-readable results to PATH")
-    ap.add_argument("--no-crosshair", action="store_true", help="skip the CrossHair runs")
-    ap.add_argument("--jobs", type=int, default=2, help="parallel solver processes (default 2)")
-    ap.add_argument("--list", action="store_true", help="list the obligations and exit")
-    args = ap.parse_args(argv)
+    parser.add_argument("--json", metavar="PATH", help="also write machine-readable results to PATH")
+    parser.add_argument("--no-crosshair", action="store_true", help="skip the CrossHair runs")
+    parser.add_argument("--jobs", type=int, default=2, help="parallel solver processes (default 2)")
+    parser.add_argument("--list", action="store_true", help="list the obligations and exit")
+
+
+def run(args: argparse.Namespace) -> int:
+    """``kvarena prove``: the table, the JSON, the exit code."""
     if args.list:  # name, kind (property/lemma/finding/demo), source (spec/model), limit, statement
         for name, ob in registry().items():
             print(f"{name}\t{ob.kind}\t{ob.source}\t{ob.timeout_s:g}s\t{ob.statement}")
@@ -176,6 +179,13 @@ def main(argv=None):
                 default=str,
             )
     return 0 if all(r["ok"] for r in results) else 1
+
+
+def main(argv: list[str] | None = None) -> int:
+    """``kvarena prove ARGV`` without the rest of the ``kvarena`` command."""
+    parser = argparse.ArgumentParser(prog="kvarena prove")
+    add_arguments(parser)
+    return run(parser.parse_args(argv))
 
 
 if __name__ == "__main__":  # pragma: no cover

@@ -53,10 +53,10 @@ class Built:
 
     hyps: list
     goal: object
-    cases: list = None
+    cases: list | None = None
     witnesses: list = field(default_factory=list)
     hints: list = field(default_factory=list)  # extra constraints that only speed up model search
-    case_goals: list = None  # optional: a goal per case instead of ``goal``
+    case_goals: list | None = None  # optional: a goal per case instead of ``goal``
     lemmas: object = False  # add ``arith_lemmas`` to each proof query: True, or "floor" (no ceiling instances)
 
 
@@ -92,7 +92,7 @@ SOURCES = {
 }
 
 
-REGISTRY = {}
+REGISTRY: dict[str, Obligation] = {}
 TAUTOLOGY_S = 2.0  # seconds per obligation for the tautology check, all its queries together
 _TAUT_ALLOWED = {"none": ("none",), "conjuncts": ("none", "conjuncts"), "any": ("none", "conjuncts", "goal")}
 

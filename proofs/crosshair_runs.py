@@ -65,7 +65,8 @@ def _contracted_functions(module):
     """{qualified name: (first line, last line)} of functions whose docstring
     carries PEP 316 ``pre:``/``post:`` lines."""
     spec = importlib.util.find_spec(module)
-    src = open(spec.origin).read()
+    with open(spec.origin) as f:
+        src = f.read()
     tree = ast.parse(src)
     out = {}
 

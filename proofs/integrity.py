@@ -94,7 +94,9 @@ def _table_bound(tables, bound):
     """Bounded: every table entry in range points in range (or is free)."""
     if not bound:
         return []
-    return [_every("", bound, lambda x: z3.Or(tb[x] < 0, z3.And(tb[x] >= 1, tb[x] <= bound))) for tb in tables[:2]]
+    return [
+        _every("", bound, lambda x, tb=tb: z3.Or(tb[x] < 0, z3.And(tb[x] >= 1, tb[x] <= bound))) for tb in tables[:2]
+    ]
 
 
 def _setup(k, bound, *lists):
@@ -110,35 +112,37 @@ def _setup(k, bound, *lists):
     return tables, v2p.arr, p2v.arr, nums, hyps
 
 
+def _op_goal(tables, old_v2p, changed, bound, facts):
+    """A table operation's goal: the tables stay well formed, ``facts()`` hold, and every id
+    not in ``changed`` keeps its page (``facts`` is a thunk so that its terms are built
+    after ``well_formed``'s, in the order z3 is given them)."""
+    v2p, p2v, content = tables
+    return z3.And(well_formed(v2p, p2v, content, bound), *facts(), _others_unchanged(old_v2p, v2p.arr, changed, bound))
+
+
 def _bind(k, bound):
     def build():
-        (v2p, p2v, content), old_v2p, _, (ids, pages), hyps = _setup(k, bound, "id", "page")
+        tables, old_v2p, _, (ids, pages), hyps = _setup(k, bound, "id", "page")
+        v2p, p2v, content = tables
         hyps += [v2p[x] < 0 for x in ids] + [p2v[p] < 0 for p in pages]
         bind_pages(v2p, p2v, content, ids, pages)
-        goal = z3.And(
-            well_formed(v2p, p2v, content, bound),
-            *[v2p[x] == p for x, p in zip(ids, pages)],
-            _others_unchanged(old_v2p, v2p.arr, ids, bound),
-        )
-        return Built(hyps, goal)
+        return Built(hyps, _op_goal(tables, old_v2p, ids, bound, lambda: [v2p[x] == p for x, p in zip(ids, pages)]))
 
     return build
 
 
 def _unbind(k, bound):
     def build():
-        (v2p, p2v, content), old_v2p, _, (ids,), hyps = _setup(k, bound, "id")
+        tables, old_v2p, _, (ids,), hyps = _setup(k, bound, "id")
+        v2p, p2v, _content = tables
         hyps += [v2p[x] >= 1 for x in ids]
         before = [v2p[x] for x in ids]
         pages = unbind_ids(v2p, p2v, ids)
-        goal = z3.And(
-            well_formed(v2p, p2v, content, bound),
-            *[v2p[x] < 0 for x in ids],
-            *[p == b for p, b in zip(pages, before)],
-            *[p2v[p] < 0 for p in pages],
-            _others_unchanged(old_v2p, v2p.arr, ids, bound),
-        )
-        return Built(hyps, goal)
+
+        def facts():
+            return [v2p[x] < 0 for x in ids] + [p == b for p, b in zip(pages, before)] + [p2v[p] < 0 for p in pages]
+
+        return Built(hyps, _op_goal(tables, old_v2p, ids, bound, facts))
 
     return build
 

@@ -37,18 +37,17 @@ def _variants(op, s, t, f):
         return [A.rel_alloc_end(s, t, 0, n)]
     if op == "alloc_down":
         return [A.rel_alloc_end(s, t, N - 1, n)]
-    if op == "alloc_float_holes":
-        return [A.rel_alloc_float_holes(s, t, i, n) for i in FLOATS]
-    if op == "alloc_float_parked":
-        return [A.rel_alloc_float_parked(s, t, i, n) for i in FLOATS]
-    if op == "alloc_float_extend_low":
-        return [A.rel_alloc_float_extend_low(s, t, i, n) for i in FLOATS]
-    if op == "alloc_float_extend_high":
-        return [A.rel_alloc_float_extend_high(s, t, i, n) for i in FLOATS]
-    if op == "free_eager":
-        return [A.rel_free_eager(s, t, i, k) for i in ENDS]
-    if op == "free_lazy":
-        return [A.rel_free_lazy(s, t, i, k) for i in ENDS]
+    float_alloc = {
+        "alloc_float_holes": A.rel_alloc_float_holes,
+        "alloc_float_parked": A.rel_alloc_float_parked,
+        "alloc_float_extend_low": A.rel_alloc_float_extend_low,
+        "alloc_float_extend_high": A.rel_alloc_float_extend_high,
+    }
+    if op in float_alloc:
+        return [float_alloc[op](s, t, i, n) for i in FLOATS]
+    end_free = {"free_eager": A.rel_free_eager, "free_lazy": A.rel_free_lazy}
+    if op in end_free:
+        return [end_free[op](s, t, i, k) for i in ENDS]
     # a transition that branches inside (parks, or leaves a transparent float
     # alone) is split on that branch: one query each, which z3 finds far easier
     if op == "free_float":
@@ -61,10 +60,9 @@ def _variants(op, s, t, f):
         return [A.rel_flush_end(s, t, i) for i in ENDS] + [
             A.and_(c, A.rel_flush_float(s, t, i)) for i in FLOATS for c in (A.opaque(s, i), A.parked(s, i))
         ]
-    if op == "make_room_boundary":
-        return [A.and_(side == v, A.rel_make_room_boundary(s, t, i, side, mb)) for i in FLOATS for v in (True, False)]
-    if op == "make_room_leapfrog":
-        return [A.and_(side == v, A.rel_make_room_leapfrog(s, t, i, side, mb)) for i in FLOATS for v in (True, False)]
+    make_room = {"make_room_boundary": A.rel_make_room_boundary, "make_room_leapfrog": A.rel_make_room_leapfrog}
+    if op in make_room:
+        return [A.and_(side == v, make_room[op](s, t, i, side, mb)) for i in FLOATS for v in (True, False)]
     if op == "compact_holes":
         return [
             A.and_(side == v, c, A.rel_compact_holes(s, t, i, side))

@@ -159,7 +159,7 @@ def _allocates_build(n):
         firsts = arith.first_pages(grids)
         lem = []
         high = (grids[0][2] + 1) * grids[0][0]  # the up END's first page's high frontier
-        for (e, _, m), (page, _) in list(zip(grids, firsts))[1:-1]:
+        for (e, _, _m), (page, _) in list(zip(grids, firsts))[1:-1]:
             lem.append(_galois_cdiv(page, high, e))
             high = (page + 1) * e
         cases, goals = [], []
@@ -194,29 +194,24 @@ for _n in (2, 3, 4):
 # ---------------------------------------------------------- float regions
 
 
-def _region_build(n):
-    def build():
-        f = Fresh()
-        s = A.symbolic_state(f, "s_", n=n)
-        goal = []
-        for i in range(1, n - 1):
-            p, b = s.pools[i], s.bands[i]
-            lo, hi = A.region(s, i)
-            bl, ab = A.below(s, i), A.above(s, i)
-            goal += [
-                lo >= p.min_page,
-                hi <= p.num_pages,  # on the grid, above the sink
-                lo * p.epp >= bl,
-                hi * p.epp <= ab,  # inside the neighbours' frontiers
-                # maximal: one more page on either side leaves the grid or overlaps
-                z3.Or(lo - 1 < p.min_page, (lo - 1) * p.epp < bl),
-                z3.Or(hi + 1 > p.num_pages, (hi + 1) * p.epp > ab),
-                # an opaque float's own span lies in its region
-                z3.Implies(b.live > 0, z3.And(lo <= b.lo, b.hi <= hi)),
-            ]
-        return Built([A.layout_ok(s, first_pages=False), A.inv_all(s)], z3.And(*goal), hints=A.layout_hint(s))
-
-    return build
+def _regions(s):
+    goal = []
+    for i in range(1, s.n - 1):
+        p, b = s.pools[i], s.bands[i]
+        lo, hi = A.region(s, i)
+        bl, ab = A.below(s, i), A.above(s, i)
+        goal += [
+            lo >= p.min_page,
+            hi <= p.num_pages,  # on the grid, above the sink
+            lo * p.epp >= bl,
+            hi * p.epp <= ab,  # inside the neighbours' frontiers
+            # maximal: one more page on either side leaves the grid or overlaps
+            z3.Or(lo - 1 < p.min_page, (lo - 1) * p.epp < bl),
+            z3.Or(hi + 1 > p.num_pages, (hi + 1) * p.epp > ab),
+            # an opaque float's own span lies in its region
+            z3.Implies(b.live > 0, z3.And(lo <= b.lo, b.hi <= hi)),
+        ]
+    return goal
 
 
 for _n in (3, 4):
@@ -225,6 +220,6 @@ for _n in (3, 4):
         "layout",
         f"{_n} pools, symbolic state: each float's region is page-aligned on its grid, lies inside its "
         "opaque neighbours' (possibly off-grid) frontiers, is maximal, and holds its span",
-        _region_build(_n),
+        A.on_every_state(_n, _regions),
         timeout_s=30.0,
     )

@@ -152,33 +152,18 @@ for _n in (3, 4):
 # --------------------------------------------------------------- soundness
 
 
-def _sound_inv(n):
+def _sound(n, j=None):
+    """A feasible plan leaves every invariant holding (``j`` None), or gives pool ``j`` its demand."""
+
     def build():
-        f, s, d, hyps = _setup(n)
+        _f, s, d, hyps = _setup(n)
         plan = plan_chain(*inputs(s, d))
         t = planned(s, plan)
         return Built(
             hyps + [plan.feasible],
-            A.inv_all(t),
+            A.inv_all(t) if j is None else A.available(t, j) >= d[j],
             cases=_cases(s, plan),
-            witnesses=[[arith.or_(*plan.moves)]],
-            hints=A.layout_hint(s),
-            lemmas=True,
-        )
-
-    return build
-
-
-def _sound_meets(n, j):
-    def build():
-        f, s, d, hyps = _setup(n)
-        plan = plan_chain(*inputs(s, d))
-        t = planned(s, plan)
-        return Built(
-            hyps + [plan.feasible],
-            A.available(t, j) >= d[j],
-            cases=_cases(s, plan),
-            witnesses=[[arith.or_(*plan.moves), d[j] > 0]],
+            witnesses=[[arith.or_(*plan.moves)] + ([] if j is None else [d[j] > 0])],
             hints=A.layout_hint(s),
             lemmas=True,
         )
@@ -191,7 +176,7 @@ for _n in (3, 4):
         f"planner.sound.inv.n{_n}",
         "planner",
         f"{_n} pools, any demand vector: a feasible plan leaves every invariant holding (grid, conservation, order)",
-        _sound_inv(_n),
+        _sound(_n),
         timeout_s=30.0 * (_n - 2),
         tautology="none",
     )
@@ -201,7 +186,7 @@ for _n in (3, 4):
             "planner",
             f"{_n} pools, any demand vector: a feasible plan gives pool {_j} its demand "
             "(available_pages >= demand afterwards)",
-            _sound_meets(_n, _j),
+            _sound(_n, _j),
             timeout_s=30.0 * (_n - 2),
         )
 
@@ -211,7 +196,7 @@ for _n in (3, 4):
 
 def _stays(n, j):
     def build():
-        f, s, d, hyps = _setup(n)
+        _f, s, d, hyps = _setup(n)
         plan = plan_chain(*inputs(s, d))
         pre = _single(d, j) + [A.available(s, j) >= d[j]]
         return Built(
@@ -242,39 +227,36 @@ for _n in (3, 4):
 
 
 def _order_safe():
-    def build():
-        f, s, d, hyps = _setup(4)
-        up, floats, down = inputs(s, d)
-        plan = plan_chain(up, floats, down)
-        cases, goals = [], []
-        for a, b in ((0, 1), (1, 0)):
-            i, j = a + 1, b + 1  # chain indices
-            first = move_rank(floats, plan, a) < move_rank(floats, plan, b)
-            ei, ej = s.pools[i].epp, s.pools[j].epp
-            lo_t, hi_t = plan.starts[a] * ei, (plan.starts[a] + s.bands[i].live) * ei
-            lo_j, hi_j = s.bands[j].lo * ej, s.bands[j].hi * ej
-            # float a's repack runs while b still sits at its old span: b never
-            # moves, or moves later (one query each)
-            for b_unmoved in ([z3.Not(plan.moves[b])], [plan.moves[b], first]):
-                cases.append([plan.moves[a], s.bands[j].live > 0] + b_unmoved)
-                goals.append(z3.Or(hi_t <= lo_j, hi_j <= lo_t))
-        return Built(
-            hyps,
-            None,
-            cases=cases,
-            case_goals=goals,
-            witnesses=[[plan.moves[0], plan.moves[1]]],
-            hints=A.layout_hint(s),
-            lemmas=True,
-        )
-
-    return build
+    _f, s, d, hyps = _setup(4)
+    up, floats, down = inputs(s, d)
+    plan = plan_chain(up, floats, down)
+    cases, goals = [], []
+    for a, b in ((0, 1), (1, 0)):
+        i, j = a + 1, b + 1  # chain indices
+        first = move_rank(floats, plan, a) < move_rank(floats, plan, b)
+        ei, ej = s.pools[i].epp, s.pools[j].epp
+        lo_t, hi_t = plan.starts[a] * ei, (plan.starts[a] + s.bands[i].live) * ei
+        lo_j, hi_j = s.bands[j].lo * ej, s.bands[j].hi * ej
+        # float a's repack runs while b still sits at its old span: b never
+        # moves, or moves later (one query each)
+        for b_unmoved in ([z3.Not(plan.moves[b])], [plan.moves[b], first]):
+            cases.append([plan.moves[a], s.bands[j].live > 0] + b_unmoved)
+            goals.append(z3.Or(hi_t <= lo_j, hi_j <= lo_t))
+    return Built(
+        hyps,
+        None,
+        cases=cases,
+        case_goals=goals,
+        witnesses=[[plan.moves[0], plan.moves[1]]],
+        hints=A.layout_hint(s),
+        lemmas=True,
+    )
 
 
 add(
     "planner.order_safe",
     "planner",
     "4 pools: repacking in move_rank order, no float's target overlaps a float that has not moved yet",
-    _order_safe(),
+    _order_safe,
     timeout_s=60.0,
 )

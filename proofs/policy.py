@@ -106,30 +106,27 @@ add(
 
 
 def _no_move_both_short():
-    def build():
-        f, s, t, d, hyps = _setup(n=4)
-        cases, goals = [], []
-        for i in (1, 2):
-            skip, act, low, target, x = decision(s, i, d)
-            cases.append([z3.Not(skip), x["sides_low"] > x["band_low"], x["sides_high"] > x["band_high"]])
-            goals.append(z3.Not(act))
-        return Built(hyps, None, cases=cases, case_goals=goals, hints=A.layout_hint(s))
-
-    return build
+    _f, s, _t, d, hyps = _setup(n=4)
+    cases, goals = [], []
+    for i in (1, 2):
+        skip, act, _low, _target, x = decision(s, i, d)
+        cases.append([z3.Not(skip), x["sides_low"] > x["band_low"], x["sides_high"] > x["band_high"]])
+        goals.append(z3.Not(act))
+    return Built(hyps, None, cases=cases, case_goals=goals, hints=A.layout_hint(s))
 
 
 add(
     "policy.no_move_both_short",
     "policy",
     "open_short_side on either float of a 4-pool chain: both sides short => no move (zero-sum)",
-    _no_move_both_short(),
+    _no_move_both_short,
     timeout_s=30.0,
 )
 
 
-def _fits_after(n, expect_refuted=False):
+def _fits_after(n):
     def build():
-        f, s, t, d, hyps = _setup(n=n)
+        _f, s, t, d, hyps = _setup(n=n)
         i = 1 if n == 3 else 2  # n = 4: the float NOT adjacent to the up END
         skip, act, low, target, x = decision(s, i, d)
         low_short = x["sides_low"] > x["band_low"]
@@ -165,15 +162,12 @@ add(
 
 
 def _float_fits_after():
-    def build():
-        f, s, t, d, hyps = _setup(n=3)
-        i = 1
-        skip, act, low, target, x = decision(s, i, d)
-        pre = [z3.Not(skip), act, x["sides_low"] <= x["band_low"], x["sides_high"] <= x["band_high"]]
-        cases = [pre + [mv] for mv in _moves(s, t, i, low, target)]
-        return Built(hyps, A.available(t, i) >= d[i], cases=cases, hints=A.layout_hint(s))
-
-    return build
+    _f, s, t, d, hyps = _setup(n=3)
+    i = 1
+    skip, act, low, target, x = decision(s, i, d)
+    pre = [z3.Not(skip), act, x["sides_low"] <= x["band_low"], x["sides_high"] <= x["band_high"]]
+    cases = [pre + [mv] for mv in _moves(s, t, i, low, target)]
+    return Built(hyps, A.available(t, i) >= d[i], cases=cases, hints=A.layout_hint(s))
 
 
 add(
@@ -181,7 +175,7 @@ add(
     "policy",
     "REFUTED (finding): 3 pools, only the float short, policy acts and make_room moves => the float's "
     "demand fits afterwards",
-    _float_fits_after(),
+    _float_fits_after,
     timeout_s=60.0,
     expect="counterexample",
 )
@@ -192,29 +186,25 @@ def _cost_bound():
     count ``Arena.make_room`` asserts its moves equal; ``spared`` is the
     page-level fact it reads (pages already in place, or holes among the
     cleared ones), bounded by the guard the arena also asserts."""
-
-    def build():
-        f, s, t, d, hyps = _setup(n=3)
-        i = 1
-        a, p = s.bands[i], s.pools[i]
-        skip, act, low, target, x = decision(s, i, d)
-        band_side, feasible, need = A.make_room_terms(s, i, low, target)
-        spared = f.int("spared")
-        moved = T.make_room_moved(s, i, low, target, spared)
-        pre = [z3.Not(skip), act, A.make_room_moves(s, i, low, target), T.make_room_moved_ok(s, i, low, target, spared)]
-        short_by = z3.If(low, x["sides_low"] - x["band_low"], x["sides_high"] - x["band_high"])
-        one_short = (x["sides_low"] > x["band_low"]) != (x["sides_high"] > x["band_high"])
-        goal = z3.And(
-            need >= 1,
-            moved >= 0,
-            moved <= arith.min_(a.live, need),
-            # the cost is driven by the deficit: need pages cover at most the
-            # short side's deficit, the float's uncovered need and the slack
-            z3.Implies(one_short, (need - 1) * p.epp < short_by + x["float_bytes"] + x["slack"]),
-        )
-        return Built(hyps + pre, goal, hints=A.layout_hint(s))
-
-    return build
+    f, s, _t, d, hyps = _setup(n=3)
+    i = 1
+    a, p = s.bands[i], s.pools[i]
+    skip, act, low, target, x = decision(s, i, d)
+    _band_side, _feasible, need = A.make_room_terms(s, i, low, target)
+    spared = f.int("spared")
+    moved = T.make_room_moved(s, i, low, target, spared)
+    pre = [z3.Not(skip), act, A.make_room_moves(s, i, low, target), T.make_room_moved_ok(s, i, low, target, spared)]
+    short_by = z3.If(low, x["sides_low"] - x["band_low"], x["sides_high"] - x["band_high"])
+    one_short = (x["sides_low"] > x["band_low"]) != (x["sides_high"] > x["band_high"])
+    goal = z3.And(
+        need >= 1,
+        moved >= 0,
+        moved <= arith.min_(a.live, need),
+        # the cost is driven by the deficit: need pages cover at most the
+        # short side's deficit, the float's uncovered need and the slack
+        z3.Implies(one_short, (need - 1) * p.epp < short_by + x["float_bytes"] + x["slack"]),
+    )
+    return Built(hyps + pre, goal, hints=A.layout_hint(s))
 
 
 add(
@@ -223,14 +213,14 @@ add(
     "policy-driven make_room: need >= 1, 0 <= pages moved (transitions.make_room_moved) <= min(live, need), "
     "and (one side short) "
     "(need-1)*epp < deficit + float bytes + slack",
-    _cost_bound(),
+    _cost_bound,
     timeout_s=30.0,
 )
 
 
 def _far(kind):
     def build():
-        f, s, t, d, hyps = _setup(n=3)
+        _f, s, t, d, hyps = _setup(n=3)
         i = 1
         p = s.pools[i]
         skip, act, low, target, x = decision(s, i, d)
@@ -296,7 +286,7 @@ def _mr(kind):
         for i in (1, 2):
             a = s.bands[i]
             lo, hi = A.region(s, i)
-            band_side, feasible, need = A.make_room_terms(s, i, side, mb)
+            _band_side, _feasible, need = A.make_room_terms(s, i, side, mb)
             moves = A.make_room_moves(s, i, side, mb)
             if kind == "room":
                 for v in (True, False):

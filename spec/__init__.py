@@ -3,18 +3,23 @@
 Pure Python (ints, lists, dicts).  It is the reference reviewers read and
 the oracle the torch implementation is tested against.
 
-Modules, in reading order:
+The reading order (the one place it is stated; the README and the modules
+refer here), about 3,000 lines in all:
 
-- ``arith``     integer formulas, written once for ints and z3 terms;
-- ``geometry``  sub-pools, page grids, the sink, the chain;
-- ``chain``     the arena in numbers: spans and counts, walks, capacity views;
+- ``arith``       integer formulas, written once for ints and z3 terms;
+- ``geometry``    sub-pools, page grids, the sink, the chain, every configuration error;
+- ``chain``       the arena in numbers: spans and counts, walks, capacity views;
 - ``transitions`` each operation's update of the counts (the proofs' source);
-- ``bands``     one band: span, page tables, holes, content model;
-- ``moves``     relocation plans: which live pages go where, and why they fit;
-- ``policy``    the anchor's demand-vector decision for sliding a float;
-- ``planner``   kvarena's chain planner: one placement of every float;
-- ``arena``     the API: views and operations over chain and transitions, relieve, verify;
-- ``composites`` the token-level composites over one arena (DESIGN section 6).
+- ``bands``       one band: span, page tables, FIFO ids, holes, content model;
+- ``moves``       relocation plans: which live pages go where, and why they fit;
+- ``policy``      the anchor's demand-vector decision for sliding a float;
+- ``planner``     kvarena's chain planner: one placement of every float;
+- ``arena``       the API: views and operations over chain and transitions, relieve, verify;
+- ``composites``  the token-level composites over one arena (DESIGN section 6);
+- ``contracts``   the run-time checker of the ``pre:``/``post:``/``inv:`` docstring lines.
+
+May import: nothing outside ``kvarena.spec``: the standard library only
+(z3 only inside the ``arith`` shim, when the proofs hand it z3 terms).
 """
 
 from .arena import MAX_EVICT_ROUNDS, Arena

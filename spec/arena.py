@@ -1,8 +1,8 @@
 """The arena: bands on one chain, the operations, and the capacity views.
 
-Read ``geometry`` for the layout, ``bands`` for one band, ``moves`` for
-where relocated pages go, then this file top to bottom: chain walks, capacity views, the operations, the policy
-that slides floats, the shortfall ladder, and ``verify``.
+It comes after ``planner`` in the reading order (``kvarena.spec``'s
+docstring); read it top to bottom: chain walks, capacity views, the
+operations, the policy that slides floats, the shortfall ladder, and ``verify``.
 
 Contracts are PEP 316 docstring lines (``pre:``, ``post:``, the class
 ``inv:``), the style ``crosshair check`` reads; ``contracts.checking()``
@@ -11,24 +11,31 @@ evaluates the same lines at run time.  Bad caller input raises
 bug in the arena.
 """
 
+import itertools
 import operator
+from collections.abc import Callable, Iterable, Mapping
+from typing import SupportsIndex
 
 from . import chain, moves, planner, policy, transitions
 from .bands import Band
-from .geometry import AccountingError, borrowing, check_policy, lazy_ends, make_layout
+from .geometry import AccountingError, Geometry, SubPool, borrowing, check_policy, lazy_ends, make_layout
 
 SIDES = ("low", "high")
 MAX_EVICT_ROUNDS = 4
 
+# The relief ladder's callback: asked for the shortfall (pages here, tokens on
+# a composite), it frees what it can and returns how much; 0 ends the rounds.
+Evictor = Callable[[int], int]
 
-def _index(i):
+
+def _index(i: SupportsIndex) -> int:
     """An id as an int; a bool is not an id."""
     if isinstance(i, bool):
         raise TypeError
     return operator.index(i)
 
 
-def _new_pages(b, new):
+def _new_pages(b: Band, new: chain.Counts) -> list[int]:
     """The pages a transition adds to band ``b``'s span, ascending: those of
     ``[new.lo, new.hi)`` outside ``[b.lo, b.hi)`` (all of them for a parked
     float)."""
@@ -41,7 +48,14 @@ class Arena:
     inv: self.verify() is None
     """
 
-    def __init__(self, total_bytes, pools, lazy=False, policy="anchor", borrow=None):
+    def __init__(
+        self,
+        total_bytes: int,
+        pools: list[SubPool],
+        lazy: bool | Iterable[str] = False,
+        policy: str = "anchor",
+        borrow: dict[str, str] | None = None,
+    ) -> None:
         layout = make_layout(total_bytes, pools)
         lazy_set = lazy_ends(layout, lazy)
         check_policy(policy)
@@ -52,72 +66,71 @@ class Arena:
         self.sink_bytes = layout.sink_bytes
         self.policy = policy
         self.lenders = lenders  # borrower -> lender
-        self.bands = {
-            n: Band(
-                layout.pools[n], layout.geometry[n], n in lazy_set, lenders.get(n), layout.geometry.get(lenders.get(n))
-            )
-            for n in layout.chain
-        }
+        self.bands: dict[str, Band] = {}
+        for n in layout.chain:
+            lender = lenders.get(n)
+            lender_geom = None if lender is None else layout.geometry[lender]
+            self.bands[n] = Band(layout.pools[n], layout.geometry[n], n in lazy_set, lender, lender_geom)
         self._index = {n: i for i, n in enumerate(layout.chain)}
         self._shapes = tuple(
             chain.Shape(b.grow, b.geom.epp, b.geom.num_pages, b.geom.min_page, b.lazy) for b in self.bands.values()
         )
         self.verify()
 
-    def state(self):
+    def state(self) -> chain.Chain:
         """The arena in numbers (``chain.Chain``): what every view and every
         transition reads.  Built afresh on each call, so never stale."""
         return chain.Chain(
             self.total_bytes, self.sink_bytes, self._shapes, tuple(self.bands[n].counts for n in self.chain)
         )
 
-    def _at(self, name):
+    def _at(self, name: str) -> tuple[chain.Chain, int]:
         """``(state, index)`` for a named pool; ``ValueError`` if unknown."""
         self._band(name)
         return self.state(), self._index[name]
 
     # ------------------------------------------------------------ access
 
-    def _band(self, name):
+    def _band(self, name: str) -> Band:
         if not isinstance(name, str) or name not in self.bands:
             raise ValueError(f"pool {name!r}: unknown pool (arena has {', '.join(self.chain)})")
         return self.bands[name]
 
-    def _float(self, name):
+    def _float(self, name: str) -> Band:
         b = self._band(name)
         if b.is_end:
             raise ValueError(f"pool {name!r}: only a float band can slide; this is the {b.grow} END")
         return b
 
-    def geometry(self, name):
+    def geometry(self, name: str) -> Geometry:
         return self._band(name).geom
 
-    def pool(self, name):
+    def pool(self, name: str) -> SubPool:
         return self._band(name).pool
 
-    def is_lazy(self, name):
+    def is_lazy(self, name: str) -> bool:
         return self._band(name).lazy
 
-    def live_pages(self, name):
+    def live_pages(self, name: str) -> int:
         """How many pages are allocated (live); ``Band.occupied_pages`` lists them."""
         return self._band(name).live
 
-    def lender(self, name):
+    def lender(self, name: str) -> str | None:
         """The pool whose ids ``name`` borrows, or None."""
         return self._band(name).lender
 
-    def borrowers(self, name):
+    def borrowers(self, name: str) -> list[str]:
         """The pools that borrow ``name``'s ids, in chain order."""
         self._band(name)
         return [n for n in self.chain if self.bands[n].lender == name]
 
-    def v2p(self, name):
+    def v2p(self, name: str) -> list[int]:
         return list(self._band(name).v2p)
 
-    def p2v(self, name):
+    def p2v(self, name: str) -> list[int]:
         return list(self._band(name).p2v)
 
-    def content(self, name):
+    def content(self, name: str) -> dict[int, int]:
         """The content model: physical page -> virtual id whose bytes it holds."""
         return dict(self._band(name).content)
 
@@ -126,33 +139,33 @@ class Arena:
     # Every view is a function of ``state()`` in ``chain``, the code the
     # proofs run on z3 terms.
 
-    def above(self, name):
+    def above(self, name: str) -> int:
         """Low frontier of the first opaque band above, or ``total_bytes``.
 
         post: 0 <= __return__ <= self.total_bytes
         """
         return chain.above(*self._at(name))
 
-    def below(self, name):
+    def below(self, name: str) -> int:
         """High frontier of the first opaque band below, or 0.
 
         post: 0 <= __return__ <= self.total_bytes
         """
         return chain.below(*self._at(name))
 
-    def _neighbour(self, name, upward):
+    def _neighbour(self, name: str, upward: bool) -> Band | None:
         """The first opaque band above (``upward``) or below, or None."""
         j = chain.neighbour(*self._at(name), upward)
         return None if j is None else self.bands[self.chain[j]]
 
-    def frontiers(self, name):
+    def frontiers(self, name: str) -> tuple[int, int]:
         return self._band(name).frontiers
 
-    def region(self, name):
+    def region(self, name: str) -> tuple[int, int]:
         """A float's pages ``[lo, hi)`` between its opaque neighbours."""
         return chain.region(*self._at(name))
 
-    def gap_bytes(self, name):
+    def gap_bytes(self, name: str) -> int:
         """Free bytes an END can grow into; for a float, free bytes on both sides.
 
         post: __return__ >= 0
@@ -161,7 +174,7 @@ class Arena:
         s, i = self._at(name)
         return chain.gap(s, i) if chain.is_end(s, i) else chain.float_gap_bytes(s, i)
 
-    def band_bytes(self, name, side):
+    def band_bytes(self, name: str, side: str) -> int:
         """Free bytes between a float and its opaque neighbour on ``side``.
 
         post: __return__ >= 0
@@ -173,12 +186,12 @@ class Arena:
         s, i = self._at(name)
         return chain.band_bytes(s, i, side == "low")
 
-    def holes(self, name):
+    def holes(self, name: str) -> list[int]:
         return sorted(self._band(name).holes)
 
     # ---------------------------------------------------- capacity views
 
-    def available_pages(self, name):
+    def available_pages(self, name: str) -> int:
         """Pages ``alloc`` hands out now, with no relocation: the gate.
 
         post: 0 <= __return__ <= self.geometry(name).num_pages - self.geometry(name).min_page - self.live_pages(name)
@@ -186,7 +199,7 @@ class Arena:
         """
         return chain.available(*self._at(name))
 
-    def available_size(self, name):
+    def available_size(self, name: str) -> int:
         """Tokens (slots) ``alloc`` hands out now.
 
         post: __return__ == self.available_pages(name) * self.pool(name).page_size
@@ -194,7 +207,7 @@ class Arena:
         """
         return self.available_pages(name) * self._band(name).pool.page_size
 
-    def schedulable_available_size(self, name):
+    def schedulable_available_size(self, name: str) -> int:
         """Tokens available once the growth-side neighbour flushes.
 
         A lazy END neighbour's holes become gap after a flush, so they are
@@ -208,7 +221,7 @@ class Arena:
         pages = chain.schedulable(s, i) if chain.is_end(s, i) else chain.available(s, i)
         return pages * self._band(name).pool.page_size
 
-    def conserved_available_size(self, name):
+    def conserved_available_size(self, name: str) -> int:
         """Capacity minus allocated tokens: the leak invariant's view.
 
         post: __return__ >= self.available_size(name)
@@ -219,7 +232,7 @@ class Arena:
 
     # -------------------------------------------------- argument checks
 
-    def _count(self, name, n, what="n"):
+    def _count(self, name: str, n: SupportsIndex, what: str = "n") -> int:
         try:
             if isinstance(n, bool):
                 raise TypeError
@@ -230,7 +243,7 @@ class Arena:
             raise ValueError(f"pool {name!r}: {what} must be >= 0, got {n}")
         return n
 
-    def _ids(self, b, ids, bound):
+    def _ids(self, b: Band, ids: Iterable[int], bound: bool) -> list[int]:
         """Validate ids against pool ``b``; ``bound`` says they must be allocated.
 
         A borrower binds only ids live in its lender; a lender frees only ids
@@ -264,7 +277,7 @@ class Arena:
 
     # -------------------------------------------------------- operations
 
-    def alloc(self, name, n, ids=None):
+    def alloc(self, name: str, n: int, ids: Iterable[int] | None = None) -> list[int] | None:
         """Allocate ``n`` pages; return their virtual ids, or None if short.
 
         ``ids`` binds ids chosen by the caller: a borrower must give them
@@ -304,7 +317,7 @@ class Arena:
         b.install(new, b.holes[k:])
         return ids
 
-    def free(self, name, ids):
+    def free(self, name: str, ids: Iterable[int]) -> None:
         """Free pages by virtual id; ``ValueError`` on any bad id, nothing changed.
 
         An eager END compacts at once: its frontier retreats by the number
@@ -333,7 +346,7 @@ class Arena:
             b.install(new, [] if parks else b.holes + pages)
         return None
 
-    def flush(self, name, max_moves=None):
+    def flush(self, name: str, max_moves: int | None = None) -> int:
         """Settle a band's backlog; return pages moved.
 
         A lazy END absorbs the holes at its frontier, then moves the
@@ -369,7 +382,7 @@ class Arena:
         b.install(new, [h for h in b.holes if h not in used and new.lo <= h < new.hi])
         return moved
 
-    def make_room(self, name, side, min_bytes):
+    def make_room(self, name: str, side: str, min_bytes: int) -> int:
         """Slide float ``name`` until the band on ``side`` has ``min_bytes``.
 
         ``min_bytes`` is a target for the whole free band between the float
@@ -414,7 +427,7 @@ class Arena:
         b.install(new, [h for h in b.holes if lo <= h < hi and b.p2v[h] < 0])
         return moved
 
-    def _refit(self, name):
+    def _refit(self, name: str) -> None:
         """Shrink float ``name``'s span to its live pages after a caller moved
         them itself (``Band.move``), as the conformance classifier's replays
         of the anchor's own placements do; every free page left inside the
@@ -427,7 +440,7 @@ class Arena:
         holes += [p for p in range(lo, hi) if b.p2v[p] < 0 and p not in kept]  # pages a move vacated
         b.install(transitions.refit(s, i, lo, hi), holes)
 
-    def compact_holes(self, name, retreat_side):
+    def compact_holes(self, name: str, retreat_side: str) -> int:
         """Pack a float's live pages toward the edge opposite ``retreat_side``.
 
         Order is kept; pages already in place stay.  Returns pages moved.
@@ -448,7 +461,7 @@ class Arena:
         b.install(new, [])
         return moved
 
-    def translate(self, name, ids):
+    def translate(self, name: str, ids: Iterable[int]) -> list[int]:
         """Physical pages for virtual ids; a tombstone (unbound, or -1) maps to 0.
 
         post: len(__return__) == len(list(ids))
@@ -467,7 +480,7 @@ class Arena:
 
     # ------------------------------------------------------------ policy
 
-    def open_short_side(self, name, demand):
+    def open_short_side(self, name: str, demand: Mapping[str, int]) -> int:
         """Slide float ``name`` for a demand vector ``{pool: pages}``; pages moved.
 
         DESIGN section 4, demand vector: skips a transparent float, an empty
@@ -489,14 +502,14 @@ class Arena:
             return 0
         return self.make_room(name, "low" if side_is_low else "high", target)
 
-    def _demand(self, demand):
+    def _demand(self, demand: Mapping[str, int]) -> list[int]:
         """A demand vector ``{pool: pages}`` as a count per pool, chain order."""
         for n in demand:
             self._band(n)  # unknown pool: ValueError
         demand = {n: self._count(n, d, "demand") for n, d in demand.items()}
         return [demand.get(n, 0) for n in self.chain]
 
-    def plan_floats(self, demand):
+    def plan_floats(self, demand: Mapping[str, int]) -> int:
         """The planner's rung (DESIGN section 4b): place every float at once so
         that the demand vector ``{pool: pages}`` fits; pages moved.
 
@@ -530,11 +543,11 @@ class Arena:
         assert self.state() == transitions.planned(s, plan)
         return moved
 
-    def plan(self, demand):
+    def plan(self, demand: Mapping[str, int]) -> planner.Plan:
         """The planner's decision for a demand vector, without acting on it."""
         return planner.plan_chain(*chain.planner_inputs(self.state(), self._demand(demand)))
 
-    def _check_clear(self, b, start):
+    def _check_clear(self, b: Band, start: int) -> None:
         """A repack of ``b`` to ``start`` must not write over another band
         that has not moved (``planner.move_order`` ensures it)."""
         low, high = start * b.geom.epp, (start + b.live) * b.geom.epp
@@ -543,26 +556,26 @@ class Arena:
                 o_low, o_high = o.frontiers
                 assert high <= o_low or o_high <= low, f"repack of {b.name!r} overlaps {o.name!r}"
 
-    def flush_targets(self, name):
+    def flush_targets(self, name: str) -> list[str]:
         """Who an urgent flush visits for a shortfall in ``name``.
 
         An END's target is its growth-side neighbour (the first opaque band
         that way); a float's are its neighbours below and above.
         """
         b = self._band(name)
-        if b.grow == "up":
-            return [self._neighbour(name, True).name]
-        if b.grow == "down":
-            return [self._neighbour(name, False).name]
+        if b.is_end:
+            nb = self._neighbour(name, b.grow == "up")
+            assert nb is not None, f"pool {name!r}: the other END is always opaque"
+            return [nb.name]
         return [nb.name for nb in (self._neighbour(name, False), self._neighbour(name, True)) if nb]
 
     # ----------------------------------------------- the shortfall ladder
 
-    def urgent_flush(self, name):
+    def urgent_flush(self, name: str) -> int:
         """Rung 1: flush every flush target of ``name``; pages moved."""
         return sum(self.flush(t) for t in self.flush_targets(name))
 
-    def slide_floats(self, name, need_pages):
+    def slide_floats(self, name: str, need_pages: int) -> bool:
         """Rung 2, by policy.  ``"planner"``: one ``plan_floats({name:
         need_pages})``.  ``"anchor"``: offer the demand to each float in chain
         order (``open_short_side``), True as soon as a slide makes it fit."""
@@ -575,7 +588,7 @@ class Arena:
                 return True
         return False
 
-    def relieve(self, name, need_pages, evict=None):
+    def relieve(self, name: str, need_pages: int, evict: Evictor | None = None) -> bool:
         """The shortfall ladder; True once ``need_pages`` fits in ``name``.
 
         DESIGN section 4, relieve.  Until the need fits:
@@ -596,10 +609,10 @@ class Arena:
         self._band(name)
         need_pages = self._count(name, need_pages, "need_pages")
 
-        def fits():
+        def fits() -> bool:
             return need_pages <= self.available_pages(name)
 
-        def rungs():
+        def rungs() -> bool:
             self.urgent_flush(name)
             return fits() or self.slide_floats(name, need_pages)
 
@@ -615,7 +628,7 @@ class Arena:
 
     # ------------------------------------------------------------ checks
 
-    def verify(self):
+    def verify(self) -> None:
         """Check every accounting rule; raise ``AccountingError`` naming the pool.
 
         post: __return__ is None
@@ -634,7 +647,7 @@ class Arena:
         # The ENDs' own checks keep the first band clear of the sink and the
         # last inside the buffer; what is left is neighbours overlapping.
         opaque = [n for n in self.chain if self.bands[n].opaque]
-        for below, name in zip(opaque, opaque[1:]):
+        for below, name in itertools.pairwise(opaque):
             low, high = self.bands[name].frontiers[0], self.bands[below].frontiers[1]
             if low < high:
                 raise AccountingError(
@@ -642,12 +655,13 @@ class Arena:
                 )
         self._conservation(opaque)
 
-    def _conservation(self, opaque):
+    def _conservation(self, opaque: list[str]) -> None:
         """DESIGN section 5: the sink, every opaque band's pages *counted*
         (live + holes, not read off its frontiers), and the free bytes
         before, between and after the bands, each clamped at 0, add up to the
-        buffer (``chain.counted_bytes``, the sum the proofs reason about).  A frontier that drifts from its band's count fails here, and
-        only here (``tests/spec/test_verify.py`` plants one).
+        buffer (``chain.counted_bytes``, the sum the proofs reason about).
+        A frontier that drifts from its band's count fails here, and only
+        here (``tests/spec/test_verify.py`` plants one).
 
         The sum sees a band whose span holds more pages than it counts.  The
         other direction cannot hide in it: a span with fewer pages than its
@@ -665,7 +679,7 @@ class Arena:
                 f"live {b.live} + holes {len(b.holes)}",
             )
 
-    def snapshot(self):
+    def snapshot(self) -> dict[str, object]:
         """The whole state as JSON-able data.
 
         post: __return__["total_bytes"] == self.total_bytes

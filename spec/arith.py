@@ -13,12 +13,16 @@ The ``int``/``bool`` annotations describe the executable spec (and tell
 CrossHair what to generate); the same functions also accept z3 terms.
 """
 
+from typing import TypeVar
 
-def _concrete(*xs):
+T = TypeVar("T")  # ``ite``'s two branches: ints, bools, or z3 terms of either
+
+
+def _concrete(*xs: object) -> bool:
     return all(isinstance(x, (bool, int)) for x in xs)
 
 
-def ite(cond, a, b):
+def ite(cond: bool, a: T, b: T) -> T:
     """``a if cond else b`` for bools and z3 conditions alike."""
     if isinstance(cond, bool):
         return a if cond else b
@@ -27,35 +31,35 @@ def ite(cond, a, b):
     return z3.If(cond, a, b)
 
 
-def and_(*xs):
+def and_(*xs: bool) -> bool:
     """Conjunction for bools and z3 conditions alike (``True`` when empty)."""
-    xs = [x for x in xs if x is not True]
-    if any(x is False for x in xs):
+    rest = [x for x in xs if x is not True]
+    if any(x is False for x in rest):
         return False
-    if not xs:
+    if not rest:
         return True
-    if _concrete(*xs):
-        return all(xs)
+    if _concrete(*rest):
+        return all(rest)
     import z3
 
-    return z3.And(*xs) if len(xs) > 1 else xs[0]
+    return z3.And(*rest) if len(rest) > 1 else rest[0]
 
 
-def or_(*xs):
+def or_(*xs: bool) -> bool:
     """Disjunction for bools and z3 conditions alike (``False`` when empty)."""
-    xs = [x for x in xs if x is not False]
-    if any(x is True for x in xs):
+    rest = [x for x in xs if x is not False]
+    if any(x is True for x in rest):
         return True
-    if not xs:
+    if not rest:
         return False
-    if _concrete(*xs):
-        return any(xs)
+    if _concrete(*rest):
+        return any(rest)
     import z3
 
-    return z3.Or(*xs) if len(xs) > 1 else xs[0]
+    return z3.Or(*rest) if len(rest) > 1 else rest[0]
 
 
-def not_(x):
+def not_(x: bool) -> bool:
     if isinstance(x, bool):
         return not x
     import z3
@@ -63,11 +67,11 @@ def not_(x):
     return z3.Not(x)
 
 
-def max_(a, b):
+def max_(a: int, b: int) -> int:
     return ite(a >= b, a, b)
 
 
-def min_(a, b):
+def min_(a: int, b: int) -> int:
     return ite(a <= b, a, b)
 
 
@@ -79,7 +83,8 @@ def fdiv(a: int, b: int) -> int:
     """
     if _concrete(a, b):
         return a // b
-    return a / b  # z3's Int division is floor division when b > 0
+    # z3 terms only (on ints ``/`` is true division): z3's Int division is floor division when b > 0
+    return a / b  # type: ignore[return-value]
 
 
 def cdiv(a: int, b: int) -> int:
@@ -114,7 +119,7 @@ def min_page(sink_bytes: int, epp: int) -> int:
     return cdiv(sink_bytes, epp)
 
 
-def layout_grids(total_bytes: int, entries: list, page_sizes: list) -> tuple:
+def layout_grids(total_bytes: int, entries: list[int], page_sizes: list[int]) -> tuple[int, list[tuple[int, int, int]]]:
     """``(sink, [(epp, num_pages, min_page), ...])`` for pools given in this
     order: the sink is the largest ``epp``, and each pool's grid follows
     from it (``make_layout`` calls this; so does ``kvarena.proofs.layout``).
@@ -128,7 +133,7 @@ def layout_grids(total_bytes: int, entries: list, page_sizes: list) -> tuple:
     ]
 
 
-def first_pages(grids: list) -> list:
+def first_pages(grids: list[tuple[int, int, int]]) -> list[tuple[int, bool]]:
     """Where one page of every pool lands, packed from byte 0 up the chain.
 
     ``grids`` is ``[(epp, num_pages, min_page), ...]`` in chain order (up
@@ -178,7 +183,7 @@ def golden_gap(wm_up: int, epp_up: int, wm_down: int, epp_down: int) -> int:
     return max_(0, (wm_down + 1) * epp_down - wm_up * epp_up)
 
 
-def float_region(below: int, above: int, epp: int, lowest: int, num_pages: int) -> tuple:
+def float_region(below: int, above: int, epp: int, lowest: int, num_pages: int) -> tuple[int, int]:
     """The pages ``[lo, hi)`` of a float's grid that lie between its neighbours.
 
     Both ends round *inward*: a neighbour frontier that is off this grid

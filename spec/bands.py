@@ -22,7 +22,7 @@ byte tests check on real memory.
 """
 
 from .chain import Counts, Shape, boot_band
-from .geometry import AccountingError
+from .geometry import AccountingError, Geometry, SubPool
 
 # ---------------------------------------------------------- page tables
 #
@@ -32,7 +32,7 @@ from .geometry import AccountingError
 # which proves they keep the tables inverse and the data with its id.
 
 
-def bind_pages(v2p, p2v, content, ids, pages):
+def bind_pages(v2p: list[int], p2v: list[int], content: dict[int, int], ids: list[int], pages: list[int]) -> None:
     """Bind id ``ids[k]`` to page ``pages[k]``; the page now holds its bytes."""
     for v, p in zip(ids, pages):
         v2p[v] = p
@@ -40,7 +40,7 @@ def bind_pages(v2p, p2v, content, ids, pages):
         content[p] = v
 
 
-def unbind_ids(v2p, p2v, ids):
+def unbind_ids(v2p: list[int], p2v: list[int], ids: list[int]) -> list[int]:
     """Unbind ``ids``; returns their pages (which keep stale bytes)."""
     pages = [v2p[v] for v in ids]
     for v, p in zip(ids, pages):
@@ -49,7 +49,7 @@ def unbind_ids(v2p, p2v, ids):
     return pages
 
 
-def move_pages(v2p, p2v, content, dst, src):
+def move_pages(v2p: list[int], p2v: list[int], content: dict[int, int], dst: list[int], src: list[int]) -> None:
     """Relocate ``src[k] -> dst[k]`` as one batched copy: every source is
     read before any destination is written."""
     moved = [(d, p2v[s], content[s]) for d, s in zip(dst, src)]
@@ -61,7 +61,7 @@ def move_pages(v2p, p2v, content, dst, src):
         content[d] = data
 
 
-def move_ok(p2v, dst, src):
+def move_ok(p2v: list[int], dst: list[int], src: list[int]) -> bool:
     """A move's precondition: distinct live sources, distinct destinations,
     each free or itself a source."""
     sources = set(src)
@@ -74,7 +74,9 @@ def move_ok(p2v, dst, src):
 
 
 class Band:
-    def __init__(self, pool, geom, lazy, lender=None, lender_geom=None):
+    def __init__(
+        self, pool: SubPool, geom: Geometry, lazy: bool, lender: str | None = None, lender_geom: Geometry | None = None
+    ) -> None:
         self.pool, self.geom, self.lazy = pool, geom, lazy
         self.name, self.grow = pool.name, pool.grow
         self.lender = lender  # the pool whose ids this band borrows, or None
@@ -85,9 +87,9 @@ class Band:
         self.p2v = [-1] * n
         self.v2p[0] = self.p2v[0] = 0  # virtual page 0 is the sink, in every pool
         # FIFO queue of unbound virtual ids; a borrower mints none
-        self.free_ids = [] if lender else list(range(ids.min_page, ids.num_pages))
-        self.holes = []  # physical pages, oldest first
-        self.content = {}  # physical page -> virtual id whose bytes it holds
+        self.free_ids: list[int] = [] if lender else list(range(ids.min_page, ids.num_pages))
+        self.holes: list[int] = []  # physical pages, oldest first
+        self.content: dict[int, int] = {}  # physical page -> virtual id whose bytes it holds
         self.live = 0
         # the boot span: the up END empty at min_page, the others at num_pages
         start = boot_band(Shape(self.grow, geom.epp, n, geom.min_page, lazy))
@@ -96,35 +98,35 @@ class Band:
     # ------------------------------------------------------------ facts
 
     @property
-    def is_end(self):
+    def is_end(self) -> bool:
         return self.grow != "float"
 
     @property
-    def opaque(self):
+    def opaque(self) -> bool:
         """An END is always opaque; a float only while it holds a live page."""
         return self.is_end or self.live > 0
 
     @property
-    def span(self):
+    def span(self) -> int:
         return self.hi - self.lo
 
     @property
-    def frontiers(self):
+    def frontiers(self) -> tuple[int, int]:
         return self.lo * self.geom.epp, self.hi * self.geom.epp
 
     @property
-    def counts(self):
+    def counts(self) -> Counts:
         """This band as ``chain.Counts``: what the transitions read."""
         return Counts(self.lo, self.hi, self.live, len(self.holes))
 
     @property
-    def index_room(self):
+    def index_room(self) -> int:
         """Pages of this pool's grid not yet bound (for a pool that mints its
         ids, also the ids not yet handed out; a borrower's ids are its
         lender's, so its room is counted on its own grid, like its pages)."""
         return self.geom.num_pages - self.geom.min_page - self.live
 
-    def occupied_pages(self):
+    def occupied_pages(self) -> list[int]:
         """Physical pages holding live data, ascending (scans the whole grid,
         so it is also right in the middle of a move, before the span is refit).
         ``self.live`` is their count."""
@@ -132,7 +134,7 @@ class Band:
 
     # ------------------------------------------------------- mutations
 
-    def take_ids(self, n, ids):
+    def take_ids(self, n: int, ids: list[int] | None) -> list[int]:
         """The ids for ``n`` new pages: the given ones, or the FIFO's front."""
         if ids is None:
             ids, self.free_ids = self.free_ids[:n], self.free_ids[n:]
@@ -141,10 +143,10 @@ class Band:
             self.free_ids = [i for i in self.free_ids if i not in taken]
         return ids
 
-    def bind(self, ids, pages):
+    def bind(self, ids: list[int], pages: list[int]) -> None:
         bind_pages(self.v2p, self.p2v, self.content, ids, pages)
 
-    def unbind(self, ids):
+    def unbind(self, ids: list[int]) -> list[int]:
         """Unbind ``ids``; their ids go to the back of the FIFO (a borrower's
         go back to nobody: its lender still holds them).  Returns pages."""
         pages = unbind_ids(self.v2p, self.p2v, ids)
@@ -152,7 +154,7 @@ class Band:
             self.free_ids.extend(ids)
         return pages
 
-    def move(self, dst, src):
+    def move(self, dst: list[int], src: list[int]) -> int:
         """Relocate live pages ``src[i] -> dst[i]``, all at once; returns
         the number of pages moved.
 
@@ -164,24 +166,24 @@ class Band:
         move_pages(self.v2p, self.p2v, self.content, dst, src)
         return len(src)
 
-    def install(self, counts, holes):
+    def install(self, counts: Counts, holes: list[int]) -> None:
         """Take the span and live count that ``transitions`` computed, and
         the hole list the page logic left, which must agree with them."""
         assert len(holes) == counts.holes, f"pool {self.name!r}: {len(holes)} holes, counts say {counts.holes}"
         self.lo, self.hi, self.live, self.holes = counts.lo, counts.hi, counts.live, list(holes)
 
-    def live_span(self):
+    def live_span(self) -> tuple[int, int]:
         """``(lo, hi)``: the extent of the live pages, or the parked span."""
         live = self.occupied_pages()
         return (live[0], live[-1] + 1) if live else (self.geom.num_pages, self.geom.num_pages)
 
     # ----------------------------------------------------------- checks
 
-    def check(self):
+    def check(self) -> None:
         """Raise ``AccountingError`` unless this band is self-consistent."""
         g, name = self.geom, self.name
 
-        def need(ok, rule, detail=""):
+        def need(ok: bool, rule: str, detail: str = "") -> None:
             if not ok:
                 raise AccountingError(name, rule, detail)
 

@@ -14,6 +14,7 @@ calls the very same code: the obligations are about this file, not a copy
 of it.  Only ``neighbour`` (an index) is for ints alone.
 """
 
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
 
 from . import arith
@@ -26,75 +27,75 @@ class Shape:
     """A pool's grid: what ``make_layout`` fixed at boot."""
 
     grow: str  # "up" | "down" | "float"
-    epp: object
-    num_pages: object
-    min_page: object
-    lazy: object = False  # a bool (or z3 Bool); always False for a float
+    epp: int
+    num_pages: int
+    min_page: int
+    lazy: bool = False  # a bool (or z3 Bool); always False for a float
 
 
 @dataclass(frozen=True)
 class Counts:
     """A band: its span ``[lo, hi)`` in pages, its live pages and its holes."""
 
-    lo: object
-    hi: object
-    live: object
-    holes: object
+    lo: int
+    hi: int
+    live: int
+    holes: int
 
 
 @dataclass(frozen=True)
 class Chain:
-    total: object
-    sink: object
-    pools: tuple  # Shape, chain order
-    bands: tuple  # Counts, chain order
+    total: int
+    sink: int
+    pools: tuple[Shape, ...]  # chain order
+    bands: tuple[Counts, ...]  # chain order
 
     @property
-    def n(self):
+    def n(self) -> int:
         return len(self.pools)
 
-    def with_band(self, i, band):
+    def with_band(self, i: int, band: Counts) -> "Chain":
         bands = list(self.bands)
         bands[i] = band
         return replace(self, bands=tuple(bands))
 
 
-def boot_band(p):
+def boot_band(p: Shape) -> Counts:
     """A band as the arena boots it: the up END empty at ``min_page``; the
     down END empty at ``num_pages``; a float parked at ``num_pages``."""
     at = p.min_page if p.grow == "up" else p.num_pages
     return Counts(at, at, 0, 0)
 
 
-def boot(total, sink, pools):
+def boot(total: int, sink: int, pools: Sequence[Shape]) -> Chain:
     return Chain(total, sink, tuple(pools), tuple(boot_band(p) for p in pools))
 
 
 # ------------------------------------------------------------ frontiers
 
 
-def is_end(s, i):
+def is_end(s: Chain, i: int) -> bool:
     return s.pools[i].grow != "float"
 
 
-def opaque(s, i):
+def opaque(s: Chain, i: int) -> bool:
     """An END always; a float while it holds a live page."""
     return True if is_end(s, i) else s.bands[i].live > 0
 
 
-def low_f(s, i):
+def low_f(s: Chain, i: int) -> int:
     return s.bands[i].lo * s.pools[i].epp
 
 
-def high_f(s, i):
+def high_f(s: Chain, i: int) -> int:
     return s.bands[i].hi * s.pools[i].epp
 
 
-def span(s, i):
+def span(s: Chain, i: int) -> int:
     return s.bands[i].hi - s.bands[i].lo
 
 
-def _walk(s, i, upward, value, default):
+def _walk(s: Chain, i: int, upward: bool, value: Callable[[int], int], default: int) -> int:
     """``value(j)`` of the first opaque band above ``i`` (``upward``) or
     below it, else ``default``: built from the far end inward, so the
     nearest opaque band wins."""
@@ -105,37 +106,37 @@ def _walk(s, i, upward, value, default):
     return r
 
 
-def above(s, i):
+def above(s: Chain, i: int) -> int:
     """Low frontier of the first opaque band above ``i``, or ``total``."""
     return _walk(s, i, True, lambda j: low_f(s, j), s.total)
 
 
-def below(s, i):
+def below(s: Chain, i: int) -> int:
     """High frontier of the first opaque band below ``i``, or 0."""
     return _walk(s, i, False, lambda j: high_f(s, j), 0)
 
 
-def neighbour(s, i, upward):
+def neighbour(s: Chain, i: int, upward: bool) -> int | None:
     """The index of the first opaque band above (``upward``) or below, or
     None (ints only)."""
     others = range(i + 1, s.n) if upward else reversed(range(i))
     return next((j for j in others if opaque(s, j)), None)
 
 
-def region(s, i):
+def region(s: Chain, i: int) -> tuple[int, int]:
     """A float's pages ``[lo, hi)`` between its opaque neighbours."""
     p = s.pools[i]
     return arith.float_region(below(s, i), above(s, i), p.epp, p.min_page, p.num_pages)
 
 
-def gap(s, i):
+def gap(s: Chain, i: int) -> int:
     """Free bytes an END can grow into."""
     if s.pools[i].grow == "up":
         return arith.up_gap(above(s, i), high_f(s, i))
     return arith.down_gap(low_f(s, i), below(s, i))
 
 
-def band_bytes(s, i, side_is_low):
+def band_bytes(s: Chain, i: int, side_is_low: bool) -> int:
     """Free bytes between float ``i`` and its neighbour on one side; a
     transparent float sees its whole region in bytes."""
     whole = above(s, i) - below(s, i)
@@ -143,12 +144,12 @@ def band_bytes(s, i, side_is_low):
     return ite(opaque(s, i), side, whole)
 
 
-def float_gap_bytes(s, i):
+def float_gap_bytes(s: Chain, i: int) -> int:
     """Free bytes on both sides of float ``i``."""
     return ite(opaque(s, i), band_bytes(s, i, True) + band_bytes(s, i, False), above(s, i) - below(s, i))
 
 
-def counted_bytes(s):
+def counted_bytes(s: Chain) -> int:
     """The conservation sum ``Arena.verify`` checks against ``total``: the
     sink; for every opaque band in chain order, the free bytes since the
     previous high frontier (the sink's at first), clamped at 0, plus its
@@ -169,19 +170,19 @@ def counted_bytes(s):
 # -------------------------------------------------------------- capacity
 
 
-def index_room(s, i):
+def index_room(s: Chain, i: int) -> int:
     """Pages of the pool's grid not yet bound: its ids' room."""
     p = s.pools[i]
     return p.num_pages - p.min_page - s.bands[i].live
 
 
-def end_room(s, i):
+def end_room(s: Chain, i: int) -> int:
     """Pages an END can still extend by on its own grid."""
     p = s.pools[i]
     return p.num_pages - p.min_page - span(s, i)
 
 
-def available(s, i):
+def available(s: Chain, i: int) -> int:
     """Pages ``alloc`` hands out now, with no relocation: the gate."""
     p, b = s.pools[i], s.bands[i]
     if is_end(s, i):
@@ -190,18 +191,18 @@ def available(s, i):
     return arith.float_available(not_(opaque(s, i)), lo, hi, b.lo, b.hi, b.holes, index_room(s, i))
 
 
-def flush_credit(s, i):
+def flush_credit(s: Chain, i: int) -> int:
     """Bytes an END gains once its growth-side neighbour flushes: that
     neighbour's holes, when it is a lazy END (a float's holes stay its own)."""
 
-    def credit(j):
+    def credit(j: int) -> int:
         q = s.pools[j]
         return ite(q.lazy, s.bands[j].holes * q.epp, 0) if q.grow != "float" else 0
 
     return _walk(s, i, s.pools[i].grow == "up", credit, 0)
 
 
-def schedulable(s, i):
+def schedulable(s: Chain, i: int) -> int:
     """Pages an END hands out once its growth-side neighbour flushes."""
     p, b = s.pools[i], s.bands[i]
     return arith.end_available(gap(s, i) + flush_credit(s, i), p.epp, end_room(s, i), b.holes)
@@ -210,7 +211,7 @@ def schedulable(s, i):
 # ------------------------------------------------------------- make_room
 
 
-def _make_room_side(s, i, side_is_low, min_bytes):
+def _make_room_side(s: Chain, i: int, side_is_low: bool, min_bytes: int) -> tuple[int, bool]:
     """``(band_side, feasible)``: the band make_room has on that side, and
     whether a full leapfrog reaches ``min_bytes``."""
     p, b = s.pools[i], s.bands[i]
@@ -220,7 +221,7 @@ def _make_room_side(s, i, side_is_low, min_bytes):
     return band_side, arith.make_room_feasible(side_is_low, bl, ab, lo, hi, b.live, p.epp, min_bytes)
 
 
-def make_room_terms(s, i, side_is_low, min_bytes):
+def make_room_terms(s: Chain, i: int, side_is_low: bool, min_bytes: int) -> tuple[int, bool, int]:
     """``(band_side, feasible, need)`` of ``make_room(float i, side, min_bytes)``:
     ``_make_room_side`` and the edge pages to clear.  ``need`` presumes the
     side is short (``arith.make_room_need``'s precondition): ask only once
@@ -229,7 +230,7 @@ def make_room_terms(s, i, side_is_low, min_bytes):
     return band_side, feasible, arith.make_room_need(band_side, min_bytes, s.pools[i].epp)
 
 
-def make_room_acts(s, i, side_is_low, min_bytes):
+def make_room_acts(s: Chain, i: int, side_is_low: bool, min_bytes: int) -> bool:
     """``make_room`` moves something: the float is opaque, the side is short
     of ``min_bytes``, and a leapfrog would reach it."""
     band_side, feasible = _make_room_side(s, i, side_is_low, min_bytes)
@@ -239,7 +240,7 @@ def make_room_acts(s, i, side_is_low, min_bytes):
 # ------------------------------------------------- the relief policies' inputs
 
 
-def demand_skipped(s, i, d):
+def demand_skipped(s: Chain, i: int, d: list[int]) -> bool:
     """The anchor policy leaves float ``i`` alone for demand ``d`` (a count
     per pool): it is transparent, nothing is demanded, or some demanded pool
     lacks the ids (bytes cannot fix that)."""
@@ -248,36 +249,36 @@ def demand_skipped(s, i, d):
     )
 
 
-def short_side_inputs(s, i, d):
+def short_side_inputs(s: Chain, i: int, d: list[int]) -> dict[str, int]:
     """``short_side_decision``'s arguments for float ``i`` and demand ``d``
     (DESIGN section 4, steps 2, 3, 5 and 6): each END's demand beyond its
     holes in bytes, the float's two bands, the float's own demand beyond its
     holes, and the slack (the largest epp among the demanded pools)."""
 
-    def need_bytes(j):
+    def need_bytes(j: int) -> int:
         return max_(0, d[j] - s.bands[j].holes) * s.pools[j].epp
 
     slack = 0
     for j in range(s.n):
         slack = max_(slack, ite(d[j] > 0, s.pools[j].epp, 0))
-    return dict(
-        sides_low=need_bytes(0),
-        sides_high=need_bytes(s.n - 1),
-        band_low=band_bytes(s, i, True),
-        band_high=band_bytes(s, i, False),
-        float_bytes=need_bytes(i),
-        slack=slack,
-    )
+    return {
+        "sides_low": need_bytes(0),
+        "sides_high": need_bytes(s.n - 1),
+        "band_low": band_bytes(s, i, True),
+        "band_high": band_bytes(s, i, False),
+        "float_bytes": need_bytes(i),
+        "slack": slack,
+    }
 
 
-def planner_inputs(s, d):
+def planner_inputs(s: Chain, d: list[int]) -> tuple[End, list[Float], End]:
     """``(up, floats, down)`` for ``planner.plan_chain`` and demand ``d``."""
 
-    def end(i, frontier):
+    def end(i: int, frontier: int) -> End:
         p, b = s.pools[i], s.bands[i]
         return End(frontier, p.epp, max_(0, d[i] - b.holes), end_room(s, i))
 
-    floats = []
+    floats: list[Float] = []
     for i in range(1, s.n - 1):
         p, b = s.pools[i], s.bands[i]
         floats.append(Float(p.epp, p.min_page, p.num_pages, b.lo, b.hi, b.live, b.holes, d[i], index_room(s, i)))

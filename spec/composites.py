@@ -39,18 +39,22 @@ names what the composite lacks is a ``ValueError``.
 
 import copy
 import operator
+from collections.abc import Callable, Iterable, Sequence
+from typing import ClassVar, SupportsIndex
 
 from . import arith
-from .arena import MAX_EVICT_ROUNDS, Arena
+from .arena import MAX_EVICT_ROUNDS, Arena, Evictor
 from .geometry import AccountingError, SubPool
 
 FULL, SWA, STATE = "full", "swa", "state"
+
+Request = tuple[int, int, int]  # one request of a batch: (prefix_len, seq_len, last_loc)
 
 
 # ------------------------------------------------------------- arguments
 
 
-def _int(what, v):
+def _int(what: str, v: SupportsIndex) -> int:
     """``v`` as an int; a bool or a non-integer is a ``ValueError``."""
     try:
         if isinstance(v, bool):
@@ -60,7 +64,7 @@ def _int(what, v):
         raise ValueError(f"{what} must be an int, got {v!r}") from None
 
 
-def _ints(what, seq):
+def _ints(what: str, seq: Sequence[int]) -> list[int]:
     """Any ordered sequence of ints (a list, tuple, range, array), as a list;
     a string, set or mapping is not one."""
     if isinstance(seq, (str, bytes, set, frozenset, dict)) or not hasattr(seq, "__len__"):
@@ -68,7 +72,7 @@ def _ints(what, seq):
     return [_int(f"{what}[{i}]", v) for i, v in enumerate(seq)]
 
 
-def _count(what, v):
+def _count(what: str, v: SupportsIndex) -> int:
     v = _int(what, v)
     if v < 0:
         raise ValueError(f"{what} must be >= 0, got {v}")
@@ -113,23 +117,25 @@ class _Composite:
     inv: self.verify() is None
     """
 
-    CHAIN = ()  # the pool names, low bytes first (set by each composite)
-    BORROW = {}  # borrower -> lender
+    CHAIN: ClassVar[tuple[str, ...]] = ()  # the pool names, low bytes first (set by each composite)
+    BORROW: ClassVar[dict[str, str]] = {}  # borrower -> lender
 
-    def __init__(self, total_bytes, pools, page_size, lazy, policy):
+    def __init__(
+        self, total_bytes: int, pools: list[SubPool], page_size: int, lazy: bool | Iterable[str], policy: str
+    ) -> None:
         self.arena = Arena(total_bytes, pools, lazy=lazy, policy=policy, borrow=dict(self.BORROW) or None)
         self.page_size = page_size
         self.verify()
 
     # ----------------------------------------------------------- facts
 
-    def _has(self, name):
+    def _has(self, name: str) -> bool:
         return name in self.CHAIN
 
-    def _floats(self):
+    def _floats(self) -> list[str]:
         return list(self.CHAIN[1:-1])
 
-    def _token_page(self, v2p, t, what):
+    def _token_page(self, v2p: list[int], t: int, what: str) -> int:
         """The virtual page of token ``t``; it must be live in ``v2p``.
 
         ``-1``, a negative token, a token of page 0 (the sink), an id past
@@ -148,7 +154,7 @@ class _Composite:
 
     # ---------------------------------------------------- the coupled step
 
-    def _bind(self, arena, n):
+    def _bind(self, arena: Arena, n: int) -> list[int] | None:
         """Bind ``n`` new pages on ``arena``: ids from full's FIFO, the same
         ids in swa where present, full first.  Returns the ids, or None.
 
@@ -162,7 +168,7 @@ class _Composite:
             return None
         return ids
 
-    def _fits_on(self, arena, tokens, state_slots):
+    def _fits_on(self, arena: Arena, tokens: int, state_slots: int) -> bool:
         """On a copy of ``arena``: ``state_slots`` slots, then one request of
         ``tokens`` new tokens (empty prefix), both without relief?"""
         trial = copy.deepcopy(arena)
@@ -170,7 +176,7 @@ class _Composite:
             return False
         return self._bind(trial, arith.cdiv(tokens, self.page_size)) is not None
 
-    def _joint_pages(self, arena):
+    def _joint_pages(self, arena: Arena) -> int:
         """The largest ``P`` whose coupled bind succeeds on ``arena`` now.
 
         Binary search over ``P`` in ``[0, available_pages(full)]``.  The
@@ -191,7 +197,7 @@ class _Composite:
                 hi = mid - 1
         return lo
 
-    def _take_pages(self, n):
+    def _take_pages(self, n: int) -> list[int] | None:
         """The gate of one batch that needs ``n`` new pages (DESIGN section 6).
 
         Decided on a copy; on a shortfall the relief ladder runs without
@@ -211,7 +217,7 @@ class _Composite:
 
     # ------------------------------------------------------ allocation
 
-    def _requests(self, what, prefix, seq, last):
+    def _requests(self, what: str, prefix: list[int], seq: list[int], last: list[int]) -> list[Request]:
         """Validate a batch; return ``[(prefix, seq, last_loc), ...]``.
 
         A ``seq_len`` longer than full's whole grid can hold is bad input,
@@ -232,7 +238,7 @@ class _Composite:
         full = self.arena.v2p(FULL)
         g = self.arena.geometry(FULL)
         most = (g.num_pages - g.min_page) * ps  # tokens full could ever hold
-        continued = {}
+        continued: dict[int, int] = {}  # page -> the request continuing it
         for i, (p, s, loc) in enumerate(zip(prefix, seq, last)):
             if p < 0:
                 raise ValueError(f"{what}: request {i}: prefix_len {p} < 0")
@@ -258,7 +264,7 @@ class _Composite:
                 continued[page] = i
         return list(zip(prefix, seq, last))
 
-    def _alloc(self, reqs):
+    def _alloc(self, reqs: list[Request]) -> list[int] | None:
         """ANCHOR section 1, to the slot.
 
         Request ``i`` needs ``ceil(seq/ps) - ceil(prefix/ps)`` new pages;
@@ -284,7 +290,9 @@ class _Composite:
             k += m
         return out
 
-    def alloc_extend(self, prefix_lens, seq_lens, last_loc):
+    def alloc_extend(
+        self, prefix_lens: Sequence[int], seq_lens: Sequence[int], last_loc: Sequence[int]
+    ) -> list[int] | None:
         """Slots for positions ``[prefix_i, seq_i)`` of each request, flat and
         request-major, or None (DESIGN section 6; ANCHOR section 1).
 
@@ -308,7 +316,7 @@ class _Composite:
         )
         return self._alloc(reqs)
 
-    def alloc_decode(self, seq_lens, last_loc):
+    def alloc_decode(self, seq_lens: Sequence[int], last_loc: Sequence[int]) -> list[int] | None:
         """One slot per request, for position ``seq_i - 1``, or None.
 
         This is ``alloc_extend`` with ``prefix = seq - 1``: a new page is
@@ -330,7 +338,7 @@ class _Composite:
 
     # ------------------------------------------------------------ free
 
-    def free(self, token_ids):
+    def free(self, token_ids: Sequence[int]) -> None:
         """Free the pages of these tokens (DESIGN section 6; ANCHOR section 1).
 
         The pages are ``sorted(set(t // ps))``.  Every token must be live
@@ -345,7 +353,7 @@ class _Composite:
         raises: ValueError
         """
         toks = _ints("free: token_ids", token_ids)
-        seen = set()
+        seen: set[int] = set()
         for t in toks:
             if t in seen:
                 raise ValueError(f"free: token {t} is repeated")
@@ -359,7 +367,7 @@ class _Composite:
 
     # ------------------------------------------------------------ views
 
-    def available_size(self):
+    def available_size(self) -> int:
         """The joint view, in tokens (DESIGN section 6; anchor bug 7).
 
         The largest ``n`` for which ``alloc_extend([0], [n], [-1])``
@@ -375,12 +383,12 @@ class _Composite:
         """
         return self._joint_pages(self.arena) * self.page_size
 
-    def full_available_size(self):
+    def full_available_size(self) -> int:
         """Tokens full alone could take now (``arena.available_size("full")``;
         DESIGN sections 5 and 6).  Not the gate: see ``available_size``."""
         return self.arena.available_size(FULL)
 
-    def fits(self, tokens=0, state_slots=0):
+    def fits(self, tokens: int = 0, state_slots: int = 0) -> bool:
         """Would ``state_slots`` state slots and then one request of
         ``tokens`` new tokens (empty prefix) both succeed now, without
         relief?  Decided on a copy: nothing changes.  This is ``relieve``'s
@@ -391,7 +399,7 @@ class _Composite:
         tokens, state_slots = self._demand_args("fits", tokens, state_slots)
         return self._fits_on(self.arena, tokens, state_slots)
 
-    def _demand_args(self, what, tokens, state_slots):
+    def _demand_args(self, what: str, tokens: int, state_slots: int) -> tuple[int, int]:
         tokens = _count(f"{what}: tokens", tokens)
         state_slots = _count(f"{what}: state_slots", state_slots)
         if state_slots and not self._has(STATE):
@@ -400,14 +408,14 @@ class _Composite:
 
     # ----------------------------------------------------------- relief
 
-    def _absorb_members(self):
+    def _absorb_members(self) -> None:
         """Rung 1: every member settles the holes at its own frontier, which
         moves no data (``flush(max_moves=0)``): floats first, then the ENDs
         in chain order."""
         for name in self._floats() + [self.CHAIN[0], self.CHAIN[-1]]:
             self.arena.flush(name, max_moves=0)
 
-    def _compact_ends(self, demand, fits, replan):
+    def _compact_ends(self, demand: dict[str, int], fits: Callable[[], bool], replan: Callable[[], bool]) -> bool:
         """Rung 2: compact the ENDs' surplus, in chain order, each in
         doubling steps (``flush(max_moves=k)``, k = 1, 2, 4, ..., capped at
         the surplus), until ``fits()``; ``replan()`` runs after each step
@@ -452,7 +460,7 @@ class _Composite:
                 self.arena.flush(name)
         return False
 
-    def _shortfall(self, tokens, state_slots):
+    def _shortfall(self, tokens: int, state_slots: int) -> int:
         """What ``evict`` is asked for, in tokens.
 
         ``max(0, tokens - available_size())`` plus, for state slots short,
@@ -464,6 +472,7 @@ class _Composite:
         """
         short = max(0, tokens - self.available_size())
         if state_slots:
+            assert isinstance(self, _WithState), "_demand_args admits state_slots only with a state pool"
             short += max(0, state_slots - self.state_available_size()) * self.state_slot_token_cost()
         if short == 0 and state_slots:
             trial = copy.deepcopy(self.arena)
@@ -471,7 +480,7 @@ class _Composite:
             short = tokens - self._joint_pages(trial) * self.page_size
         return short
 
-    def relieve(self, tokens=0, state_slots=0, evict=None):
+    def relieve(self, tokens: int = 0, state_slots: int = 0, evict: Evictor | None = None) -> bool:
         """The shortfall ladder for a demand; True once it fits.
 
         DESIGN sections 4 (relieve) and 6.  The demand vector is
@@ -506,7 +515,7 @@ class _Composite:
         differ (README, "Churn").  With the ``"anchor"`` policy one run is not
         all the ladder can do (README, findings 1 and 6): a second
         identical call can succeed where the first failed
-        (``tests/spec/test_composites.py`` pins a case).
+        (``tests/api/test_composites.py`` pins a case).
 
         post: __return__ == self.fits(tokens, state_slots)
         raises: ValueError
@@ -521,16 +530,16 @@ class _Composite:
         if self._has(STATE):
             demand[STATE] = state_slots
 
-        def fits():
+        def fits() -> bool:
             return self._fits_on(self.arena, tokens, state_slots)
 
-        def replan():
+        def replan() -> bool:
             if self.arena.policy != "planner":
                 return False
             self.arena.plan_floats(demand)
             return fits()
 
-        def rungs():
+        def rungs() -> bool:
             self._absorb_members()
             if fits() or replan() or self._compact_ends(demand, fits, replan):
                 return True
@@ -554,7 +563,7 @@ class _Composite:
 
     # -------------------------------------------------------- translate
 
-    def translate(self, token_ids, pool="full"):
+    def translate(self, token_ids: Sequence[int], pool: str = "full") -> list[int]:
         """Physical slots: ``v2p[t // ps] * ps + t % ps`` (DESIGN section 6).
 
         ``pool`` is ``"full"``, ``"swa"`` (token ids; where present) or
@@ -579,7 +588,7 @@ class _Composite:
 
     # ----------------------------------------------------------- checks
 
-    def verify(self):
+    def verify(self) -> None:
         """DESIGN sections 5 and 6: ``arena.verify()`` (which already checks
         that every live swa id is live in full, DESIGN section 3), plus the
         composite's roles: the chain and the borrowing are the ones this
@@ -595,16 +604,16 @@ class _Composite:
         if self.arena.lenders != self.BORROW:
             raise AccountingError(SWA, "composite roles", f"borrow {self.arena.lenders}, expected {self.BORROW}")
 
-    def snapshot(self):
+    def snapshot(self) -> dict[str, object]:
         """The whole state as JSON-able data, the arena's snapshot included
         (DESIGN section 10)."""
         return {"composite": type(self).__name__, "page_size": self.page_size, "arena": self.arena.snapshot()}
 
 
-class _WithSWA:
+class _WithSWA(_Composite):
     """The calls of a composite with an SWA band (``HybridSWA``, ``TriPool``)."""
 
-    def free_swa(self, token_ids, start_pos):
+    def free_swa(self, token_ids: Sequence[int], start_pos: int) -> None:
         """The per-step window free (DESIGN section 6; ANCHOR section 1,
         ``free_segment``).
 
@@ -631,17 +640,20 @@ class _WithSWA:
                 raise ValueError(f"free_swa: pool 'swa': token {t} out of range [-1, {len(swa) * ps})")
         self.arena.free(SWA, sorted({t // ps for t in reps if t >= ps and swa[t // ps] > 0}))
 
-    def swa_available_size(self):
+    def swa_available_size(self) -> int:
         """Tokens swa alone could take now (``arena.available_size("swa")``;
         DESIGN sections 5 and 6).  Binding them also needs full ids and
         full's bytes: the gate is ``available_size``."""
         return self.arena.available_size(SWA)
 
 
-class _WithState:
+class _WithState(_Composite):
     """The calls of a composite with a state pool (``MambaHybrid``, ``TriPool``)."""
 
-    def alloc_state(self, n=1):
+    state_bytes: int  # one slot's bytes
+    _token_entry_bytes: int  # the KV bytes one token takes, every token pool together
+
+    def alloc_state(self, n: int = 1) -> list[int] | None:
         """``n`` state slots (state-pool virtual ids, FIFO), or None
         (DESIGN sections 6 and 9, bug 6; ANCHOR section 2: slots from the
         first page above the sink, and None rather than an assertion).
@@ -660,7 +672,7 @@ class _WithState:
             ids = self.arena.alloc(STATE, n)
         return ids
 
-    def free_state(self, slots):
+    def free_state(self, slots: Sequence[int]) -> None:
         """Free state slots (DESIGN section 6); an unknown, freed, repeated,
         sink (0) or out-of-range slot is a ``ValueError``, with nothing
         changed.  The state END frees as any END does (DESIGN section 4:
@@ -675,12 +687,12 @@ class _WithState:
         except ValueError as e:
             raise ValueError(f"free_state: {e}") from None
 
-    def state_available_size(self):
+    def state_available_size(self) -> int:
         """Slots the state pool could take now, without relief
         (``arena.available_size("state")``; DESIGN section 6)."""
         return self.arena.available_size(STATE)
 
-    def state_slot_token_cost(self):
+    def state_slot_token_cost(self) -> int:
         """Tokens one state slot displaces (DESIGN section 6; ANCHOR section 3):
         ``ceil(state_bytes / per-token bytes of the KV a token takes)``."""
         return arith.cdiv(self.state_bytes, self._token_entry_bytes)
@@ -696,9 +708,17 @@ class HybridSWA(_WithSWA, _Composite):
     """
 
     CHAIN = (SWA, FULL)
-    BORROW = {SWA: FULL}
+    BORROW: ClassVar[dict[str, str]] = {SWA: FULL}
 
-    def __init__(self, total_bytes, full_entry_bytes, swa_entry_bytes, page_size=1, lazy=False, policy="anchor"):
+    def __init__(
+        self,
+        total_bytes: int,
+        full_entry_bytes: int,
+        swa_entry_bytes: int,
+        page_size: int = 1,
+        lazy: bool | Iterable[str] = False,
+        policy: str = "anchor",
+    ) -> None:
         pools = [SubPool(SWA, swa_entry_bytes, page_size, "up"), SubPool(FULL, full_entry_bytes, page_size, "down")]
         super().__init__(total_bytes, pools, page_size, lazy, policy)
 
@@ -711,7 +731,15 @@ class MambaHybrid(_WithState, _Composite):
 
     CHAIN = (STATE, FULL)
 
-    def __init__(self, total_bytes, full_entry_bytes, state_bytes, page_size=1, lazy=False, policy="anchor"):
+    def __init__(
+        self,
+        total_bytes: int,
+        full_entry_bytes: int,
+        state_bytes: int,
+        page_size: int = 1,
+        lazy: bool | Iterable[str] = False,
+        policy: str = "anchor",
+    ) -> None:
         pools = [SubPool(STATE, state_bytes, 1, "up", "state"), SubPool(FULL, full_entry_bytes, page_size, "down")]
         super().__init__(total_bytes, pools, page_size, lazy, policy)
         self.state_bytes = state_bytes
@@ -727,11 +755,18 @@ class TriPool(_WithSWA, _WithState, _Composite):
     """
 
     CHAIN = (STATE, SWA, FULL)
-    BORROW = {SWA: FULL}
+    BORROW: ClassVar[dict[str, str]] = {SWA: FULL}
 
     def __init__(
-        self, total_bytes, full_entry_bytes, swa_entry_bytes, state_bytes, page_size=1, lazy=False, policy="anchor"
-    ):
+        self,
+        total_bytes: int,
+        full_entry_bytes: int,
+        swa_entry_bytes: int,
+        state_bytes: int,
+        page_size: int = 1,
+        lazy: bool | Iterable[str] = False,
+        policy: str = "anchor",
+    ) -> None:
         pools = [
             SubPool(STATE, state_bytes, 1, "up", "state"),
             SubPool(SWA, swa_entry_bytes, page_size, "float"),

@@ -13,6 +13,9 @@ import contextlib
 import copy
 import functools
 import inspect
+from collections.abc import Callable, Iterable, Iterator, Sequence
+from types import FunctionType, ModuleType
+from typing import Any
 
 from . import arena, arith, composites, geometry, policy
 
@@ -24,9 +27,9 @@ class ContractError(AssertionError):
     """A pre- or postcondition (or the invariant) did not hold."""
 
 
-def conditions(doc):
+def conditions(doc: str | None) -> dict[str, list[str]]:
     """``{"pre": [...], "post": [...], "inv": [...]}`` from a docstring."""
-    found = {"pre": [], "post": [], "inv": []}
+    found: dict[str, list[str]] = {"pre": [], "post": [], "inv": []}
     for line in (doc or "").splitlines():
         head, _, expr = line.strip().partition(":")
         if head in found and expr.strip():
@@ -34,25 +37,27 @@ def conditions(doc):
     return found
 
 
-def _check(kind, exprs, fn, env):
+# ``env``: a checked call's arguments by name, with ``__return__`` and
+# ``__old__``; values of any type, hence ``Any``.
+def _check(kind: str, exprs: Iterable[str], fn: FunctionType, env: dict[str, Any]) -> None:
     for expr in exprs:
         if not eval(expr, {**fn.__globals__, **env}):  # one dict: genexprs see the names
             raise ContractError(f"{fn.__qualname__}: {kind} failed: {expr}  with {_show(env)}")
 
 
-def _show(env):
+def _show(env: dict[str, Any]) -> dict[str, Any]:
     return {k: v for k, v in env.items() if k not in ("self", "__old__") and not k.startswith("_")}
 
 
 class _Old:
-    def __init__(self, env):
+    def __init__(self, env: dict[str, Any]) -> None:
         self.__dict__.update(env)
 
 
 _depth = [0]  # nesting of method calls: only the outermost one is checked
 
 
-def checked(fn, invariants=(), outermost=False):
+def checked(fn: FunctionType, invariants: Sequence[str] = (), outermost: bool = False) -> Callable[..., Any]:
     """Wrap ``fn`` so its docstring contract (and ``invariants``) are checked.
 
     With ``outermost``, a call made from inside another checked method is
@@ -65,7 +70,7 @@ def checked(fn, invariants=(), outermost=False):
     wants_old = any("__old__" in p for p in cond["post"])
 
     @functools.wraps(fn)
-    def wrapper(*args, **kwargs):
+    def wrapper(*args: Any, **kwargs: Any) -> Any:
         if outermost and _depth[0]:
             return fn(*args, **kwargs)
         _depth[0] += outermost
@@ -74,7 +79,7 @@ def checked(fn, invariants=(), outermost=False):
         finally:
             _depth[0] -= outermost
 
-    def _call(args, kwargs):
+    def _call(args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
         bound = sig.bind(*args, **kwargs)
         bound.apply_defaults()
         env = dict(bound.arguments)
@@ -86,12 +91,12 @@ def checked(fn, invariants=(), outermost=False):
         _check("inv", invariants, fn, env)
         return env["__return__"]
 
-    wrapper.__wrapped_contract__ = fn
+    wrapper.__wrapped_contract__ = fn  # type: ignore[attr-defined]  # a mark: checking() wraps no method twice
     return wrapper
 
 
 @contextlib.contextmanager
-def unchecked():
+def unchecked() -> Iterator[None]:
     """Inside ``checking()``, call the arena's methods unchecked for a while
     (a test's own reads of the state, where the contracts add nothing)."""
     _depth[0] += 1
@@ -102,11 +107,12 @@ def unchecked():
 
 
 @contextlib.contextmanager
-def checking():
+def checking() -> Iterator[None]:
     """Check every spec contract while the block runs."""
-    saved = []
+    saved: list[tuple[ModuleType | type, str, object]] = []  # (owner, name, what it held; None: inherited)
     try:
-        wrapped = {}  # one wrapper per function, also where another module imported it
+        # one wrapper per function, also where another module imported it
+        wrapped: dict[FunctionType, Callable[..., Any]] = {}
         for mod in MODULES:
             for name, obj in list(vars(mod).items()):
                 if inspect.isfunction(obj) and obj.__module__ in NAMES:

@@ -4,7 +4,9 @@ Everything here is decided once, at boot.  The implementation imports this
 module as is: layout is arithmetic, not an operation to test twice.
 """
 
+from collections.abc import Iterable
 from dataclasses import dataclass
+from typing import NoReturn
 
 from . import arith
 
@@ -16,7 +18,7 @@ KINDS = ("kv", "state")
 class AccountingError(AssertionError):
     """``verify()`` found a broken rule.  The message names the pool and rule."""
 
-    def __init__(self, pool, rule, detail=""):
+    def __init__(self, pool: str, rule: str, detail: str = "") -> None:
         self.pool, self.rule = pool, rule
         super().__init__(f"pool {pool!r}: {rule}" + (f" ({detail})" if detail else ""))
 
@@ -35,8 +37,8 @@ class SubPool:
     grow: str = "up"
     kind: str = "kv"
 
-    def __post_init__(self):
-        def bad(why):
+    def __post_init__(self) -> None:
+        def bad(why: str) -> NoReturn:
             raise ValueError(f"pool {self.name!r}: {why}")
 
         if not isinstance(self.name, str) or not self.name:
@@ -53,7 +55,7 @@ class SubPool:
             bad(f"a state pool has page_size 1, got {self.page_size}")
 
     @property
-    def epp(self):
+    def epp(self) -> int:
         """Bytes per page: one page envelope."""
         return self.entry_bytes * self.page_size
 
@@ -72,13 +74,13 @@ class Layout:
     """The boot-time layout: chain order, sink, and every pool's grid."""
 
     total_bytes: int
-    pools: dict  # name -> SubPool
-    chain: tuple  # names, low bytes first: (up, *floats, down)
+    pools: dict[str, SubPool]  # by name
+    chain: tuple[str, ...]  # names, low bytes first: (up, *floats, down)
     sink_bytes: int
-    geometry: dict  # name -> Geometry
+    geometry: dict[str, Geometry]  # by name
 
 
-def make_layout(total_bytes: int, pools: "list[SubPool]") -> Layout:
+def make_layout(total_bytes: int, pools: Iterable[SubPool]) -> Layout:
     """Validate a configuration and lay it out.
 
     Raises ``ValueError`` naming the offending pool.  The float order is the
@@ -98,7 +100,7 @@ def make_layout(total_bytes: int, pools: "list[SubPool]") -> Layout:
     for p in pools:
         if not isinstance(p, SubPool):
             raise ValueError(f"arena: expected SubPool, got {p!r}")
-    seen = set()
+    seen: set[str] = set()
     for p in pools:
         if p.name in seen:
             raise ValueError(f"pool {p.name!r}: duplicate name")
@@ -115,7 +117,7 @@ def make_layout(total_bytes: int, pools: "list[SubPool]") -> Layout:
 
     chain = (ups[0].name, *(f.name for f in floats), downs[0].name)
     sink, grids = arith.layout_grids(total_bytes, [p.entry_bytes for p in pools], [p.page_size for p in pools])
-    geometry = {}
+    geometry: dict[str, Geometry] = {}
     for p, (epp, n_pages, lowest) in zip(pools, grids):
         g = Geometry(epp=epp, num_pages=n_pages, min_page=lowest)
         if g.num_pages <= g.min_page:
@@ -139,13 +141,13 @@ def make_layout(total_bytes: int, pools: "list[SubPool]") -> Layout:
     return Layout(total_bytes, {p.name: p for p in pools}, chain, sink, geometry)
 
 
-def check_policy(policy):
+def check_policy(policy: object) -> None:
     """``policy`` must name a relief policy (DESIGN section 4)."""
     if not isinstance(policy, str) or policy not in POLICIES:
         raise ValueError(f"arena: policy must be one of {POLICIES}, got {policy!r}")
 
 
-def lazy_ends(layout, lazy):
+def lazy_ends(layout: Layout, lazy: object) -> set[str]:
     """The set of lazy END pools from ``lazy``: a bool, or a set of END names.
 
     Anything else (None, 0, 1, a string, a float's name) is a ``ValueError``.
@@ -165,7 +167,7 @@ def lazy_ends(layout, lazy):
     return set(lazy)
 
 
-def borrowing(layout, borrow):
+def borrowing(layout: Layout, borrow: object) -> dict[str, str]:
     """``{borrower: lender}`` from ``borrow`` (DESIGN section 3, borrowing).
 
     Both must be pools of the arena and distinct; a lender does not itself

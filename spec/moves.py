@@ -11,8 +11,12 @@ Notation: ``live`` is the ascending list of a band's live pages,
 ``[region_lo, region_hi)`` the float's region between its neighbours.
 """
 
+from collections.abc import Callable
 
-def flush_plan(grow, live, holes, edge, max_moves=None):
+MovePlan = tuple[list[int], list[int]]  # (dst, src)
+
+
+def flush_plan(grow: str, live: list[int], holes: list[int], edge: int, max_moves: int | None = None) -> MovePlan:
     """A lazy END's flush: survivors nearest the frontier into the holes
     furthest from it (DESIGN section 4, lazy END pools).
 
@@ -37,7 +41,9 @@ def flush_plan(grow, live, holes, edge, max_moves=None):
     return dst[len(dst) - k :], src[:k]  # frontier is low: nearest survivors first
 
 
-def make_room_plan(side, live, holes, span, region, edge_pages):
+def make_room_plan(
+    side: str, live: list[int], holes: list[int], span: tuple[int, int], region: tuple[int, int], edge_pages: int
+) -> MovePlan:
     """``make_room``'s relocation: clear ``edge_pages`` pages at ``side``.
 
     Two cases (DESIGN section 4, make_room):
@@ -80,7 +86,7 @@ def make_room_plan(side, live, holes, span, region, edge_pages):
     return dst, src
 
 
-def pack_plan(live, start):
+def pack_plan(live: list[int], start: int) -> MovePlan:
     """The planner's repack (``Arena.plan_floats``): make ``live`` occupy
     ``[start, start + len(live))`` moving the fewest pages.  Live pages
     already in that range stay; the others (ascending) fill its free pages
@@ -92,7 +98,7 @@ def pack_plan(live, start):
     return [p for p in target if p not in inside], [p for p in live if p not in inside]
 
 
-def compact_plan(live, span, retreat_side):
+def compact_plan(live: list[int], span: tuple[int, int], retreat_side: str) -> MovePlan:
     """``compact_holes``: pack ``live`` against the edge opposite
     ``retreat_side``, keeping order; pages already in place stay."""
     lo, hi = span
@@ -101,7 +107,7 @@ def compact_plan(live, span, retreat_side):
     return [d for d, _ in pairs], [s for _, s in pairs]
 
 
-def eager_free_plan(grow, span, freed, is_live):
+def eager_free_plan(grow: str, span: tuple[int, int], freed: list[int], is_live: Callable[[int], bool]) -> MovePlan:
     """An eager END's compaction after a free of ``len(freed)`` pages.
 
     ``span`` is the band *after* its frontier retreated.  The survivors left

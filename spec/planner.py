@@ -47,27 +47,50 @@ both of which hold its room.  Transparent floats with no demand take no
 space and are skipped.
 """
 
-from collections import namedtuple
+from typing import NamedTuple
 
 from .arith import and_, cdiv, fdiv, ite, max_, min_, not_, or_
 
-End = namedtuple("End", "frontier epp ext room")
-End.__doc__ = """An END's input: its frontier facing the floats, in bytes (the up END's
-high frontier, the down END's low one), its ``epp``, the pages it must
-extend (``ext``) and the pages left on its grid (``room``)."""
 
-Float = namedtuple("Float", "epp min_page num_pages lo hi live holes demand index_room")
-Float.__doc__ = """A float's input: its grid, its span ``[lo, hi)`` in pages, its live
-pages and holes, the pages demanded of it, and its ``index_room``."""
+class End(NamedTuple):
+    """An END's input: its frontier facing the floats, in bytes (the up END's
+    high frontier, the down END's low one), its ``epp``, the pages it must
+    extend (``ext``) and the pages left on its grid (``room``)."""
 
-Plan = namedtuple("Plan", "feasible moves starts room_below")
-Plan.__doc__ = """The decision: ``feasible``; per float, whether it is repacked
-(``moves``), the page its live pages then start at (``starts``; ``lo``
-for a float that stays), and whether its room is below it (``room_below``:
-a float that stays with its room below; otherwise the room is above)."""
+    frontier: int
+    epp: int
+    ext: int
+    room: int
 
 
-def plan_chain(up, floats, down):
+class Float(NamedTuple):
+    """A float's input: its grid, its span ``[lo, hi)`` in pages, its live
+    pages and holes, the pages demanded of it, and its ``index_room``."""
+
+    epp: int
+    min_page: int
+    num_pages: int
+    lo: int
+    hi: int
+    live: int
+    holes: int
+    demand: int
+    index_room: int
+
+
+class Plan(NamedTuple):
+    """The decision: ``feasible``; per float, whether it is repacked
+    (``moves``), the page its live pages then start at (``starts``; ``lo``
+    for a float that stays), and whether its room is below it (``room_below``:
+    a float that stays with its room below; otherwise the room is above)."""
+
+    feasible: bool
+    moves: list[bool]
+    starts: list[int]
+    room_below: list[bool]
+
+
+def plan_chain(up: End, floats: list[Float], down: End) -> Plan:
     """Decide where the floats go for a demand vector (module docstring).
 
     ``up``/``down`` are ``End``s, ``floats`` a list of ``Float`` in chain
@@ -77,7 +100,9 @@ def plan_chain(up, floats, down):
     active = [f.live + f.demand > 0 for f in floats]
 
     # 1. highest placement, top down
-    hend, high, on_grid = [None] * k, [None] * k, []
+    hend: list[int] = [0] * k  # each float's highest block end, all set below
+    high: list[int] = [0] * k  # and its highest start
+    on_grid: list[bool] = []
     q = down.frontier - down.ext * down.epp  # the ceiling
     for i in reversed(range(k)):
         f = floats[i]
@@ -91,7 +116,9 @@ def plan_chain(up, floats, down):
     )
 
     # 2. placement, bottom up
-    moves, starts, room_below = [], [], []
+    moves: list[bool] = []
+    starts: list[int] = []
+    room_below: list[bool] = []
     p = floor
     for i, f in enumerate(floats):
         opaque = f.live > 0
@@ -110,7 +137,7 @@ def plan_chain(up, floats, down):
     return Plan(feasible, moves, starts, room_below)
 
 
-def move_rank(floats, plan, i):
+def move_rank(floats: list[Float], plan: Plan, i: int) -> int:
     """Float ``i``'s place in the repack order (lower goes first): floats
     moving up (``start > lo``) from the highest down, then the others from
     the lowest up.  A float moving up can only land on floats above it that
@@ -120,6 +147,6 @@ def move_rank(floats, plan, i):
     return ite(plan.starts[i] > floats[i].lo, k - 1 - i, k + i)
 
 
-def move_order(floats, plan):
+def move_order(floats: list[Float], plan: Plan) -> list[int]:
     """The floats to repack, as indices, in ``move_rank`` order."""
     return sorted((i for i in range(len(floats)) if plan.moves[i]), key=lambda i: move_rank(floats, plan, i))

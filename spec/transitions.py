@@ -21,10 +21,11 @@ derive is the cost the arena pays.
 
 from . import arith
 from .arith import and_, ite, min_
-from .chain import Counts, available, make_room_terms, opaque, region
+from .chain import Chain, Counts, available, make_room_terms, opaque, region
+from .planner import Plan
 
 
-def alloc_end(s, i, n):
+def alloc_end(s: Chain, i: int, n: int) -> Counts:
     """``alloc`` on an END: its holes first (oldest first), then it extends
     its frontier by the rest (up: ``hi`` grows; down: ``lo`` falls)."""
     a = s.bands[i]
@@ -35,7 +36,7 @@ def alloc_end(s, i, n):
     return Counts(a.lo - m, a.hi, a.live + n, a.holes - k)
 
 
-def float_extends_high(s, i, n):
+def float_extends_high(s: Chain, i: int, n: int) -> bool:
     """An opaque float that its holes do not cover extends toward its larger
     gap; the high side wins ties."""
     a = s.bands[i]
@@ -43,7 +44,7 @@ def float_extends_high(s, i, n):
     return hi - a.hi >= a.lo - lo
 
 
-def alloc_float(s, i, n):
+def alloc_float(s: Chain, i: int, n: int) -> Counts:
     """``alloc`` on a float: holes cover it, or a parked float places a
     span mid-region (``arith.park_start``), or it takes its holes and
     extends toward its larger gap (``float_extends_high``)."""
@@ -59,16 +60,16 @@ def alloc_float(s, i, n):
     return pick(opaque(s, i), pick(n <= a.holes, holes, extended), parked)
 
 
-def alloc(s, i, n):
+def alloc(s: Chain, i: int, n: int) -> Counts:
     """``alloc(pool i, n)`` for ``1 <= n <= available(s, i)`` (the gate)."""
     return alloc_end(s, i, n) if s.pools[i].grow != "float" else alloc_float(s, i, n)
 
 
-def alloc_ok(s, i, n):
+def alloc_ok(s: Chain, i: int, n: int) -> bool:
     return and_(n >= 1, n <= available(s, i))
 
 
-def free(s, i, k):
+def free(s: Chain, i: int, k: int) -> Counts:
     """``free`` of ``k`` live pages: an eager END's frontier retreats by
     ``k`` (its survivors compact); a lazy END or a float records ``k``
     holes; a float left with no live page parks."""
@@ -82,17 +83,17 @@ def free(s, i, k):
     return pick(p.lazy, holes, retreat)
 
 
-def free_ok(s, i, k):
+def free_ok(s: Chain, i: int, k: int) -> bool:
     return and_(k >= 1, k <= s.bands[i].live)
 
 
-def park(s, i):
+def park(s: Chain, i: int) -> Counts:
     """A float with no live page: its span empty at ``num_pages``, no hole."""
     np_ = s.pools[i].num_pages
     return Counts(np_, np_, 0, 0)
 
 
-def flush_end(s, i, edge):
+def flush_end(s: Chain, i: int, edge: int) -> Counts:
     """A lazy END's flush leaves its frontier at page ``edge`` (one past its
     top live page for the up END, its bottom live page for the down END);
     every page between the anchored end and ``edge`` not live is a hole."""
@@ -102,7 +103,7 @@ def flush_end(s, i, edge):
     return Counts(edge, a.hi, a.live, a.hi - edge - a.live)
 
 
-def flush_end_ok(s, i, edge):
+def flush_end_ok(s: Chain, i: int, edge: int) -> bool:
     """The frontier of a flush lies between the packed band's edge and
     where it was (a move cap can stop it anywhere between)."""
     a = s.bands[i]
@@ -111,21 +112,21 @@ def flush_end_ok(s, i, edge):
     return and_(a.lo <= edge, edge <= a.hi - a.live)
 
 
-def refit(s, i, lo, hi):
+def refit(s: Chain, i: int, lo: int, hi: int) -> Counts:
     """A float's span shrunk (or moved) to ``[lo, hi)``, the extent of its
     live pages; parked when it has none."""
     a = s.bands[i]
     return pick(a.live > 0, Counts(lo, hi, a.live, hi - lo - a.live), park(s, i))
 
 
-def refit_ok(s, i, lo, hi):
+def refit_ok(s: Chain, i: int, lo: int, hi: int) -> bool:
     """A float's flush only absorbs boundary holes: the new span lies in
     the old one and holds the live pages."""
     a = s.bands[i]
     return and_(a.lo <= lo, hi <= a.hi, hi - lo >= a.live)
 
 
-def compact(s, i, retreat_low):
+def compact(s: Chain, i: int, retreat_low: bool) -> Counts:
     """``compact_holes``: the live pages packed against the edge opposite
     ``retreat_low``, order kept, no hole left; a transparent float stays."""
     a = s.bands[i]
@@ -136,14 +137,14 @@ def compact(s, i, retreat_low):
 # ------------------------------------------------------------ make_room
 
 
-def make_room_leaps(s, i, side_is_low, min_bytes):
+def make_room_leaps(s: Chain, i: int, side_is_low: bool, min_bytes: int) -> bool:
     """A make_room that acts leapfrogs when the edge to clear holds every
     live page: it packs them against the far edge of the region."""
     _, _, need = make_room_terms(s, i, side_is_low, min_bytes)
     return need >= s.bands[i].live
 
 
-def make_room(s, i, side_is_low, min_bytes, lo, hi):
+def make_room(s: Chain, i: int, side_is_low: bool, min_bytes: int, lo: int, hi: int) -> Counts:
     """The float's band after a ``make_room`` that acts: a leapfrog packs it
     against the far edge of its region; otherwise the span is ``[lo, hi)``,
     where the boundary moves left the live pages (``make_room_ok``)."""
@@ -153,7 +154,7 @@ def make_room(s, i, side_is_low, min_bytes, lo, hi):
     return pick(make_room_leaps(s, i, side_is_low, min_bytes), leap, Counts(lo, hi, a.live, hi - lo - a.live))
 
 
-def make_room_ok(s, i, side_is_low, min_bytes, lo, hi):
+def make_room_ok(s: Chain, i: int, side_is_low: bool, min_bytes: int, lo: int, hi: int) -> bool:
     """What the boundary moves guarantee: the ``need`` cleared pages are
     free, the span moved at most ``need`` pages, stays in the region and
     holds the live pages.  (A leapfrog ignores ``lo`` and ``hi``.)"""
@@ -165,7 +166,7 @@ def make_room_ok(s, i, side_is_low, min_bytes, lo, hi):
     return and_(ite(side_is_low, low, high), hi - lo >= a.live)
 
 
-def make_room_moved(s, i, side_is_low, min_bytes, spared):
+def make_room_moved(s: Chain, i: int, side_is_low: bool, min_bytes: int, spared: int) -> int:
     """Pages a make_room that acts moves.  A leapfrog moves every live page
     but the ``spared`` already inside its target; the boundary case moves
     the live pages among the ``need`` cleared ones, ``need`` less the
@@ -174,7 +175,7 @@ def make_room_moved(s, i, side_is_low, min_bytes, spared):
     return ite(make_room_leaps(s, i, side_is_low, min_bytes), s.bands[i].live - spared, need - spared)
 
 
-def make_room_moved_ok(s, i, side_is_low, min_bytes, spared):
+def make_room_moved_ok(s: Chain, i: int, side_is_low: bool, min_bytes: int, spared: int) -> bool:
     """``spared`` counts pages: at least 0, and at most the live pages
     (leapfrog), or the holes and the cleared pages (boundary)."""
     a = s.bands[i]
@@ -185,20 +186,20 @@ def make_room_moved_ok(s, i, side_is_low, min_bytes, spared):
 # ------------------------------------------------------------- the planner
 
 
-def repack(s, i, start):
+def repack(s: Chain, i: int, start: int) -> Counts:
     """The planner repacks float ``i``: its live pages at ``[start, start +
     live)``, no hole."""
     a = s.bands[i]
     return Counts(start, start + a.live, a.live, 0)
 
 
-def repack_moved(s, i, spared):
+def repack_moved(s: Chain, i: int, spared: int) -> int:
     """Pages a repack moves: every live page but the ``spared`` already in
     its target (``moves.pack_plan``)."""
     return s.bands[i].live - spared
 
 
-def planned(s, plan):
+def planned(s: Chain, plan: Plan) -> Chain:
     """The chain after ``plan_floats`` carries out ``plan``: each float the
     plan moves repacked at its start; every other band as it was."""
     for k, i in enumerate(range(1, s.n - 1)):
@@ -209,7 +210,7 @@ def planned(s, plan):
 # --------------------------------------------------------------- helpers
 
 
-def pick(cond, a, b):
+def pick(cond: bool, a: Counts, b: Counts) -> Counts:
     """``a if cond else b`` for two ``Counts``, field by field on z3 terms."""
     if isinstance(cond, bool):
         return a if cond else b

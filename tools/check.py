@@ -26,20 +26,29 @@ STRICT = ["kvarena.spec", "kvarena.impl"]
 def installed_layout(dest: Path, extra: dict[str, str] | None = None) -> Path:
     """``dest/kvarena`` as installed: links to ``kvarena/*`` and to ``spec/``, ``impl/``, ``proofs/``.
 
-    ``extra`` maps a path under ``dest/kvarena`` to a file's text, written in
-    place of a link (the tests plant a finding this way)."""
+    ``extra`` maps a path under ``dest/kvarena`` to a file's text, added to the
+    layout only (the tests plant a finding this way): the folder it lands in
+    is made of links file by file, so nothing is written into the repository."""
     pkg = dest / "kvarena"
-    pkg.mkdir(parents=True)
-    for entry in (ROOT / "kvarena").iterdir():
-        if entry.name != "__pycache__":
-            (pkg / entry.name).symlink_to(entry)
-    for name, folder in PARTS.items():
-        (pkg / name).symlink_to(ROOT / folder)
-    for rel, text in (extra or {}).items():
-        target = pkg / rel
-        target.parent.mkdir(parents=True, exist_ok=True)
-        target.write_text(text)
+    sources = {entry.name: entry for entry in (ROOT / "kvarena").iterdir() if entry.name != "__pycache__"}
+    sources |= {name: ROOT / folder for name, folder in PARTS.items()}
+    _link_tree(pkg, sources, extra or {})
     return dest
+
+
+def _link_tree(at: Path, sources: dict[str, Path], extra: dict[str, str]) -> None:
+    """Link each source into ``at``; a folder that receives an extra file is made, not linked."""
+    at.mkdir(parents=True)
+    for name, source in sources.items():
+        inside = {rel.partition("/")[2]: text for rel, text in extra.items() if rel.partition("/")[0] == name}
+        if inside and source.is_dir():
+            children = {e.name: e for e in source.iterdir() if e.name != "__pycache__"}
+            _link_tree(at / name, children, inside)
+        else:
+            (at / name).symlink_to(source)
+    for rel, text in extra.items():
+        if "/" not in rel:
+            (at / rel).write_text(text)
 
 
 def run(cmd: list[str], cwd: Path) -> int:

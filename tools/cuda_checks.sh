@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # CUDA checks for kvarena.impl; run on a machine with a GPU, from anywhere.
-#   tools/cuda_checks.sh            (uses $PYTHON, else /work/venv/bin/python, else python)
+#   tools/cuda_checks.sh            (uses $PYTHON, else python)
 # 1. refuses to "pass" without a CUDA device (the CUDA tests would only skip);
 # 2. runs every CUDA-marked test: the differential machine on cuda, the impl
 #    unit tests on cuda, the composites (their differential machine and unit

@@ -7,10 +7,12 @@
 # that name with the module's import name, so the paths must match the import
 # names.  In this repo they do not (spec/ is installed as kvarena.spec), so
 # the script lays the package out as it is installed, in a scratch folder
-# (KVARENA_MUTMUT_DIR, default /tmp/kvarena-mutmut), copies the tests and
-# pyproject.toml ([tool.mutmut] holds the configuration), and runs mutmut
-# there under `nice`.  With MODULE arguments only those files are mutated
-# (the default is [tool.mutmut] source_paths).  KVARENA_MUTMUT_PYTEST_ARGS
+# (KVARENA_MUTMUT_DIR, default /tmp/kvarena-mutmut), copies the tests (the
+# package `tests`, its __init__.py files and tests/support.py with it) and
+# pyproject.toml ([tool.mutmut] holds the configuration: a mutant runs the
+# tests marked `mutation`), and runs mutmut there under `nice`.  With MODULE
+# arguments only those files are mutated (the default is [tool.mutmut]
+# source_paths).  KVARENA_MUTMUT_PYTEST_ARGS
 # adds pytest arguments for one run (e.g. a --deselect while a test is being
 # rewritten); a small plugin always runs a mutant's tests fastest first.  KVARENA_MUTMUT_CHILDREN (default 2) sets mutmut's --max-children
 # (1 on a loaded machine).  KVARENA_MUTMUT_NAMES (names or globs) runs only
@@ -25,6 +27,7 @@ rm -rf "$STAGE/kvarena" "$STAGE/tests"
 cp -r kvarena "$STAGE/kvarena"
 for part in spec impl proofs; do cp -r "$part" "$STAGE/kvarena/$part"; done
 cp -r tests "$STAGE/tests"
+test -f "$STAGE/tests/__init__.py" -a -f "$STAGE/tests/support.py"  # the tests import tests.support
 find "$STAGE" -name __pycache__ -prune -exec rm -rf {} +
 python - "$REPO/pyproject.toml" "$STAGE/pyproject.toml" "$@" <<'PY'
 import json, os, shlex, sys, tomllib

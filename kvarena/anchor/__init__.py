@@ -14,6 +14,8 @@ fake KV cache and are driven with kvarena's calls:
 
 Importing this package registers the ``anchor`` vectors target; sglang is
 imported only when an anchor arena is built.
+
+May import: ``kvarena.spec``, ``kvarena.verification`` (the vectors' target registry).
 """
 
 

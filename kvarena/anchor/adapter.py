@@ -28,6 +28,8 @@ layout when the anchor's reserved floor then equals kvarena's sink, so
 ``min_page`` and ``num_pages`` agree; anything else raises ``Unsupported``.
 """
 
+import itertools
+
 import torch
 
 from .fake_cache import FakeKVCache
@@ -105,14 +107,14 @@ class AnchorArena:
             p = by_name[name]
             num_pages = self.buffer.max_slots(name) // p.page_size
             cache = FakeKVCache(num_pages, p.page_size)
-            kw = dict(
-                kvcache=cache,
-                unified_buffer=self.buffer,
-                sub_pool_name=name,
-                device="cpu",
-                is_id_owner=name not in self.borrow,
-                page_size=p.page_size,
-            )
+            kw = {
+                "kvcache": cache,
+                "unified_buffer": self.buffer,
+                "sub_pool_name": name,
+                "device": "cpu",
+                "is_id_owner": name not in self.borrow,
+                "page_size": p.page_size,
+            }
             if name in self.borrow:
                 kw["virtual_num_pages"] = self.alloc_of[self.borrow[name]].num_virtual_ids
             if p.grow == "float":
@@ -121,7 +123,7 @@ class AnchorArena:
                 a = A.MultiEndedAllocator(lazy_compaction=name in lazy_set, **kw)
             self.alloc_of[name], self.cache[name] = a, cache
         members = [self.alloc_of[n] for n in self.chain]
-        for low, high in zip(members, members[1:]):
+        for low, high in itertools.pairwise(members):
             low.bind_high_peer(high)
             high.bind_low_peer(low)
 

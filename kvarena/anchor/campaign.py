@@ -126,31 +126,38 @@ def run(steps=2000, seed=0, walk_steps=WALK_STEPS, out=print, shrink_cases=True)
             steps_after_difference += 1
     if shrink_cases:
         cases = {c: shrink(case, c) for c, case in cases.items()}
-    report = {
+    by_kind = Counter()
+    for c, n in by_class.items():
+        by_kind[CLASSES[c][0]] += n
+    return {
+        **report_head(seed, done, walks, t0, ops),
+        "geometries": dict(geometries),
+        "differences": differences(by_class, by_op, unclassified, dict(by_kind), CLASSES.__getitem__),
+        "cases": cases,
+        "unclassified_cases": unclassified[:5],
+    }
+
+
+def report_head(seed, done, walks, t0, ops):
+    """The first entries of a campaign's report: what ran, and for how long."""
+    return {
         "anchor": "sglang 0.5.23",
         "seed": seed,
         "steps": done,
         "walks": walks,
         "seconds": round(time.perf_counter() - t0, 1),
         "operations": dict(ops),
-        "geometries": dict(geometries),
-        "differences": {
-            "total": sum(by_class.values()) + len(unclassified),
-            "by_kind": _by_kind(by_class),
-            "by_class": {
-                c: {"kind": CLASSES[c][0], "count": n, "by_operation": dict(by_op[c]), "what": CLASSES[c][1]}
-                for c, n in sorted(by_class.items())
-            },
-            "unclassified": len(unclassified),
-        },
-        "cases": cases,
-        "unclassified_cases": unclassified[:5],
     }
-    return report
 
 
-def _by_kind(by_class):
-    out = Counter()
-    for c, n in by_class.items():
-        out[CLASSES[c][0]] += n
-    return dict(out)
+def differences(by_class, by_op, unclassified, by_kind, class_entry):
+    """A report's ``differences``: counts by kind and by class; ``class_entry(name)`` is ``(kind, what)``."""
+    return {
+        "total": sum(by_class.values()) + len(unclassified),
+        "by_kind": by_kind,
+        "by_class": {
+            c: {"kind": class_entry(c)[0], "count": n, "by_operation": dict(by_op[c]), "what": class_entry(c)[1]}
+            for c, n in sorted(by_class.items())
+        },
+        "unclassified": len(unclassified),
+    }

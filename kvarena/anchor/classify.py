@@ -230,7 +230,10 @@ def _ladder(arena, name, need_pages, rules):
     neighbour, if it is a float, to open the side facing it.  Otherwise the
     spec's ``relieve`` without eviction: return at once if the need fits,
     flush every flush target, then offer the demand to each float."""
-    fits = lambda: need_pages <= arena.available_pages(name)
+
+    def fits():
+        return need_pages <= arena.available_pages(name)
+
     if rules.ladder:
         target = arena._neighbour(name, arena.bands[name].grow == "up")
         if target is not None:
@@ -261,9 +264,8 @@ def emulate(pre, op, args, rules):
         return _ladder(c, name, args["need_pages"], rules), c
     if op == "alloc":
         out = c.alloc(name, args["n"], ids=args.get("ids"))
-        if out is None and not c.bands[name].lender:
-            if _ladder(c, name, args["n"], rules):
-                out = c.alloc(name, args["n"])
+        if out is None and not c.bands[name].lender and _ladder(c, name, args["n"], rules):
+            out = c.alloc(name, args["n"])
         return out, c
     if op == "open_short_side":
         return _open_short_side(c, name, args["demand"], rules), c

@@ -1,5 +1,6 @@
 """``kvarena conform``: the campaign against the anchor, or one case's replay."""
 
+import argparse
 import json
 import sys
 from pathlib import Path
@@ -7,8 +8,7 @@ from pathlib import Path
 CASES_DIR = Path(__file__).resolve().parents[2] / "tests" / "anchor_cases"
 
 
-def add_parser(sub):
-    c = sub.add_parser("conform", help="differential campaign against the anchor's allocator (sglang 0.5.23)")
+def add_arguments(c: argparse.ArgumentParser) -> None:
     c.add_argument("--steps", type=int, default=2000, help="page-level operations (default 2000)")
     c.add_argument(
         "--composite-steps",
@@ -31,10 +31,10 @@ def add_parser(sub):
         nargs="+",
         help="replay case files (tests/anchor_cases/*.json) instead of a campaign",
     )
-    c.set_defaults(func=cmd_conform)
 
 
-def cmd_conform(args):
+def run(args: argparse.Namespace) -> int:
+    """``kvarena conform``: the campaign (page level, then composites) or the replay of case files."""
     from .loader import AnchorUnavailable, anchor_modules, ensure_installed
 
     try:

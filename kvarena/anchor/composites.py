@@ -26,6 +26,7 @@ from collections import Counter, defaultdict
 from kvarena import spec as kspec
 
 from .adapter import ENTRY_ALIGN, AnchorArena, _tensor
+from .campaign import differences, report_head
 from .classify import same_up_to_labels, same_up_to_placement
 from .fake_cache import FakeKVCache
 from .loader import anchor_modules
@@ -104,7 +105,13 @@ class AnchorComposite(AnchorArena):
             for n in self.chain
         }
         fake = _FakePools(self.cache)
-        kw = dict(unified_buffer=self.buffer, kvcache=fake, device=device, page_size=page_size, lazy_compaction=lazy)
+        kw = {
+            "unified_buffer": self.buffer,
+            "kvcache": fake,
+            "device": device,
+            "page_size": page_size,
+            "lazy_compaction": lazy,
+        }
         if kind == "HybridSWA":
             self.c = hs.UnifiedSWATokenToKVPoolAllocator(**kw)
         elif kind == "TriPool":
@@ -388,11 +395,14 @@ def classify_call(spec_pre, call, r_spec, r_anchor, obs_s, obs_a, views_s, views
                 classes.append("free-order")
     if r_spec == "ValueError" and r_anchor is None and obs_s == obs_a and views_s == views_a:
         return classes + ["oversized-request"]
-    if r_spec is None and r_anchor is None and call == "alloc":
-        # both refuse, having compacted different parts: flushing every member
-        # of both gives the same state
-        if same_up_to_labels(observe_spec(flushed_whole(adopted)), observe_spec(flushed_whole(spec.arena))):
-            return classes + ["composite-refusal-flushes"]
+    # both refuse, having compacted different parts: flushing every member of both gives the same state
+    if (
+        r_spec is None
+        and r_anchor is None
+        and call == "alloc"
+        and same_up_to_labels(observe_spec(flushed_whole(adopted)), observe_spec(flushed_whole(spec.arena)))
+    ):
+        return classes + ["composite-refusal-flushes"]
     if call == "alloc" and anchor.kind == "TriPool" and r_spec is None and isinstance(r_anchor, list):
         # the anchor's three-pool ladder found room the spec's ladder did not;
         # the spec accepts the anchor's resulting state (adopted above): it was feasible
@@ -420,11 +430,15 @@ def classify_call(spec_pre, call, r_spec, r_anchor, obs_s, obs_a, views_s, views
             return classes + ["move-pairing"]
         if r_spec == r_anchor and call in ("alloc", "alloc_state") and same_up_to_placement(obs_s, obs_a):
             return classes + ["hole-reuse-order"]
-    if r_spec == r_anchor and isinstance(r_spec, list) and call in ("alloc", "alloc_state"):
-        # kvarena's ladder compacted its ENDs in steps and stopped at the fit; the
-        # anchor flushed them whole: flushing the rest of the spec's gives the anchor's
-        if same_up_to_placement(observe_spec(flushed_whole(spec.arena)), obs_a):  # the views follow the state
-            return classes + ["relief-steps"]
+    # kvarena's ladder compacted its ENDs in steps and stopped at the fit; the anchor
+    # flushed them whole: flushing the rest of the spec's gives the anchor's (the views follow the state)
+    if (
+        r_spec == r_anchor
+        and isinstance(r_spec, list)
+        and call in ("alloc", "alloc_state")
+        and same_up_to_placement(observe_spec(flushed_whole(spec.arena)), obs_a)
+    ):
+        return classes + ["relief-steps"]
     return []
 
 
@@ -490,16 +504,11 @@ def _anchor_float_schedulable_of(adopted, n):
     return _anchor_float_schedulable(adopted, n)
 
 
-def composite_class_kind(name):
+def composite_class(name):
+    """``(kind, what)`` of a composite class or of a page-level one."""
     from .classify import CLASSES
 
-    return (COMPOSITE_CLASSES.get(name) or CLASSES[name])[0]
-
-
-def composite_class_what(name):
-    from .classify import CLASSES
-
-    return (COMPOSITE_CLASSES.get(name) or CLASSES[name])[1]
+    return COMPOSITE_CLASSES.get(name) or CLASSES[name]
 
 
 def composite_step(spec, anchor, call, args, requests, slots):
@@ -547,22 +556,6 @@ def replay_composite(case):
     return classes, detail, spec, anchor
 
 
-def shrink_composite(case, cls):
-    """Drop earlier calls while the last one still shows ``cls``."""
-    calls = list(case["calls"])
-    i = len(calls) - 2
-    while i >= 0:
-        trial = dict(case, calls=calls[:i] + calls[i + 1 :])
-        try:
-            classes = replay_composite(trial)[0]
-        except (ValueError, IndexError, AssertionError, KeyError):
-            classes = None
-        if classes and cls in classes:
-            calls = trial["calls"]
-        i -= 1
-    return dict(case, calls=calls)
-
-
 def run_composites(steps=600, seed=0, walk_steps=40):
     """The composite campaign; a report shaped like ``campaign.run``'s."""
     rng = random.Random(seed)
@@ -597,31 +590,14 @@ def run_composites(steps=600, seed=0, walk_steps=40):
                 cases.setdefault(c, case)
             if case.get("not_adopted"):
                 break
+    by_kind = {
+        kd: sum(n for c, n in by_class.items() if composite_class(c)[0] == kd)
+        for kd in sorted({composite_class(c)[0] for c in by_class})
+    }
     return {
-        "anchor": "sglang 0.5.23",
-        "seed": seed,
-        "steps": done,
-        "walks": walks,
-        "seconds": round(time.perf_counter() - t0, 1),
-        "operations": dict(ops),
+        **report_head(seed, done, walks, t0, ops),
         "composites": dict(kinds),
-        "differences": {
-            "total": sum(by_class.values()) + len(unclassified),
-            "by_kind": {
-                kd: sum(n for c, n in by_class.items() if composite_class_kind(c) == kd)
-                for kd in sorted({composite_class_kind(c) for c in by_class})
-            },
-            "by_class": {
-                c: {
-                    "kind": composite_class_kind(c),
-                    "count": n,
-                    "by_operation": dict(by_op[c]),
-                    "what": composite_class_what(c),
-                }
-                for c, n in sorted(by_class.items())
-            },
-            "unclassified": len(unclassified),
-        },
+        "differences": differences(by_class, by_op, unclassified, by_kind, composite_class),
         "cases": cases,
         "unclassified_cases": unclassified[:5],
     }

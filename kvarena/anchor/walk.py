@@ -23,8 +23,10 @@ def random_config(rng):
         three = rng.random() < 0.6
         borrow = rng.random() < 1 / 3
         up_state = not borrow and rng.random() < 0.4
-        # KV entries: multiples of 32 (MHA-shaped); with page size 1 also any size
-        kv = lambda: 32 * rng.randint(1, 8) if ps > 1 or rng.random() < 0.7 else rng.randint(2, 256)
+
+        def kv(ps=ps):  # KV entries: multiples of 32 (MHA-shaped); with page size 1 also any size
+            return 32 * rng.randint(1, 8) if ps > 1 or rng.random() < 0.7 else rng.randint(2, 256)
+
         pools = []
         if borrow:
             swa_grow = "float" if three else "up"
@@ -154,9 +156,8 @@ def run_op(side, op, args):
     if op == "alloc":
         ids = args.get("ids")
         out = side.alloc(name, args["n"], ids=ids)
-        if out is None and is_spec and not side.bands[name].lender:
-            if side.relieve(name, args["n"]):
-                out = side.alloc(name, args["n"])
+        if out is None and is_spec and not side.bands[name].lender and side.relieve(name, args["n"]):
+            out = side.alloc(name, args["n"])
         return None if out is None else list(out)
     if op == "free":
         if is_spec:

@@ -9,6 +9,5 @@
 - ``bench``: ``kvarena bench``, costs measured as ratios in one run;
 - ``plot``: the figures.
 
-Imports ``kvarena.spec`` and ``kvarena.impl``; nothing outside ``sim/``
-imports from here except the CLI.
+May import: ``kvarena.spec``, ``kvarena.impl``.
 """

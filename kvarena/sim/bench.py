@@ -25,10 +25,10 @@ threshold test.  Sections (``--only``):
   copy of the same bytes (the target is for CUDA; CPU is reported too).
 """
 
+import argparse
 import json
 import random
 import statistics
-import sys
 import time
 
 SECTIONS = ("decode", "memo", "oracle", "churn", "copy")
@@ -330,7 +330,7 @@ def bench_memo(args, device):
         a, b = _memo_arena(floats), _memo_arena(floats)
         names = a.chain
 
-        def timed(arena, read):
+        def timed(arena, read, names=names):
             # Only the reads are timed: the step between batches (the same
             # alloc on both sides) is not a read, and timing it would pull
             # any ratio toward 1.  The first read of each batch after it is
@@ -456,12 +456,12 @@ def bench_copy(args, device):
         buf = a.buffer
         src, dst = buf[:nbytes], buf[nbytes : 2 * nbytes]
 
-        def ours():
+        def ours(a=a, target=target):
             moved = a.make_room("f", "low", target)
             if moved != live:
                 raise AssertionError(f"bench copy: make_room moved {moved} pages, expected {live}")
 
-        def plain():
+        def plain(dst=dst, src=src):
             dst.copy_(src)
 
         times = {}
@@ -488,8 +488,8 @@ def bench_copy(args, device):
 # --------------------------------------------------------------------- CLI
 
 
-def add_parser(subparsers):
-    p = subparsers.add_parser("bench", help="side-by-side benchmarks (ratios, one run)", description=__doc__)
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    p.description = __doc__
     p.add_argument("--device", default="cpu", help="cpu or cuda")
     p.add_argument("--only", default=",".join(SECTIONS), help="sections, comma-separated")
     p.add_argument("--repeats", type=int, default=7)
@@ -505,8 +505,6 @@ def add_parser(subparsers):
     p.add_argument("--copy-page-kib", type=int, default=64, help="copy: page envelope (KiB)")
     p.add_argument("--threads", type=int, default=1, help="torch CPU threads (both sides alike)")
     p.add_argument("--json", metavar="PATH", help="write every number as JSON")
-    p.set_defaults(func=main)
-    return p
 
 
 def _print(section, res):
@@ -546,16 +544,8 @@ def _print(section, res):
         )
 
 
-def main(args):
-    """The subcommand: bad arguments print an error and exit 2."""
-    try:
-        return _main(args)
-    except ValueError as e:
-        print(f"kvarena bench: error: {e}", file=sys.stderr)
-        return 2
-
-
-def _main(args):
+def run(args: argparse.Namespace) -> int:
+    """``kvarena bench``; a bad argument raises ``ValueError`` (the CLI prints it, exit code 2)."""
     import torch
 
     sections = [s.strip() for s in args.only.split(",") if s.strip()]

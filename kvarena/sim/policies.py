@@ -30,6 +30,7 @@ import argparse
 import copy
 import json
 import random
+from typing import Any
 
 from kvarena.spec import Arena, SubPool
 
@@ -78,7 +79,7 @@ def run_trace(policy, geometry, ops):
     total, pools, lazy = geometry
     a = Arena(total, pools, lazy=lazy, policy=policy)
     live = []  # (pool, ids) in allocation order
-    stats = dict(allocs=0, refused=0, shortfalls=0, evictions=0, false_oom=0, pages_moved=0)
+    stats = {"allocs": 0, "refused": 0, "shortfalls": 0, "evictions": 0, "false_oom": 0, "pages_moved": 0}
 
     def evict(shortfall):
         stats["evictions"] += 1
@@ -120,10 +121,10 @@ def _placeable(a, name, n):
     return trial.plan({name: n}).feasible
 
 
-def compare(traces=40, steps=OPS_PER_TRACE, seed=0):
+def compare(traces: int = 40, steps: int = OPS_PER_TRACE, seed: int = 0) -> dict[str, dict[str, Any]]:
     """Both policies on ``traces`` seeded traces; ``{policy: totals}``."""
-    totals = {
-        p: dict(allocs=0, refused=0, shortfalls=0, evictions=0, false_oom=0, pages_moved=0)
+    totals: dict[str, dict[str, Any]] = {
+        p: {"allocs": 0, "refused": 0, "shortfalls": 0, "evictions": 0, "false_oom": 0, "pages_moved": 0}
         for p in ("anchor", "planner")
     }
     for t in range(traces):
@@ -159,16 +160,15 @@ def table(totals):
     return t
 
 
-def add_parser(sub):
-    p = sub.add_parser("policies", help="anchor policy vs chain planner on the same random traces")
+def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--traces", type=int, default=40, help="random traces (geometry + operations)")
     p.add_argument("--steps", type=int, default=OPS_PER_TRACE, help="operations per trace")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--json", metavar="PATH", help="also write the totals as JSON")
-    p.set_defaults(func=main)
 
 
-def main(args):
+def run(args: argparse.Namespace) -> int:
+    """``kvarena policies``: the table of totals."""
     from rich.console import Console
 
     totals = compare(args.traces, args.steps, args.seed)
@@ -177,10 +177,3 @@ def main(args):
         with open(args.json, "w") as f:
             json.dump(totals, f, indent=1)
     return 0
-
-
-if __name__ == "__main__":
-    ap = argparse.ArgumentParser()
-    add_parser(ap.add_subparsers(dest="cmd", required=True))
-    a = ap.parse_args()
-    raise SystemExit(a.func(a))

@@ -22,8 +22,8 @@ writes every number, ``--plot PATH`` a PNG of the unified arena's band
 boundaries over time with the static walls drawn.
 """
 
+import argparse
 import json
-import sys
 import time
 
 SETUPS = ("unified", "planner", "static-default", "static-best")
@@ -263,10 +263,8 @@ def _plot_path(base, preset, trace_name, many):
 # -------------------------------------------------------------------- CLI
 
 
-def add_parser(subparsers):
-    p = subparsers.add_parser(
-        "simulate", help="serving simulator: unified arena against static splits", description=__doc__
-    )
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    p.description = __doc__
     p.add_argument("--preset", default="gpt-oss-120b", help="model preset(s), comma-separated, or 'all'")
     p.add_argument(
         "--trace", default="balanced", help="trace kind(s), comma-separated, or 'all' (balanced, long, short, shift)"
@@ -286,8 +284,6 @@ def add_parser(subparsers):
     p.add_argument("--setups", default=",".join(SETUPS), help="setups to run, comma-separated")
     p.add_argument("--json", metavar="PATH", help="write every number as JSON")
     p.add_argument("--plot", metavar="PATH", help="write a PNG of the band boundaries over time")
-    p.set_defaults(func=main)
-    return p
 
 
 def _names(arg, known, what):
@@ -298,16 +294,8 @@ def _names(arg, known, what):
     return names
 
 
-def main(args):
-    """The subcommand: bad arguments print an error and exit 2."""
-    try:
-        return _main(args)
-    except ValueError as e:
-        print(f"kvarena simulate: error: {e}", file=sys.stderr)
-        return 2
-
-
-def _main(args):
+def run(args: argparse.Namespace) -> int:
+    """``kvarena simulate``; a bad argument raises ``ValueError`` (the CLI prints it, exit code 2)."""
     import torch
 
     from kvarena.sim import engine, presets, traces
@@ -349,19 +337,9 @@ def _main(args):
     if many:
         print("### summary\n\n" + summary(dump) + "\n")
     if args.json:
+        settings = {k: getattr(args, k) for k in ("budget_gib", "page_tokens", "chunk_tokens", "reserve_ratio", "seed")}
         with open(args.json, "w") as f:
-            json.dump(
-                {
-                    "budget_gib": args.budget_gib,
-                    "page_tokens": args.page_tokens,
-                    "chunk_tokens": args.chunk_tokens,
-                    "reserve_ratio": args.reserve_ratio,
-                    "seed": args.seed,
-                    "runs": dump,
-                },
-                f,
-                indent=1,
-            )
+            json.dump({**settings, "runs": dump}, f, indent=1)
         print(f"json: {args.json}")
     problems = [d for d in dump for r in d["setups"].values() if r.get("stuck") or r.get("lost")]
     return 1 if problems else 0

@@ -7,8 +7,9 @@
 - ``vectors``, ``vector_cases``: the conformance vectors, written by the spec
   and replayed on any target;
 - ``planted``: named planted bugs and the suites that catch them;
-- ``verify``: the budgeted run of all of the above (``kvarena verify``).
+- ``verify``: the budgeted run of all of the above (``kvarena verify``);
+- ``command_line``: what the commands above share: options, the ``--device``
+  check, the console they print on.
 
-Imports ``kvarena.spec``, ``kvarena.impl`` and ``kvarena.proofs``; nothing
-in ``spec/``, ``impl/`` or ``proofs/`` imports from here.
+May import: ``kvarena.spec``, ``kvarena.impl``, ``kvarena.proofs``.
 """

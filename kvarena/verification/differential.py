@@ -18,7 +18,7 @@ more than asked, lying, raising) must leave both arenas consistent, and a
 second identical relieve after a failed one must fail too (always under
 the planner; under the anchor policy on chains of at most one float, for an
 END's need, as it breaks for a float's own need and on two floats:
-documented findings, ``tests/spec/test_relieve_findings.py``).  Both relief
+documented findings, ``tests/spec/test_relieve_second_run.py``).  Both relief
 policies run (``policy`` is drawn per run), and the planner's rung
 (``plan_floats``) is also a rule of its own: a feasible plan must meet its
 demand vector, an infeasible one move nothing.
@@ -33,6 +33,7 @@ import os
 import re
 import time
 from collections import Counter
+from typing import Any
 
 import torch
 from hypothesis import HealthCheck, Phase, event, settings
@@ -55,16 +56,25 @@ from kvarena.spec.contracts import checking, unchecked
 # KVARENA_PROFILE=long explores far more and shrinks what it finds.
 NO_SHRINK = [Phase.explicit, Phase.reuse, Phase.generate, Phase.target]
 PROFILES = {
-    "ci": dict(max_examples=250, stateful_step_count=40, phases=NO_SHRINK),
-    "long": dict(max_examples=3000, stateful_step_count=60),
+    "ci": {"max_examples": 250, "stateful_step_count": 40, "phases": NO_SHRINK},
+    "long": {"max_examples": 3000, "stateful_step_count": 60},
 }
-PROFILE = os.environ.get("KVARENA_PROFILE", "ci")
-if PROFILE not in PROFILES:
-    PROFILE = "ci"
-COMMON = dict(deadline=None, suppress_health_check=list(HealthCheck), report_multiple_bugs=False)
+COMMON = {"deadline": None, "suppress_health_check": list(HealthCheck), "report_multiple_bugs": False}
+
+
+def profile(profiles):
+    """The settings of the profile ``KVARENA_PROFILE`` names, if ``profiles`` has it, else of ``"ci"``."""
+    return profiles.get(os.environ.get("KVARENA_PROFILE", "ci"), profiles["ci"])
+
+
+def run_as_test(machine_cls, profile_settings, **overrides):
+    """Run a machine once under the spec's pre/post contracts and invariant; raises on the first disagreement."""
+    with checking():
+        run_state_machine_as_test(machine_cls, settings=settings(**{**profile_settings, **COMMON, **overrides}))
+
 
 # Every interesting case the machine must reach; test_coverage fails on a zero.
-CASES = Counter()
+CASES: Counter[str] = Counter()
 REQUIRED = (
     "exhaustion",
     "exact fit",
@@ -543,7 +553,7 @@ class DiffMachine(RuleBasedStateMachine):
             # Under the planner it always holds (the plan is complete); under
             # the anchor policy it holds with no float, and with one float for
             # an END's need, and breaks for a float's own need and on two
-            # floats (tests/spec/test_relieve_findings.py).
+            # floats (tests/spec/test_relieve_second_run.py).
             if self.policy == "planner" or not self.floats or (len(self.floats) == 1 and name not in self.floats):
                 assert again is False, "a second relieve found room the first did not"
             note("second relieve fits (anchor finding)" if again else f"relieve failed twice ({self.policy})")
@@ -562,17 +572,17 @@ class DiffMachine(RuleBasedStateMachine):
             self._agree()
 
     def _agree(self):
-        S, I = self.S, self.I
+        S, Im = self.S, self.I
         for n in S.chain:
-            sb, ib = S.bands[n], I.bands[n]
-            assert S.v2p(n) == I.v2p(n).tolist(), n
-            assert S.p2v(n) == I.p2v(n).tolist(), n
-            assert sb.free_ids == I.free_ids(n).tolist(), n
+            sb, ib = S.bands[n], Im.bands[n]
+            assert S.v2p(n) == Im.v2p(n).tolist(), n
+            assert S.p2v(n) == Im.p2v(n).tolist(), n
+            assert sb.free_ids == Im.free_ids(n).tolist(), n
             assert sb.holes == ib.holes.tolist(), n  # order too: reuse is oldest first
-            assert S.holes(n) == I.holes(n).tolist(), n
-            assert S.frontiers(n) == I.frontiers(n), n
-            assert S.live_pages(n) == I.live_pages(n), n
-            assert (S.above(n), S.below(n)) == (I.above(n), I.below(n)), n
+            assert S.holes(n) == Im.holes(n).tolist(), n
+            assert S.frontiers(n) == Im.frontiers(n), n
+            assert S.live_pages(n) == Im.live_pages(n), n
+            assert (S.above(n), S.below(n)) == (Im.above(n), Im.below(n)), n
             for view in (
                 "available_pages",
                 "available_size",
@@ -580,33 +590,31 @@ class DiffMachine(RuleBasedStateMachine):
                 "conserved_available_size",
                 "gap_bytes",
             ):
-                assert getattr(S, view)(n) == getattr(I, view)(n), (n, view)
+                assert getattr(S, view)(n) == getattr(Im, view)(n), (n, view)
             if n in self.floats:
-                assert S.region(n) == I.region(n), n
+                assert S.region(n) == Im.region(n), n
             for view in impl.arena.VIEWS:
-                assert I._view(view, n) == I.fresh_view(view, n), (n, view)
+                assert Im._view(view, n) == Im.fresh_view(view, n), (n, view)
         S.verify()
-        I.verify()
+        Im.verify()
         for n, live in self.expected.items():
             if not live:
                 continue
             ids = sorted(live)
             want = pattern(S.chain.index(n), ids, [live[v] for v in ids], S.geometry(n).epp)
-            assert torch.equal(I.read_pages(n, ids).cpu(), want), n
-            pages = I.translate(n, torch.tensor(ids, device=I.device))
+            assert torch.equal(Im.read_pages(n, ids).cpu(), want), n
+            pages = Im.translate(n, torch.tensor(ids, device=Im.device))
             assert pages.tolist() == S.translate(n, ids)
-            assert torch.equal(I.page_view(n)[pages].cpu(), want), n
+            assert torch.equal(Im.page_view(n)[pages].cpu(), want), n
 
 
 def machine_for(device):
     return type(f"DiffMachine_{device}", (DiffMachine,), {"device": device})
 
 
-def run_machine(device="cpu", **overrides):
+def run_machine(device: str = "cpu", **overrides: Any) -> None:
     """Run the machine once; raises on the first disagreement."""
-    opts = {**PROFILES[PROFILE], **COMMON, **overrides}
-    with checking():  # the spec's pre/post contracts and invariant, on every call
-        run_state_machine_as_test(machine_for(device), settings=settings(**opts))
+    run_as_test(machine_for(device), profile(PROFILES), **overrides)
 
 
 def fuzz_rows(label, run, cases, required, examples, steps):
@@ -639,6 +647,6 @@ def fuzz_rows(label, run, cases, required, examples, steps):
     return rows
 
 
-def run_differential(examples=100, steps=40):
+def run_differential(examples: int = 100, steps: int = 40) -> list[dict[str, Any]]:
     """``kvarena verify``'s arena fuzz rows (``fuzz_rows``)."""
     return fuzz_rows("differential impl vs spec", run_machine, CASES, REQUIRED, examples, steps)

@@ -20,27 +20,24 @@ page stamped with a pattern when it was allocated and every token's entry
 read back through ``translate`` after whatever relocation relief did.
 """
 
-import os
 from collections import Counter
+from typing import Any
 
 import torch
-from hypothesis import event, settings
+from hypothesis import event
 from hypothesis import strategies as st
-from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, rule, run_state_machine_as_test
+from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, rule
 
 from kvarena import impl, spec
-from kvarena.spec.contracts import checking, unchecked
-from kvarena.verification.differential import COMMON, NO_SHRINK, fuzz_rows, pattern
+from kvarena.spec.contracts import unchecked
+from kvarena.verification.differential import NO_SHRINK, fuzz_rows, pattern, profile, run_as_test
 
 PROFILES = {
-    "ci": dict(max_examples=200, stateful_step_count=40, phases=NO_SHRINK),
-    "long": dict(max_examples=2000, stateful_step_count=60),
+    "ci": {"max_examples": 200, "stateful_step_count": 40, "phases": NO_SHRINK},
+    "long": {"max_examples": 2000, "stateful_step_count": 60},
 }
-PROFILE = os.environ.get("KVARENA_PROFILE", "ci")
-if PROFILE not in PROFILES:
-    PROFILE = "ci"
 
-CASES = Counter()
+CASES: Counter[str] = Counter()
 REQUIRED = (
     "window-slide free",
     "joint-view exhaustion",
@@ -259,8 +256,10 @@ class CompositeMachine(RuleBasedStateMachine):
             if end > r["freed"]:
                 chunk, start = r["tokens"][r["freed"] : end], r["freed"]
                 self.both(
-                    lambda c: c.free_swa(chunk, start),
-                    (lambda c: c.free_swa(self.tensor(chunk), start, check=False)) if trusted else None,
+                    lambda c, chunk=chunk, start=start: c.free_swa(chunk, start),
+                    (lambda c, chunk=chunk, start=start: c.free_swa(self.tensor(chunk), start, check=False))
+                    if trusted
+                    else None,
                 )
                 r["freed"] = end
                 note("window-slide free")
@@ -350,21 +349,21 @@ class CompositeMachine(RuleBasedStateMachine):
             self._agree()
 
     def _agree(self):
-        S, I = self.S, self.I
-        assert S.arena.snapshot() == I.arena.snapshot()
+        S, Im = self.S, self.I
+        assert S.arena.snapshot() == Im.arena.snapshot()
         views = ["available_size", "full_available_size"]
         views += ["swa_available_size"] if self.has_swa else []
         views += ["state_available_size", "state_slot_token_cost"] if self.has_state else []
         for v in views:
-            assert getattr(S, v)() == getattr(I, v)(), v
+            assert getattr(S, v)() == getattr(Im, v)(), v
         S.verify()
-        I.verify()
+        Im.verify()
         live = [t for r in self.reqs.values() for t in r["tokens"]]
         if live:
             for pool in self.pools:
                 want = host(S.translate(live, pool))
-                assert want == host(I.translate(torch.tensor(live), pool)), pool
-                assert want == host(I.translate(self.tensor(live), pool, check=False)), pool
+                assert want == host(Im.translate(torch.tensor(live), pool)), pool
+                assert want == host(Im.translate(self.tensor(live), pool, check=False)), pool
         ps = self.ps
         for pool, pages in self.expected.items():
             if not pages:
@@ -381,8 +380,8 @@ class CompositeMachine(RuleBasedStateMachine):
                 S.arena.geometry(pool).epp,
             ).view(len(toks), ps, entry)
             want = want[torch.arange(len(toks)), torch.tensor([t % ps for t in toks])]
-            slots = I.translate(torch.tensor(toks, device=I.arena.device), pool)
-            got = I.arena.kv_view(pool).reshape(-1, entry).index_select(0, slots).cpu()
+            slots = Im.translate(torch.tensor(toks, device=Im.arena.device), pool)
+            got = Im.arena.kv_view(pool).reshape(-1, entry).index_select(0, slots).cpu()
             assert torch.equal(got, want), pool
 
 
@@ -390,12 +389,11 @@ def machine_for(device):
     return type(f"CompositeMachine_{device}", (CompositeMachine,), {"device": device})
 
 
-def run_machine(device="cpu", **overrides):
-    opts = {**PROFILES[PROFILE], **COMMON, **overrides}
-    with checking():
-        run_state_machine_as_test(machine_for(device), settings=settings(**opts))
+def run_machine(device: str = "cpu", **overrides: Any) -> None:
+    """Run the machine once; raises on the first disagreement."""
+    run_as_test(machine_for(device), profile(PROFILES), **overrides)
 
 
-def run_differential(examples=60, steps=30):
+def run_differential(examples: int = 60, steps: int = 30) -> list[dict[str, Any]]:
     """``kvarena verify``'s composite fuzz rows (``differential.fuzz_rows``)."""
     return fuzz_rows("composites impl vs spec", run_machine, CASES, REQUIRED, examples, steps)

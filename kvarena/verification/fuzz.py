@@ -19,14 +19,17 @@ Beyond one machine, the same machines run under HypoFuzz
 (``kvarena/verification/fuzz_targets.py``, README "Scaling fuzzing out").
 """
 
+import argparse
 import hashlib
 import inspect
 import json
 import multiprocessing
+import os
 import time
 import traceback
 from collections import Counter
 from pathlib import Path
+from typing import Any
 
 from hypothesis import Phase, settings
 from hypothesis.database import DirectoryBasedExampleDatabase
@@ -359,8 +362,15 @@ def _worker(args):
 
 
 def campaign(
-    seconds, workers=1, db=None, device="cpu", examples=20, out_dir="fuzz-failures", shrink=True, min_rounds=None
-):
+    seconds: float,
+    workers: int = 1,
+    db: str | None = None,
+    device: str = "cpu",
+    examples: int = 20,
+    out_dir: str = "fuzz-failures",
+    shrink: bool = True,
+    min_rounds: int | None = None,
+) -> dict[str, Any]:
     """Fuzz for ``seconds`` in ``workers`` processes; the merged summary.
 
     Every worker stops at the deadline (a round in progress finishes first)
@@ -383,7 +393,7 @@ def campaign(
         ctx = multiprocessing.get_context("spawn")
         with ctx.Pool(workers) as pool:
             parts = pool.map(_worker, jobs)
-    out = {
+    out: dict[str, Any] = {
         "workers": workers,
         "seconds": time.perf_counter() - t,
         "rounds": 0,
@@ -412,3 +422,60 @@ def required_cases():
 
 def write_json(path, data):
     Path(path).write_text(json.dumps(data, indent=1, default=str) + "\n")
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    from kvarena.verification import command_line as cl
+
+    parser.add_argument("--minutes", type=float, default=10.0)
+    parser.add_argument("--workers", type=int, default=max(1, (os.cpu_count() or 2)), help="processes (default: cores)")
+    parser.add_argument("--db", metavar="PATH", help="shared Hypothesis example database: a directory or redis://...")
+    cl.add_device(parser)
+    parser.add_argument("--examples", type=int, default=20, help="examples per round (default 20)")
+    cl.add_failures_dir(parser)
+    cl.add_json(parser, "also write the summary as JSON")
+
+
+def run(args: argparse.Namespace) -> int:
+    """``kvarena fuzz``: the campaign, its table and the failures found."""
+    from rich.table import Table
+
+    from kvarena.verification import command_line as cl
+
+    console = cl.console()
+    if cl.no_device("fuzz", args.device):
+        return 2
+    names = ", ".join(f"{m}/{p or 'every policy'}" for m, p in targets())
+    console.print(
+        f"kvarena fuzz: {args.workers} worker(s) for {args.minutes:g} min on {args.device}; "
+        f"machines {names}; database {args.db or '(none)'}"
+    )
+    s = campaign(
+        args.minutes * 60,
+        workers=args.workers,
+        db=args.db,
+        device=args.device,
+        examples=args.examples,
+        out_dir=args.failures,
+    )
+    tab = Table(title=f"kvarena fuzz: {s['seconds']:.0f}s, {s['workers']} worker(s)")
+    tab.add_column("what")
+    tab.add_column("result", overflow="fold")
+    tab.add_row("rounds", str(s["rounds"]))
+    tab.add_row("examples", f"{s['examples']} ({', '.join(f'{k} {v}' for k, v in s['per_target'].items())})")
+    tab.add_row("steps", str(s["steps"]))
+    tab.add_row("coverage events", ", ".join(f"{k} {v}" for k, v in s["cases"].items()))
+    missing = [c for c in required_cases() if not s["cases"].get(c)]
+    if missing:
+        tab.add_row("never reached", ", ".join(missing))
+    console.print(tab)
+    for f in s["failures"]:
+        console.print(f"[red]FAILURE in {f['machine']} ({f['policy']}):[/red] {f['error']}")
+        console.print(f.get("hypothesis", ""), markup=False, highlight=False)
+        console.print(f"vector: {f.get('vector')} (reproduces on impl: {f.get('reproduces')}; {f.get('replay', '')})")
+        console.print(f.get("pytest", ""), markup=False, highlight=False)
+    if args.json:
+        write_json(args.json, s)
+    colour = "red" if s["failures"] else "green"
+    console.print(f"[{colour}]kvarena fuzz: {s['examples']} examples, {len(s['failures'])} failure(s)[/{colour}]")
+    return 1 if s["failures"] else 0

@@ -24,6 +24,7 @@ caught; a mutation whose text no longer matches its file is an error, not
 a pass.
 """
 
+import argparse
 import json
 import os
 import shutil
@@ -33,6 +34,10 @@ import tempfile
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from rich.console import Console
 
 ROOT = Path(__file__).resolve().parents[2]  # the repository
 PACKAGES = {"kvarena": "kvarena", "spec": "kvarena/spec", "impl": "kvarena/impl", "proofs": "kvarena/proofs"}
@@ -40,7 +45,7 @@ SUITES = ("vectors", "differential", "unit", "proofs")
 DEFAULT_UNIT = (
     "tests/spec/test_anchor_bugs.py",
     "tests/impl/test_anchor_bugs.py",
-    "tests/api/test_hardening.py",
+    "tests/api/test_arena.py",
     "tests/impl/test_arena.py",
 )
 
@@ -150,7 +155,7 @@ MUTATIONS = [
             ("inside = (page >= 1) & (page < end)", "inside = (page >= 0) & (page < end)"),
             ("live = inside & (rows > 0)", "live = inside & (rows >= 0)"),
         ],
-        unit=("tests/impl/test_composites.py",),
+        unit=("tests/api/test_composites.py", "tests/impl/test_composites.py"),
     ),
     Mutation(
         "coupled-alloc-keeps-one-side",
@@ -159,17 +164,22 @@ MUTATIONS = [
         "impl/composites.py",
         [
             (
-                "        if n > self.joint_pages():\n            self.relieve(tokens=n * self.page_size)\n"
+                "        if n > self.joint_pages():\n"
+                "            self.relieve(tokens=n * self.page_size)\n"
                 "            if n > self.joint_pages():",
-                "        if n > self.arena.available_pages(FULL):\n            self.relieve(tokens=n * self.page_size)\n"
+                "        if n > self.arena.available_pages(FULL):\n"
+                "            self.relieve(tokens=n * self.page_size)\n"
                 "            if n > self.arena.available_pages(FULL):",
             ),
             (
-                '            raise AccountingError(SWA, "joint gate", f"swa refused {n} pages the joint view allowed")',
-                "            return None",
+                "        return self.arena.bind_with_borrowers(FULL, n)\n",
+                "        ids = self.arena.alloc(FULL, n)\n"
+                "        if self._has(SWA) and self.arena.alloc(SWA, n, ids=ids, check=False) is None:\n"
+                "            return None\n"
+                "        return ids\n",
             ),
         ],
-        unit=("tests/impl/test_composites.py",),
+        unit=("tests/api/test_composites.py", "tests/impl/test_composites.py"),
     ),
     Mutation(
         "borrowed-id-freed-in-lender",
@@ -182,7 +192,7 @@ MUTATIONS = [
         "anchor bug 7: the two-END joint view prices a coupled page at one side's bytes",
         "impl/capacity.py",
         [("p = hi + _floor(gap - solo, epp_a + epp_b)", "p = hi + _floor(gap - solo, max(epp_a, epp_b))")],
-        unit=("tests/impl/test_composites.py",),
+        unit=("tests/api/test_composites.py", "tests/impl/test_composites.py"),
     ),
     Mutation(
         "no-slide-before-evict",
@@ -201,7 +211,7 @@ MUTATIONS = [
                 "            self.arena.free(SWA, key[:count], check=False)",
             )
         ],
-        unit=("tests/impl/test_composites.py",),
+        unit=("tests/api/test_composites.py", "tests/impl/test_composites.py"),
     ),
     Mutation(
         "flush-cap-ignored",
@@ -229,8 +239,8 @@ MUTATIONS = [
         "impl/composites.py",
         [
             (
-                "while (surplus := band.n_holes - demand[name]) > 0 and",
-                "while (surplus := band.n_holes) > 0 and",
+                "while (surplus := self.arena.counts(name).holes - demand[name]) > 0:",
+                "while (surplus := self.arena.counts(name).holes) > 0:",
             )
         ],
         unit=("tests/api/test_relief_steps.py",),
@@ -405,8 +415,11 @@ def suite_unit(m):
     """The mutation's test files, from the checkout (not the scratch copy)."""
     root = Path(os.environ.get("KVARENA_PLANTED_ROOT", ROOT))
     files = [str(root / f) for f in m.unit]
+    # --import-mode=append: the tests are the package ``tests`` under the
+    # checkout, whose root the default mode would put ahead of the mutated
+    # copy on sys.path (its unmutated kvarena/ would be tested instead)
     proc = subprocess.run(
-        [sys.executable, "-m", "pytest", "-x", "-q", "-p", "no:cacheprovider", *files],
+        [sys.executable, "-m", "pytest", "-x", "-q", "-p", "no:cacheprovider", "--import-mode=append", *files],
         capture_output=True,
         text=True,
         cwd=os.getcwd(),
@@ -576,7 +589,27 @@ def run_all(mutations=None, suites=SUITES, first=True, jobs=2, progress=None):
         return list(ex.map(one, mutations))
 
 
-def main(args, console):
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    from kvarena.verification import command_line as cl
+
+    cl.add_json(parser, "also write the results as JSON")
+    parser.add_argument("--only", metavar="NAME", help="only mutations whose name starts with NAME")
+    parser.add_argument("--list", action="store_true", help="list the mutations and exit")
+    parser.add_argument(
+        "--all-suites",
+        action="store_true",
+        help="run every suite on every mutation (the full matrix), not only until one catches it",
+    )
+
+
+def run(args: argparse.Namespace) -> int:
+    """``kvarena planted`` on the commands' console."""
+    from kvarena.verification import command_line as cl
+
+    return main(args, cl.console())
+
+
+def main(args: argparse.Namespace, console: "Console") -> int:
     """``kvarena planted``: the table, the JSON, the exit code."""
     from rich.table import Table
 
@@ -627,8 +660,6 @@ def main(args, console):
 
 
 if __name__ == "__main__":
-    import argparse
-
     ap = argparse.ArgumentParser()
     ap.add_argument("--child", required=True)
     ap.add_argument("--suites", default=",".join(SUITES))

@@ -13,6 +13,7 @@ Each check returns a ``Check(name, ok, detail, seconds)``.
 
 import random
 import time
+from collections.abc import Iterable
 from dataclasses import dataclass
 
 from kvarena.spec import Arena, SubPool
@@ -207,16 +208,8 @@ def scenario_planner_one_run():
     planner one, moving only the floats that block."""
 
     def two_floats(policy):
-        a = Arena(
-            160,
-            [
-                SubPool("u", 16, 1, "up"),
-                SubPool("f1", 16, 1, "float"),
-                SubPool("f2", 16, 1, "float"),
-                SubPool("d", 16, 1, "down"),
-            ],
-            policy=policy,
-        )
+        grows = {"u": "up", "f1": "float", "f2": "float", "d": "down"}
+        a = Arena(160, [SubPool(name, 16, 1, grow) for name, grow in grows.items()], policy=policy)
         a.alloc("f2", 1)
         a.alloc("f1", 1)
         return a
@@ -275,7 +268,7 @@ def scenario_bad_input():
 SCENARIOS = {name[len("scenario_") :]: fn for name, fn in sorted(globals().items()) if name.startswith("scenario_")}
 
 
-def run_scenarios():
+def run_scenarios() -> list[Check]:
     """Every scenario, with every contract checked."""
     out = []
     with checking():
@@ -337,5 +330,5 @@ def random_walk(seed, steps=300, contracts=False):
     return f"{steps} steps, {len(a.chain)} pools"
 
 
-def run_walks(seeds=range(20), steps=300):
+def run_walks(seeds: Iterable[int] = range(20), steps: int = 300) -> list[Check]:
     return [_run(f"random walk seed {s}", lambda s=s: random_walk(s, steps)) for s in seeds]

@@ -13,12 +13,14 @@ shipped set must cover; ``tests/verification/test_vectors.py`` checks it.
 """
 
 import random
+from collections.abc import Callable
+from typing import Any
 
 from kvarena import impl, spec
 from kvarena.spec import geometry
 from kvarena.verification.vectors import ARENA_CALLS, COMPOSITE_CALLS, Recorder
 
-SCENARIOS = []
+SCENARIOS: list[tuple[str, str, Callable[..., Any]]] = []  # (name, allocator, scenario)
 ANCHOR_BUGS = tuple(range(1, 11))
 
 
@@ -548,16 +550,21 @@ COMPOSITE_SCENARIOS = {
 }
 
 
-@scenario("composites/bug7-views-four-joint-three", "HybridSWA")
-def _bug7_hybrid(r, ps=16):
-    toks = r("alloc_extend", prefix_lens=[0], seq_lens=[4 * ps], last_loc=[-1])
-    r("free", token_ids=[toks[0], toks[ps]])  # a lazy hole in each END
+def _bug7_views_then_four_and_three(r, ps):
+    """The recorded part of bug 7: each view, then 4 pages of one request (refused) and 3 (they fit)."""
     r.start()
     r("full_available_size")
     r("swa_available_size")
     r("available_size")
-    r("alloc_extend", prefix_lens=[0], seq_lens=[4 * ps], last_loc=[-1])
-    r("alloc_extend", prefix_lens=[0], seq_lens=[3 * ps], last_loc=[-1])
+    for pages in (4, 3):
+        r("alloc_extend", prefix_lens=[0], seq_lens=[pages * ps], last_loc=[-1])
+
+
+@scenario("composites/bug7-views-four-joint-three", "HybridSWA")
+def _bug7_hybrid(r, ps=16):
+    toks = r("alloc_extend", prefix_lens=[0], seq_lens=[4 * ps], last_loc=[-1])
+    r("free", token_ids=[toks[0], toks[ps]])  # a lazy hole in each END
+    _bug7_views_then_four_and_three(r, ps)
     return "per-component views say 4 and 4 pages while 3 fit jointly: the joint view is the gate", ("anchor-bug:7",)
 
 
@@ -565,12 +572,7 @@ def _bug7_hybrid(r, ps=16):
 def _bug7_tri(r, ps=16):
     r("alloc_extend", prefix_lens=[0], seq_lens=[2 * ps], last_loc=[-1])
     r("alloc_state", n=1)
-    r.start()
-    r("full_available_size")
-    r("swa_available_size")
-    r("available_size")
-    r("alloc_extend", prefix_lens=[0], seq_lens=[4 * ps], last_loc=[-1])
-    r("alloc_extend", prefix_lens=[0], seq_lens=[3 * ps], last_loc=[-1])
+    _bug7_views_then_four_and_three(r, ps)
     return "TriPool: component views 4 and 4 pages, joint 3", ("anchor-bug:7",)
 
 
@@ -805,7 +807,7 @@ WALK_STEPS = 30
 # ----------------------------------------------------------------- build
 
 
-def generate(policy_list=None):
+def generate(policy_list: list[str] | None = None) -> list[dict[str, Any]]:
     """Every case, for every policy both packages accept."""
     cases = []
     for policy in policy_list or policies():

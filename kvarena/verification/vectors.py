@@ -96,13 +96,19 @@ on import), then ``module.path:factory``.  ``spec`` and ``impl`` are
 built in.
 """
 
+import argparse
+import contextlib
 import copy
 import importlib
 import json
 import os
+import time
+from collections import Counter
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from importlib import metadata, resources
 from pathlib import Path
+from typing import Any
 
 import torch
 
@@ -190,7 +196,7 @@ def jsonable(x):
 
 # --------------------------------------------------------------- registry
 
-_TARGETS = {}
+_TARGETS: dict[str, Callable[..., Any]] = {}  # name -> factory(device=...)
 
 
 def register_target(name, factory):
@@ -201,10 +207,8 @@ def register_target(name, factory):
 def target_names():
     """Every target name known without importing a plugin."""
     names = set(_TARGETS) | set(PLUGINS)
-    try:
+    with contextlib.suppress(Exception):  # a broken distribution's metadata must not hide the built-ins
         names |= {ep.name for ep in metadata.entry_points(group=ENTRY_POINT_GROUP)}
-    except Exception:  # a broken distribution's metadata must not hide the built-ins
-        pass
     return sorted(names)
 
 
@@ -663,7 +667,7 @@ def coverage(cases):
     return dict(sorted(out.items()))
 
 
-def replay_dir(root, target="impl", device="cpu", progress=None):
+def replay_dir(root: str | Path, target: str = "impl", device: str = "cpu", progress=None) -> list[Result]:
     """Replay every case under ``root``; a list of ``Result``."""
     results = []
     cases = load_cases(root)
@@ -677,3 +681,69 @@ def replay_dir(root, target="impl", device="cpu", progress=None):
 def default_dir():
     """``tests/vectors`` of a source checkout, where the shipped set lives."""
     return Path(os.environ.get("KVARENA_VECTORS", Path(__file__).resolve().parents[2] / "tests" / "vectors"))
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    from kvarena.verification import command_line as cl
+
+    actions = parser.add_subparsers(dest="action", required=True)
+    generate = actions.add_parser("generate", help="write the cases to DIR (replacing its *.json)")
+    generate.add_argument("dir")
+    replay = actions.add_parser("replay", help="replay every case under DIR on a target")
+    replay.add_argument("dir")
+    replay.add_argument("--target", default="impl", help="spec, impl, anchor, or module:factory (default impl)")
+    cl.add_device(replay)
+    cl.add_json(replay, "also write every case's result as JSON")
+    replay.add_argument("--show", type=int, default=20, help="failing cases to print (default 20)")
+
+
+def run(args: argparse.Namespace) -> int:
+    """``kvarena vectors generate`` / ``replay``."""
+    from rich.table import Table
+
+    from kvarena.verification import command_line as cl
+    from kvarena.verification import vector_cases
+
+    console = cl.console()
+    if args.action == "generate":
+        cases = vector_cases.generate()
+        n = write_cases(args.dir, cases)
+        pols = sorted({t.split(":")[1] for c in cases for t in c["tags"] if t.startswith("policy:")})
+        console.print(f"kvarena vectors: wrote {n} cases to {args.dir} (policies: {', '.join(pols)})")
+        return 0
+    if cl.no_device("vectors", args.device):
+        return 2
+    t = time.perf_counter()
+    results = replay_dir(args.dir, args.target, args.device)
+    status = Counter(r.status for r in results)
+    bad = [r for r in results if r.status != "pass"]
+    if bad:
+        tab = Table(title=f"vectors not passing on {args.target}")
+        for col in ("case", "status", "detail"):
+            tab.add_column(col, overflow="fold")
+        for r in bad[: args.show]:
+            tab.add_row(r.name, r.status, r.detail)
+        console.print(tab)
+    unobserved = sorted(set().union(*(r.unobserved for r in results))) if results else []
+    colour = "red" if status["fail"] or not results else "green"
+    console.print(
+        f"[{colour}]kvarena vectors replay ({args.target}, {args.device}): {status['pass']} passed, "
+        f"{status['fail']} failed, {status['unsupported']} unsupported of {len(results)} cases; "
+        f"{sum(r.compared for r in results)} comparisons"
+        + (f"; not observed by the target: {', '.join(unobserved)}" if unobserved else "")
+        + f" in {time.perf_counter() - t:.1f}s[/{colour}]"
+    )
+    if args.json:
+        rows = [
+            {
+                "name": r.name,
+                "status": r.status,
+                "detail": r.detail,
+                "compared": r.compared,
+                "unobserved": sorted(r.unobserved),
+            }
+            for r in results
+        ]
+        with open(args.json, "w") as f:
+            json.dump(rows, f, indent=1)
+    return 1 if status["fail"] or not results else 0

@@ -30,11 +30,16 @@ round of examples), and a failure can run past it while Hypothesis
 shrinks it.
 """
 
+import argparse
 import multiprocessing
 import sys
 import time
 from collections import Counter
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from rich.console import Console
 
 DEFAULT_BUDGET = 180.0
 # Shares of the budget.  The differential campaign gets whatever is left.
@@ -96,7 +101,7 @@ def z3_rows(seconds, jobs=2, progress=None):
     pool = ctx.Pool(jobs, maxtasksperchild=1)  # a fresh process per obligation, as kvarena prove
     try:
         pending = [(n, pool.apply_async(prove_cli.run_one, (n,))) for n in names]
-        for n, res in pending:
+        for _n, res in pending:
             left = deadline - time.perf_counter()
             try:
                 r = res.get(timeout=max(0.0, left))
@@ -312,21 +317,21 @@ def coverage_row(cases, campaign_s, budget):
 # -------------------------------------------------------------- the run
 
 
-def run(
-    budget=DEFAULT_BUDGET,
-    device="cpu",
-    json_path=None,
-    console=None,
-    seed=0,
-    walks=None,
-    steps=300,
-    skip_proofs=False,
-    skip_fuzz=False,
-    skip_vectors=False,
-    fuzz_examples=None,
-    verbose=False,
-    out_dir="fuzz-failures",
-):
+def run_suites(
+    budget: float = DEFAULT_BUDGET,
+    device: str = "cpu",
+    json_path: str | None = None,
+    console: "Console | None" = None,
+    seed: int = 0,
+    walks: int | None = None,
+    steps: int = 300,
+    skip_proofs: bool = False,
+    skip_fuzz: bool = False,
+    skip_vectors: bool = False,
+    fuzz_examples: int | None = None,
+    verbose: bool = False,
+    out_dir: str = "fuzz-failures",
+) -> int:
     """Run every part; print progress, the part tables and one summary. Returns the exit code."""
     import json
 
@@ -336,7 +341,9 @@ def run(
     console = console or Console()
     t0 = time.perf_counter()
     p = plan(budget, walks, steps, skip_proofs, skip_fuzz, fuzz_examples)
-    rows, failures, cases, stats, notes = [], [], Counter(), Counter(), list(p.notes)
+    rows, failures, notes = [], [], list(p.notes)
+    cases: Counter[str] = Counter()  # coverage events seen
+    stats: Counter[str] = Counter()
     with Progress(
         TextColumn("{task.description:<34}"),
         BarColumn(),
@@ -434,7 +441,7 @@ def _summary(rows, stats, cases, failures, budget, wall, device, notes):
             "refuted_findings": sum(r.get("expect") == "counterexample" and r["ok"] for r in z3),
             "failed": sum(not r["ok"] for r in z3),
         },
-        "crosshair": {"runs": len(ch), **{k: v for k, v in res.items()}, "failed": sum(not r["ok"] for r in ch)},
+        "crosshair": {"runs": len(ch), **dict(res.items()), "failed": sum(not r["ok"] for r in ch)},
         "vectors": {"cases": sum(r.get("cases", 0) for r in vec), "failed": sum(not r["ok"] for r in vec)},
         "fuzz": {
             "differential_examples": stats["differential"],
@@ -522,3 +529,60 @@ def _print_summary(console, s):
         else:
             t.add_row("[red]FAILURE[/red]", f"{fl['name']}: {fl['detail']}")
     console.print(t)
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    from kvarena.verification import command_line as cl
+
+    parser.add_argument(
+        "--budget",
+        type=float,
+        default=DEFAULT_BUDGET,
+        metavar="SECONDS",
+        help="time to aim for; the differential campaign gets what the other parts leave (default 180)",
+    )
+    cl.add_device(parser, help="device of the implementation")
+    cl.add_json(parser, "also write the summary and every result as JSON")
+    parser.add_argument("--seed", type=int, default=0, help="first random-walk seed")
+    parser.add_argument(
+        "--walks", type=int, default=None, help="random walks to run (default: 20, fewer on a small budget)"
+    )
+    parser.add_argument("--steps", type=int, default=300, help="operations per walk")
+    parser.add_argument("--skip-proofs", action="store_true", help="leave out the z3/CrossHair obligations")
+    parser.add_argument("--skip-fuzz", action="store_true", help="leave out the differential fuzz and the campaign")
+    parser.add_argument("--skip-vectors", action="store_true", help="leave out the conformance vectors")
+    parser.add_argument(
+        "--fuzz-examples",
+        type=int,
+        default=None,
+        help="fixed-seed examples per differential machine (default: from the budget)",
+    )
+    cl.add_failures_dir(parser)
+    parser.add_argument("--verbose", action="store_true", help="a row for every check, not only failures")
+
+
+def run(args: argparse.Namespace) -> int:
+    """``kvarena verify``."""
+    from kvarena.verification import command_line as cl
+
+    if cl.no_device("verify", args.device):
+        return 2
+    # the options named as run_suites' parameters; --json and --failures are not
+    same = [
+        "budget",
+        "device",
+        "seed",
+        "walks",
+        "steps",
+        "skip_proofs",
+        "skip_fuzz",
+        "skip_vectors",
+        "fuzz_examples",
+        "verbose",
+    ]
+    return run_suites(
+        **{k: getattr(args, k) for k in same},
+        json_path=args.json,
+        console=cl.console(),
+        out_dir=args.failures,
+    )

@@ -38,7 +38,7 @@ def test_float_own_ladder_fails_what_its_schedulable_view_promised():
     """The user-visible form of the float ladder bug: the view says it fits,
     the alloc (which runs the anchor's own ladder) returns None."""
     case = json.loads((ROOT / "tests" / "anchor_cases" / "float-own-ladder-flush.json").read_text())
-    *before, (op, args) = case["ops"]
+    *before, (_, args) = case["ops"]
     _, _, spec, anchor = replay(dict(case, ops=before))
     name, n = args["name"], args["n"]
     ps = anchor.page_size[name]

@@ -7,6 +7,8 @@ import pytest
 
 from kvarena import impl, spec
 
+pytestmark = pytest.mark.mutation  # in the subset mutmut runs per mutant
+
 PACKAGES = [pytest.param(spec, id="spec"), pytest.param(impl, id="impl")]
 
 

@@ -21,6 +21,8 @@ from hypothesis import strategies as st
 
 from kvarena import impl, spec
 
+pytestmark = pytest.mark.mutation  # in the subset mutmut runs per mutant
+
 PACKAGES = [pytest.param(spec, id="spec"), pytest.param(impl, id="impl")]
 E = 64  # one state slot and one full page: the same bytes, so one move frees one page
 

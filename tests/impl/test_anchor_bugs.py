@@ -14,6 +14,8 @@ import torch
 from kvarena.impl import AccountingError, Arena, SubPool, capacity
 from kvarena.impl import arena as arena_mod
 
+pytestmark = pytest.mark.mutation  # in the subset mutmut runs per mutant
+
 
 def stamp(a, name, ids, seed):
     epp = a.geometry(name).epp

@@ -5,11 +5,14 @@ deque, and the dtype of every table a band hands out (the README's
 import collections
 import random
 
+import pytest
 import torch
 
 from kvarena import impl
 from kvarena.impl.band import FreeIds
 from kvarena.spec import SubPool
+
+pytestmark = pytest.mark.mutation  # in the subset mutmut runs per mutant
 
 
 def test_free_ids_is_a_fifo():

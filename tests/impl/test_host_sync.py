@@ -1,28 +1,41 @@
 """No host sync on the decode path: ``alloc`` (also binding borrowed ids
-with ``check=False``), ``_bind`` (the composites' trusted path binds through
-it), ``free(check=False)`` and ``translate``; and the composites' trusted
-decode step (``check=False``) makes only its documented reads.
+with ``check=False``), ``bind_with_borrowers`` and ``v2p_at`` (the
+composites bind and read through them), ``free(check=False)`` and
+``translate``; and the composites' trusted decode step (``check=False``)
+makes only its documented reads, as does the checked per-step path
+(``alloc_decode``, ``free_swa``, ``translate``): one host read each in the
+first two, through ``_host_read``, none in ``translate``.
 
 Two independent checks: an AST scan of the path's source (every impl helper
-it calls is followed, so a new helper cannot hide a sync), and a run of the
-path with the sync-forcing tensor methods poisoned.  A self-test proves the
+it calls is followed, so a new helper cannot hide a sync; the composites'
+hot methods are named), and a run of the path with the sync-forcing tensor
+methods poisoned.  A self-test proves the
 scan catches a planted offender.  On CUDA, tools/cuda_checks.sh runs the same
 path under ``torch.cuda.set_sync_debug_mode("error")``.
 """
 
 import ast
+import contextlib
 import inspect
 import textwrap
 
 import pytest
 import torch
 
-from kvarena.impl import Arena, SubPool
+from kvarena import impl
+from kvarena.impl import Arena, HybridSWA, MambaHybrid, SubPool, TriPool, composites
 from kvarena.impl import arena as arena_mod
 from kvarena.impl import band as band_mod
+from tests.api.test_composites import PAGE_SIZES, SWA_KINDS, check, make
 
 # Entry points of the sync-free path.
-ROOTS = [("Arena", "alloc"), ("Arena", "_bind"), ("Arena", "free"), ("Arena", "translate")]
+ROOTS = [
+    ("Arena", "alloc"),
+    ("Arena", "bind_with_borrowers"),
+    ("Arena", "v2p_at"),
+    ("Arena", "free"),
+    ("Arena", "translate"),
+]
 # Helpers the path may call that do sync, each for a documented reason.
 EXEMPT = {
     "_checked": "alloc/free(check=True) validation: a documented host read, skipped by check=False",
@@ -125,6 +138,8 @@ def test_decode_path_has_no_host_sync():
     offences, seen = scan_path()
     assert {
         "alloc",
+        "bind_with_borrowers",
+        "v2p_at",
         "_bind",
         "free",
         "translate",
@@ -172,14 +187,66 @@ def test_scan_follows_helpers():
 
 
 def _poison(monkeypatch):
+    """Every sync-forcing tensor method and function raises until ``monkeypatch.undo()``."""
+
     def boom(*a, **k):
         raise AssertionError("host sync on the decode path")
 
-    for attr in ("item", "tolist", "cpu", "nonzero", "numpy", "__bool__", "__int__", "__index__", "__float__"):
+    for attr in (
+        "item",
+        "tolist",
+        "cpu",
+        "nonzero",
+        "numpy",
+        "__bool__",
+        "__int__",
+        "__index__",
+        "__float__",
+        "any",
+        "all",
+    ):
         monkeypatch.setattr(torch.Tensor, attr, boom)
     monkeypatch.setattr(torch, "unique", boom)
     monkeypatch.setattr(torch, "nonzero", boom)
     monkeypatch.setattr(torch, "masked_select", boom)
+
+
+@contextlib.contextmanager
+def cuda_syncs_raise():
+    """The CUDA driver raises on any host sync while the block runs."""
+    torch.cuda.synchronize()
+    torch.cuda.set_sync_debug_mode("error")
+    try:
+        yield
+    finally:
+        torch.cuda.set_sync_debug_mode(0)
+
+
+def counted_read(monkeypatch, reads):
+    """Record the size of each documented host read (``_host_read``)."""
+    orig = torch.Tensor.tolist  # the real one: _poison replaces the attribute
+
+    def read(t):
+        reads.append(t.numel())
+        return orig(t)
+
+    monkeypatch.setattr(composites, "_host_read", read)
+
+
+def lifted_read(monkeypatch, reads):
+    """On CUDA: count each documented host read and lift the sync check
+    around it (``cuda_syncs_raise``)."""
+    orig = composites._host_read
+
+    def read(t):
+        reads.append(1)
+        torch.cuda.set_sync_debug_mode(0)
+        try:
+            return orig(t)
+        finally:
+            torch.cuda.set_sync_debug_mode("error")
+
+    monkeypatch.setattr(composites, "_host_read", read)
 
 
 @pytest.mark.parametrize("lazy", [False, True])
@@ -245,12 +312,8 @@ def test_borrowed_decode_path_runs_with_syncs_poisoned(monkeypatch, lazy):
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="no CUDA device")
 def test_borrowed_decode_path_under_cuda_sync_debug_error():
     a = borrowing_arena(device="cuda")
-    torch.cuda.synchronize()
-    torch.cuda.set_sync_debug_mode("error")
-    try:
+    with cuda_syncs_raise():
         decode_step(a)
-    finally:
-        torch.cuda.set_sync_debug_mode(0)
     a.verify()
 
 
@@ -269,15 +332,11 @@ def test_decode_path_under_cuda_sync_debug_error(lazy, name):
     ids = a.alloc(name, 9)
     want = a.translate(name, ids).tolist()
     out = ids.clone()
-    torch.cuda.synchronize()
-    torch.cuda.set_sync_debug_mode("error")
-    try:
+    with cuda_syncs_raise():
         a.translate(name, out, out=out)
         a.free(name, ids[0::2], check=False)
         a.translate(name, ids)
         a.free(name, ids[1::2], check=False)
-    finally:
-        torch.cuda.set_sync_debug_mode(0)
     assert out.tolist() == want
     a.verify()
 
@@ -291,15 +350,8 @@ def trusted_run(kind, lazy, device="cpu", steps=20):
     ``check=False``) for every request, freeing each window page as it
     leaves (ps 4, window 4).  Sized so that no step runs short (a shortfall's
     relief is a cold path)."""
-    from kvarena.impl import HybridSWA, MambaHybrid, TriPool
-
-    ps, e = 4, 8
-    total = 4096 * e * ps
-    c = {
-        "hybrid": lambda: HybridSWA(total, e, e, ps, lazy=lazy, device=device),
-        "mamba": lambda: MambaHybrid(total, e, e * ps, ps, lazy=lazy, device=device),
-        "tri": lambda: TriPool(total, e, e, e * ps, ps, lazy=lazy, device=device),
-    }[kind]()
+    ps = 4
+    c = make(impl, kind, ps, pages=4096, lazy=lazy, device=device)
     lens = [5, 9, 12]
     reqs = [c.alloc_extend([0], [n], [-1]) for n in lens]
     table = torch.zeros(len(lens), max(lens) + steps + 1, dtype=torch.int64, device=device)
@@ -335,16 +387,9 @@ def test_trusted_decode_step_makes_only_its_documented_reads(monkeypatch, kind, 
     """With every sync-forcing tensor method poisoned, a trusted step reads
     the host once in ``alloc_decode`` and once in ``free_swa``, each time
     through ``_host_read`` (counted here), and never in ``translate``."""
-    from kvarena.impl import composites
-
     c, step = trusted_run(kind, lazy)
-    orig, reads = torch.Tensor.tolist, []
-
-    def read(t):
-        reads.append(t.numel())
-        return orig(t)
-
-    monkeypatch.setattr(composites, "_host_read", read)
+    reads = []
+    counted_read(monkeypatch, reads)
     _poison(monkeypatch)
     for _ in range(12):
         step()
@@ -361,26 +406,139 @@ def test_trusted_decode_step_makes_only_its_documented_reads(monkeypatch, kind, 
 def test_trusted_decode_step_under_cuda_sync_debug_error(monkeypatch, kind):
     """On CUDA the driver reports any sync but the documented reads, which
     lift the check around themselves."""
-    from kvarena.impl import composites
-
     c, step = trusted_run(kind, True, device="cuda")
-    orig, reads = composites._host_read, []
-
-    def read(t):
-        reads.append(1)
-        torch.cuda.set_sync_debug_mode(0)
-        try:
-            return orig(t)
-        finally:
-            torch.cuda.set_sync_debug_mode("error")
-
-    monkeypatch.setattr(composites, "_host_read", read)
-    torch.cuda.synchronize()
-    torch.cuda.set_sync_debug_mode("error")
-    try:
+    reads = []
+    lifted_read(monkeypatch, reads)
+    with cuda_syncs_raise():
         for _ in range(8):
             step()
-    finally:
-        torch.cuda.set_sync_debug_mode(0)
     assert len(reads) == 16
     c.verify()
+
+
+# ------------------------------------------- the composites' checked step
+
+
+# The composites' methods on the per-step path, scanned by name.
+HOT = [
+    "alloc_decode",
+    "alloc_extend",
+    "free_swa",
+    "translate",
+    "_request_flags",
+    "_same_length",
+    "_opens_page",
+    "_decode_slots",
+    "_slots",
+    "_take_pages",
+    "_vec",
+    "joint_pages",
+    "_joint_pages",
+    "_decode_trusted",
+    "_translate",
+    "_live_once",
+]
+
+
+def hot_sources():
+    for cls in (composites._Composite, composites._WithSWA, HybridSWA, MambaHybrid, TriPool):
+        for name in HOT:
+            fn = vars(cls).get(name)
+            fn = getattr(fn, "__func__", fn)  # a staticmethod's function
+            if inspect.isfunction(fn):
+                yield f"{cls.__name__}.{name}", inspect.getsource(fn)
+
+
+@pytest.mark.mutation
+def test_hot_path_source_has_no_sync_but_the_documented_read():
+    """An AST scan of the per-step path: its one host read goes through
+    ``_host_read``; ``_explain``/``_explain_reps`` run only to raise."""
+    srcs = dict(hot_sources())
+    assert {
+        "_Composite.alloc_decode",
+        "_WithSWA.free_swa",
+        "_Composite.translate",
+        "TriPool._joint_pages",
+        "_Composite._decode_trusted",
+        "_Composite._translate",
+        "_WithSWA._live_once",
+    } <= set(srcs)
+    for where, src in srcs.items():
+        assert scan_source(src, where)[0] == [], where
+    body = ast.parse(inspect.getsource(composites._host_read)).body[0].body  # not the annotations
+    assert [c.attr for stmt in body for c in ast.walk(stmt) if isinstance(c, ast.Attribute)] == ["tolist"]
+    planted = srcs["_WithSWA.free_swa"].replace("live = inside & (rows > 0)", "live = (rows > 0); live.any()")
+    assert scan_source(planted)[0]  # the scan can fail
+
+
+@pytest.mark.parametrize("lazy", (False, True))
+@pytest.mark.parametrize("ps", PAGE_SIZES)
+@pytest.mark.parametrize("kind", SWA_KINDS)
+@pytest.mark.mutation
+def test_decode_step_makes_one_documented_read(monkeypatch, kind, ps, lazy):
+    """``alloc_decode`` + ``free_swa`` + ``translate`` with every sync-forcing
+    tensor method poisoned: each of the first two makes exactly one host read
+    (through ``_host_read``), ``translate`` none."""
+    c = make(impl, kind, ps, pages=48, lazy=lazy)
+    reqs = [c.alloc_extend([0], [n], [-1]).tolist() for n in (ps, 2 * ps + 1, 3)]
+    seqs = torch.tensor([len(r) for r in reqs])
+    last = torch.tensor([r[-1] for r in reqs])
+    toks = torch.tensor(reqs[1])
+    reads = []
+    counted_read(monkeypatch, reads)
+    _poison(monkeypatch)
+    outs = []
+    for _ in range(ps + 2):
+        seqs = seqs + 1
+        out = c.alloc_decode(seqs, last)
+        assert len(reads) == 1
+        last = out
+        outs.append(out)
+        c.free_swa(toks[:ps], 0)  # the first page leaves the window (the second call: skipped)
+        assert len(reads) == 2
+        c.translate(out)
+        c.translate(out, "swa")
+        assert len(reads) == 2
+        reads.clear()
+    monkeypatch.undo()
+    assert c.arena.v2p("swa")[reqs[1][0] // ps].item() == -1
+    for i, r in enumerate(reqs):
+        assert c.translate([r[-1] + 0]).tolist() != [0]
+        r += [o[i].item() for o in outs]
+    assert len({t for r in reqs for t in r}) == sum(map(len, reqs))
+    check(c)
+
+
+@pytest.mark.mutation
+def test_alloc_extend_makes_one_documented_read(monkeypatch):
+    c = make(impl, "tri", 16)
+    reads = []
+    counted_read(monkeypatch, reads)
+    _poison(monkeypatch)
+    out = c.alloc_extend(torch.tensor([0, 0]), torch.tensor([17, 5]), torch.tensor([-1, -1]))
+    assert len(reads) == 1 and out.numel() == 22
+    monkeypatch.undo()
+    check(c)
+
+
+@pytest.mark.cuda
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="no CUDA device")
+@pytest.mark.parametrize("kind", SWA_KINDS)
+@pytest.mark.mutation
+def test_decode_step_under_cuda_sync_debug_error(monkeypatch, kind):
+    """On CUDA the driver reports any sync; the documented read lifts the
+    check around itself and is counted."""
+    ps = 16
+    c = make(impl, kind, ps, pages=48, device="cuda")
+    r = c.alloc_extend([0], [2 * ps + 1], [-1])
+    seqs, last, toks = torch.tensor([r.numel()], device="cuda"), r[-1:], r
+    reads = []
+    lifted_read(monkeypatch, reads)
+    with cuda_syncs_raise():
+        for _ in range(ps + 2):
+            seqs = seqs + 1
+            last = c.alloc_decode(seqs, last)
+            c.free_swa(toks[:ps], 0)
+            c.translate(last, "swa")
+    assert len(reads) == 2 * (ps + 2)
+    check(c)

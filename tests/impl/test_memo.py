@@ -6,6 +6,8 @@ from kvarena.impl import AccountingError, Arena, SubPool
 from kvarena.impl.arena import VIEWS
 from kvarena.impl.memo import CapField
 
+pytestmark = pytest.mark.mutation  # in the subset mutmut runs per mutant
+
 
 def arena(lazy=False):
     pools = [SubPool("U", 3, 2, "up"), SubPool("F", 5, 1, "float"), SubPool("D", 4, 4, "down")]

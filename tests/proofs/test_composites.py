@@ -28,6 +28,11 @@ SETTINGS = settings(
     max_examples=100, deadline=None, suppress_health_check=[HealthCheck.too_slow, HealthCheck.filter_too_much]
 )
 OPS = ("admit", "admit", "decode", "decode", "free_swa", "free")
+# What the random composite runs draw, besides laziness and the ops
+PAGE_SIZE = st.sampled_from([1, 4, 16])
+ENTRY = st.integers(1, 6)  # the bytes of a full or a swa entry
+PAGES = st.integers(6, 40)  # the grid's pages
+SEED = st.integers(0, 2**32)  # the ops' arguments
 
 
 def z3_eval(fn, *args):
@@ -118,15 +123,7 @@ def _make(cls_spec, cls_impl, *args, **kw):
 
 
 @SETTINGS
-@given(
-    st.sampled_from([1, 4, 16]),
-    st.integers(1, 6),
-    st.integers(1, 6),
-    st.integers(6, 40),
-    st.booleans(),
-    st.lists(st.sampled_from(OPS), min_size=4, max_size=40),
-    st.integers(0, 2**32),
-)
+@given(PAGE_SIZE, ENTRY, ENTRY, PAGES, st.booleans(), st.lists(st.sampled_from(OPS), min_size=4, max_size=40), SEED)
 def test_hybrid_closed_form_matches_spec_and_impl(ps, e_full, e_swa, pages, lazy, ops, seed):
     """On random HybridSWA runs: the closed form on the arena's numbers
     (``proofs.composites.hybrid_joint``, which the obligations use) equals
@@ -141,7 +138,7 @@ def test_hybrid_closed_form_matches_spec_and_impl(ps, e_full, e_swa, pages, lazy
         assert A.inv_all(s) is True
         j = C.hybrid_joint(s)
         assert j == c.available_size() // ps  # the spec's binary search over copies
-        assert j == _brute(lambda p: C.hybrid_gates(s, p) is True)
+        assert j == _brute(lambda p, s=s: C.hybrid_gates(s, p) is True)
         assert j == impl.joint_pages() == impl.available_size() // ps
         if s.bands[C.UP].holes and s.bands[C.DOWN].holes:
             EVENTS.add("hybrid_holes_both_sides")
@@ -153,14 +150,14 @@ def test_hybrid_closed_form_matches_spec_and_impl(ps, e_full, e_swa, pages, lazy
 
 @SETTINGS
 @given(
-    st.sampled_from([1, 4, 16]),
-    st.integers(1, 6),
-    st.integers(1, 6),
-    st.integers(1, 24),
-    st.integers(6, 40),
+    PAGE_SIZE,
+    ENTRY,
+    ENTRY,
+    st.integers(1, 24),  # the bytes of a state slot
+    PAGES,
     st.booleans(),
     st.lists(st.sampled_from(OPS + ("state", "state", "free_state", "drain_swa")), min_size=4, max_size=40),
-    st.integers(0, 2**32),
+    SEED,
 )
 def test_tripool_predicate_matches_spec(ps, e_full, e_swa, state_bytes, pages, lazy, ops, seed):
     """On random TriPool runs: the coupled-bind predicate of the golden
@@ -190,7 +187,7 @@ def test_tripool_predicate_matches_spec(ps, e_full, e_swa, state_bytes, pages, l
             _step(c, reqs, op, rng, ps, impl)
         s = A.from_arena(c.arena)
         j = c.available_size() // ps
-        assert j == _brute(lambda p: C.tripool_fits(s, p) is True)
+        assert j == _brute(lambda p, s=s: C.tripool_fits(s, p) is True)
         assert j == impl.joint_pages()
         if s.bands[C.SWA3].live == 0:
             two = C.tripool_two_end(s)

@@ -25,7 +25,7 @@ PS = 16
 
 
 def loop_args(**kw):
-    base = dict(batch=32, start=200, warmup=2, steps=40)
+    base = {"batch": 32, "start": 200, "warmup": 2, "steps": 40}
     base.update(kw)
     return types.SimpleNamespace(**base)
 
@@ -201,33 +201,9 @@ def test_memo_stays_exact_under_operations():
 
 def test_bench_command_writes_every_section(tmp_path, capsys):
     out = tmp_path / "b.json"
-    rc = cli.main(
-        [
-            "bench",
-            "--repeats",
-            "1",
-            "--batch",
-            "32",
-            "--steps",
-            "3",
-            "--warmup",
-            "1",
-            "--start",
-            "200",
-            "--reads",
-            "20",
-            "--oracle-ops",
-            "300",
-            "--churn-requests",
-            "40",
-            "--copy-mb",
-            "1",
-            "--copy-page-kib",
-            "16",
-            "--json",
-            str(out),
-        ]
-    )
+    args = "bench --repeats 1 --batch 32 --steps 3 --warmup 1 --start 200 --reads 20 --oracle-ops 300"
+    args += " --churn-requests 40 --copy-mb 1 --copy-page-kib 16"  # every section, each as small as it goes
+    rc = cli.main([*args.split(), "--json", str(out)])
     assert rc == 0
     text = capsys.readouterr().out
     for word in (

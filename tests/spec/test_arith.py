@@ -15,6 +15,8 @@ import z3
 from kvarena.impl import capacity
 from kvarena.spec import arith
 
+pytestmark = pytest.mark.mutation  # in the subset mutmut runs per mutant
+
 # ------------------------------------------------------------ the oracles
 
 

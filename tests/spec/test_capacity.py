@@ -11,6 +11,8 @@ from hypothesis import strategies as st
 from kvarena.spec import Arena, SubPool
 from tests.support import check_all, live_ids, unchanged
 
+pytestmark = pytest.mark.mutation  # in the subset mutmut runs per mutant
+
 # ------------------------------------------------- an independent oracle
 
 

@@ -9,6 +9,8 @@ import pytest
 from kvarena.spec import SubPool
 from kvarena.spec.composites import HybridSWA, MambaHybrid, TriPool, swa_window_end
 
+pytestmark = pytest.mark.mutation  # in the subset mutmut runs per mutant
+
 
 def test_swa_window_end_is_the_last_page_edge_that_left_the_window():
     for seq in range(40):

@@ -10,6 +10,8 @@ from kvarena.spec import arith, composites, contracts
 from kvarena.spec.arena import Arena
 from kvarena.spec.contracts import ContractError, checked, checking, conditions, unchecked
 
+pytestmark = pytest.mark.mutation  # in the subset mutmut runs per mutant
+
 
 def test_conditions_reads_only_non_empty_pre_post_inv_lines():
     doc = """Title.

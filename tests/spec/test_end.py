@@ -6,6 +6,8 @@ from kvarena import impl, spec
 from kvarena.spec import Arena, SubPool
 from tests.support import check_all, ints, live_ids, unchanged
 
+pytestmark = pytest.mark.mutation  # in the subset mutmut runs per mutant
+
 U = SubPool("u", 16, 1, "up")
 D = SubPool("d", 16, 1, "down")
 TOTAL = 16 * 40  # both grids: 40 pages, min_page 1; up starts at page 1, down at 40

@@ -8,6 +8,8 @@ from kvarena import impl, spec
 from kvarena.spec import Arena, SubPool
 from tests.support import check_all
 
+pytestmark = pytest.mark.mutation  # in the subset mutmut runs per mutant
+
 U = SubPool("u", 24, 1, "up", "state")
 F = SubPool("f", 8, 2, "float")
 D = SubPool("d", 16, 4, "down")

@@ -8,6 +8,8 @@ from kvarena import impl, spec
 from kvarena.spec import Arena, SubPool, arith
 from tests.support import check_all, ints, live_ids, unchanged
 
+pytestmark = pytest.mark.mutation  # in the subset mutmut runs per mutant
+
 U = SubPool("u", 16, 1, "up")
 F = SubPool("f", 16, 1, "float")
 D = SubPool("d", 16, 1, "down")

@@ -7,6 +7,8 @@ import pytest
 from kvarena.spec import Arena, SubPool, arith, chain, make_layout
 from tests.support import check_all
 
+pytestmark = pytest.mark.mutation  # in the subset mutmut runs per mutant
+
 # state (up, epp 24), full KV (down, epp 16*4 = 64); sink = 64.
 STATE = SubPool("state", 24, 1, "up", "state")
 FULL = SubPool("full", 16, 4, "down")
@@ -53,7 +55,7 @@ def _ops(a):
     names = a.chain
     for i, n in enumerate(names):
         a.alloc(n, 3 + i)
-    for i, n in enumerate(names):
+    for n in names:
         ids = [v for v, p in enumerate(a.v2p(n)) if v > 0 and p >= 0]
         a.free(n, ids[1::2])
     return a

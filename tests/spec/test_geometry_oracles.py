@@ -11,6 +11,8 @@ import pytest
 from kvarena.spec import geometry
 from kvarena.spec.geometry import AccountingError, SubPool, borrowing, check_policy, lazy_ends, make_layout
 
+pytestmark = pytest.mark.mutation  # in the subset mutmut runs per mutant
+
 
 def _grid(total, epp, sink):
     n = max(k for k in range(total + 1) if k * epp <= total)

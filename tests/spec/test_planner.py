@@ -19,6 +19,8 @@ from kvarena import impl, spec
 from kvarena.spec import Arena, SubPool, contracts, planner
 from tests.support import check_all, live_ids
 
+pytestmark = pytest.mark.mutation  # in the subset mutmut runs per mutant
+
 # ------------------------------------------------------------- the oracle
 
 
@@ -183,8 +185,9 @@ def test_plan_floats_keeps_the_content_and_meets_the_demand(case):
 # ----------------------------------------------- the anchor's findings, fixed
 
 
-def pools16(*names_grows):
-    return [SubPool(n, 16, 1, g) for n, g in names_grows]
+def pools(entry_bytes, *names_grows):
+    """One pool per ``(name, grow)``, every one of ``entry_bytes`` bytes a page."""
+    return [SubPool(n, entry_bytes, 1, g) for n, g in names_grows]
 
 
 def both(build):
@@ -193,7 +196,7 @@ def both(build):
 
 
 def _two_floats(policy):
-    a = Arena(160, pools16(("u", "up"), ("f1", "float"), ("f2", "float"), ("d", "down")), policy=policy)
+    a = Arena(160, pools(16, ("u", "up"), ("f1", "float"), ("f2", "float"), ("d", "down")), policy=policy)
     a.alloc("f2", 1)
     a.alloc("f1", 1)
     return a
@@ -215,7 +218,7 @@ def test_finding_6_float_own_need_one_run_suffices(freed):
     """README finding 6 (one float short on its own pages)."""
 
     def build(policy):
-        a = Arena(160, pools16(("u", "up"), ("f1", "float"), ("d", "down")), policy=policy)
+        a = Arena(160, pools(16, ("u", "up"), ("f1", "float"), ("d", "down")), policy=policy)
         a.alloc("f1", 5)
         a.free("f1", freed)
         return a
@@ -238,8 +241,7 @@ def test_finding_1_far_side_kept():
     the far END short; the planner meets both demands."""
 
     def build(policy):
-        e = SubPool
-        a = Arena(400, [e("up", 4, 1, "up"), e("f", 4, 1, "float"), e("down", 4, 1, "down")], policy=policy)
+        a = Arena(400, pools(4, ("up", "up"), ("f", "float"), ("down", "down")), policy=policy)
         a.alloc("up", 10)
         a.alloc("f", 2)
         a.alloc("down", 40)
@@ -262,8 +264,7 @@ def test_finding_2_float_short_holes_assumed_to_survive():
     demand, and the planner sees that and moves nothing."""
 
     def build(policy):
-        e = SubPool
-        a = Arena(100, [e("up", 5, 1, "up"), e("f", 5, 1, "float"), e("down", 5, 1, "down")], policy=policy)
+        a = Arena(100, pools(5, ("up", "up"), ("f", "float"), ("down", "down")), policy=policy)
         a.alloc("up", 8)
         a.alloc("down", 6)
         a.alloc("f", 4)
@@ -285,12 +286,7 @@ def test_finding_3_far_float_moves_in_vain():
     """README finding 3 (``policy.short_side_fits_after.n4_far_float``)."""
 
     def build(policy):
-        e = SubPool
-        a = Arena(
-            400,
-            [e("up", 4, 1, "up"), e("f1", 4, 1, "float"), e("f2", 4, 1, "float"), e("down", 4, 1, "down")],
-            policy=policy,
-        )
+        a = Arena(400, pools(4, ("up", "up"), ("f1", "float"), ("f2", "float"), ("down", "down")), policy=policy)
         a.alloc("up", 10)
         a.alloc("down", 10)
         a.alloc("f1", 75)
@@ -309,22 +305,6 @@ def test_finding_3_far_float_moves_in_vain():
     check_all(a)
 
 
-def test_planner_on_the_composite_finding():
-    """README findings 1 and 6 at the token level
-    (``test_anchor_policy_refuses_a_feasible_coupled_demand_once``): the
-    planner meets the coupled demand in one call."""
-    for pkg in (spec, impl):
-        ps, E = 16, 8
-        c = pkg.TriPool(E * ps * 24, E, E, E * ps, ps, policy="planner")
-        a = c.alloc_extend([0], [2 * ps], [-1])
-        c.free_swa(a, 0)
-        c.alloc_extend([0], [ps], [-1])
-        c.free(a)
-        assert c.arena.frontiers("swa") == (10 * E * ps, 11 * E * ps) and not c.fits(10 * ps)
-        assert c.alloc_extend([0], [10 * ps], [-1]) is not None
-        c.verify()
-
-
 # ------------------------------------------------------------ the decision
 
 
@@ -338,7 +318,7 @@ def test_infeasible_demand_moves_nothing():
 def test_a_float_inside_its_range_stays():
     """Only the float that blocks moves; one whose span already lies in its
     feasible range keeps its place, holes and all."""
-    a = Arena(320, pools16(("u", "up"), ("f1", "float"), ("f2", "float"), ("d", "down")), policy="planner")
+    a = Arena(320, pools(16, ("u", "up"), ("f1", "float"), ("f2", "float"), ("d", "down")), policy="planner")
     a.alloc("f2", 1)  # mid-region
     a.alloc("f1", 3)
     a.free("f1", [2])  # a hole in f1
@@ -368,7 +348,7 @@ def test_bad_demand_is_a_value_error_naming_the_pool():
 
 def test_bad_policy_names_the_choices():
     with pytest.raises(ValueError, match="planner"):
-        Arena(160, pools16(("u", "up"), ("d", "down")), policy="greedy")
+        Arena(160, pools(16, ("u", "up"), ("d", "down")), policy="greedy")
 
 
 # ------------------------------------------------------ spec and impl agree

@@ -5,9 +5,14 @@ checked without the planner's closed-form passes.  Fast enough for the
 mutation selection (README "Mutation score")."""
 
 import random
+import types
+
+import pytest
 
 from kvarena.spec import planner
 from kvarena.spec.planner import End, Float
+
+pytestmark = pytest.mark.mutation  # in the subset mutmut runs per mutant
 
 
 def _fits_above(floats, i, taken, ceiling):
@@ -41,12 +46,15 @@ def _oracle(up, floats, down):
     for i, f in enumerate(floats):
         if not feasible:
             break
-        ok = lambda first, last: (
-            first >= f.min_page
-            and first * f.epp >= taken
-            and last <= f.num_pages
-            and _fits_above(floats, i + 1, last * f.epp, ceiling)
-        )
+
+        def ok(first, last, i=i, f=f, taken=taken):  # this float at [first, last), the rest above it
+            return (
+                first >= f.min_page
+                and first * f.epp >= taken
+                and last <= f.num_pages
+                and _fits_above(floats, i + 1, last * f.epp, ceiling)
+            )
+
         need = max(0, f.demand - f.holes)
         if f.live == 0:  # parked: never moves; a demanded one reserves its room lowest
             if f.demand:
@@ -162,9 +170,7 @@ def test_move_order_repacks_without_overwriting():
 def test_move_order_up_movers_first_highest_first():
     # three floats that all move: 0 and 2 up, 1 down.  Up-movers go highest
     # first (2, then 0), then the rest lowest first.
-    class P:
-        moves = [True, True, True]
-        starts = [5, 8, 30]
+    P = types.SimpleNamespace(moves=[True, True, True], starts=[5, 8, 30])  # a plan
 
     fl = [Float(1, 0, 40, lo, lo + 1, 1, 0, 0, 5) for lo in (3, 10, 20)]
     assert planner.move_order(fl, P) == [2, 0, 1]

@@ -5,6 +5,8 @@ import pytest
 from kvarena.spec import Arena, SubPool, short_side_decision
 from tests.support import check_all, unchanged
 
+pytestmark = pytest.mark.mutation  # in the subset mutmut runs per mutant
+
 U = SubPool("u", 16, 1, "up")
 F = SubPool("f", 16, 1, "float")
 D = SubPool("d", 16, 1, "down")

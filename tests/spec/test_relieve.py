@@ -5,6 +5,8 @@ import pytest
 from kvarena.spec import MAX_EVICT_ROUNDS, Arena, SubPool
 from tests.support import check_all
 
+pytestmark = pytest.mark.mutation  # in the subset mutmut runs per mutant
+
 U = SubPool("u", 16, 1, "up")
 F1 = SubPool("f1", 16, 1, "float")
 F2 = SubPool("f2", 16, 1, "float")

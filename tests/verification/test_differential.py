@@ -6,24 +6,14 @@ verify`` runs it too.  Profiles: the default is sized for CI;
 """
 
 import pytest
-import torch
 
 from kvarena.verification.differential import CASES, NO_SHRINK, REQUIRED, run_differential, run_machine
 
-DEVICES = [
-    "cpu",
-    pytest.param(
-        "cuda", marks=[pytest.mark.cuda, pytest.mark.skipif(not torch.cuda.is_available(), reason="no CUDA device")]
-    ),
-]
 
-
-@pytest.mark.parametrize("device", DEVICES)
-def test_differential(device):
+def test_differential(device):  # conftest: cpu, and cuda where present
     run_machine(device)
 
 
-@pytest.mark.parametrize("device", DEVICES)
 def test_coverage(device):
     """A fixed-seed run must reach every interesting case at least once."""
     CASES.clear()
@@ -33,6 +23,7 @@ def test_coverage(device):
     assert not missing, f"cases never reached: {missing}; counts {dict(CASES)}"
 
 
+@pytest.mark.mutation
 def test_verify_fuzz_part_reports_rows():
     """The rows ``kvarena verify`` prints: one per device, passing here."""
     rows = run_differential(examples=15, steps=20)

@@ -3,24 +3,14 @@ one scheduler (``kvarena.verification.differential_composites``).  ``KVARENA_PRO
 runs thousands of examples."""
 
 import pytest
-import torch
 
 from kvarena.verification.differential_composites import CASES, REQUIRED, run_machine
 
-DEVICES = [
-    "cpu",
-    pytest.param(
-        "cuda", marks=[pytest.mark.cuda, pytest.mark.skipif(not torch.cuda.is_available(), reason="no CUDA device")]
-    ),
-]
 
-
-@pytest.mark.parametrize("device", DEVICES)
-def test_composites_differential(device):
+def test_composites_differential(device):  # conftest: cpu, and cuda where present
     run_machine(device)
 
 
-@pytest.mark.parametrize("device", DEVICES)
 def test_composites_coverage(device):
     """A fixed-seed run reaches every event the issue names: window-slide
     frees, joint-view exhaustion, state starvation relieved without
@@ -32,6 +22,7 @@ def test_composites_coverage(device):
     assert not missing, f"cases never reached: {missing}; counts {dict(CASES)}"
 
 
+@pytest.mark.mutation
 def test_verify_fuzz_part_reports_rows():
     """The composite rows ``kvarena verify`` prints: one per device, passing
     here (a short derandomized run; a disagreement fails it)."""

@@ -133,21 +133,8 @@ def test_open_database(tmp_path, db):
 
 def test_cli_fuzz(tmp_path, capsys):
     out = tmp_path / "s.json"
-    rc = cli.main(
-        [
-            "fuzz",
-            "--minutes",
-            "0.05",
-            "--workers",
-            "1",
-            "--examples",
-            "3",
-            "--json",
-            str(out),
-            "--failures",
-            str(tmp_path),
-        ]
-    )
+    args = "fuzz --minutes 0.05 --workers 1 --examples 3"
+    rc = cli.main([*args.split(), "--json", str(out), "--failures", str(tmp_path)])
     text = capsys.readouterr().out
     assert rc == 0 and "0 failure(s)" in text
     assert json.loads(out.read_text())["examples"] > 0

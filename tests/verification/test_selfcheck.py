@@ -74,11 +74,12 @@ def test_random_walk_catches_a_planted_content_bug(monkeypatch):
         return n
 
     monkeypatch.setattr(bands.Band, "move", lossy)
-    with pytest.raises(Exception, match="content|bytes"):
+    with pytest.raises(Exception, match=r"content|bytes"):
         for seed in range(30):
             selfcheck.random_walk(seed, steps=300)
 
 
+@pytest.mark.mutation
 def test_conditions_parser():
     doc = """Text.
 
@@ -90,6 +91,7 @@ def test_conditions_parser():
     assert conditions(doc) == {"pre": ["x > 0"], "post": ["__return__ >= x"], "inv": ["self.ok"]}
 
 
+@pytest.mark.mutation
 def test_checker_catches_a_broken_postcondition(monkeypatch):
     """Plant a wrong ``min_page`` (floor for ceil): its own post must fail."""
 
@@ -120,6 +122,7 @@ def test_checker_catches_a_broken_invariant(monkeypatch):
         a.alloc("a", 3)
 
 
+@pytest.mark.mutation
 def test_checker_restores_the_spec():
     before = arena.Arena.alloc
     with checking():
@@ -127,6 +130,7 @@ def test_checker_restores_the_spec():
     assert arena.Arena.alloc is before
 
 
+@pytest.mark.mutation
 def test_checker_checks_the_layout_contract(monkeypatch):
     """A grid one page too long (planted in an unchecked helper) is caught by
     ``make_layout``'s own postcondition."""
@@ -136,5 +140,5 @@ def test_checker_checks_the_layout_contract(monkeypatch):
         return real(total_bytes, entry_bytes, page_size) + 1
 
     monkeypatch.setattr(arith, "num_pages", one_too_many)  # no contract of its own
-    with checking(), pytest.raises(ContractError, match="make_layout: post failed: .*num_pages"):
+    with checking(), pytest.raises(ContractError, match=r"make_layout: post failed: .*num_pages"):
         Arena(1000, [SubPool("a", 12, 1, "up"), SubPool("b", 5, 1, "down")])

@@ -7,18 +7,11 @@ import json
 
 import jsonschema
 import pytest
-import torch
 
 from kvarena import cli, impl
 from kvarena.verification import vector_cases, vectors
 
 VECTORS = vectors.default_dir()
-DEVICES = [
-    "cpu",
-    pytest.param(
-        "cuda", marks=[pytest.mark.cuda, pytest.mark.skipif(not torch.cuda.is_available(), reason="no CUDA device")]
-    ),
-]
 
 
 @pytest.fixture(scope="module")
@@ -43,6 +36,7 @@ def test_schema_rejects_a_malformed_case(shipped):
         jsonschema.validate(bad, vectors.schema())
 
 
+@pytest.mark.mutation
 def test_shipped_set_is_what_the_spec_writes_now(shipped):
     """The set is regenerated from the spec; a spec change that alters a result
     shows here first (then run ``kvarena vectors generate tests/vectors``)."""
@@ -62,8 +56,8 @@ def test_shipped_set_covers_every_call_policy_and_anchor_bug(shipped):
     assert any("raises" in s for c in shipped for s in c["ops"])
 
 
-@pytest.mark.parametrize("device", DEVICES)
-def test_shipped_set_replays_on_the_implementation(shipped, device):
+@pytest.mark.mutation
+def test_shipped_set_replays_on_the_implementation(shipped, device):  # conftest: cpu, cuda
     results = [vectors.replay_case(c, vectors.get_target("impl", device=device)) for c in shipped]
     bad = [(r.name, r.detail) for r in results if not r.ok]
     assert not bad, bad[:5]

@@ -8,12 +8,12 @@ import json
 from rich.console import Console
 
 from kvarena import cli, impl
-from kvarena.verification import fuzz, verify
+from kvarena.verification import command_line, fuzz, verify
 
 
 def run(args, monkeypatch=None):
     console = Console(record=True, width=220)
-    monkeypatch.setattr(cli, "console", console)
+    monkeypatch.setattr(command_line, "console", lambda: console)
     rc = cli.main(args)
     return rc, console.export_text()
 

@@ -12,6 +12,8 @@ import pytest
 from kvarena.impl import capacity
 from kvarena.spec import arith, policy
 
+pytestmark = pytest.mark.mutation  # in the subset mutmut runs per mutant
+
 SPEC_IMPL = pytest.mark.parametrize("mod", [arith, capacity], ids=["spec", "impl"])
 
 

@@ -1,4 +1,6 @@
-"""relieve: is one eviction-free ladder run all the ladder can do?  Findings.
+"""relieve: is one eviction-free ladder run all the ladder can do, or can a
+second identical run succeed where the first failed?  Findings (this file
+was ``test_relieve_findings.py``).
 
 The property under test: right after ``relieve(name, need)`` (no ``evict``)
 returned False, a second identical ``relieve(name, need)`` also returns False.

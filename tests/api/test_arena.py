@@ -1,7 +1,13 @@
-"""Regression tests for the four bugs of the core-hardening review, on the
-spec and the implementation alike (both shared each bug, so the differential
-tests could not see it), plus the constructor's `lazy`, `policy` and
-`borrow` arguments (DESIGN sections 3, 4 and 10)."""
+"""The Arena's behaviour both packages share, run on each: the constructor's
+``lazy``, ``policy`` and ``borrow`` arguments (DESIGN sections 3, 4 and 10)
+and bools where counts or ids belong, borrowing, a pool that could never
+allocate, ``relieve``'s verdict (an evictor that frees but returns falsy;
+the ladder's edges) and the conservation rule.
+
+History: the sections "bug 1" to "bug 4" are the regressions of the
+core-hardening review (this file was ``test_hardening.py``): the spec and
+the implementation shared each bug, so the differential tests could not see
+it."""
 
 import pytest
 import torch
@@ -9,6 +15,8 @@ import torch
 from kvarena import impl, spec
 from kvarena.spec import AccountingError, SubPool
 from tests.support import busy
+
+pytestmark = pytest.mark.mutation  # in the subset mutmut runs per mutant
 
 ARENAS = [pytest.param(spec.Arena, id="spec"), pytest.param(impl.Arena, id="impl")]
 
@@ -131,9 +139,9 @@ def test_bad_borrow_is_a_value_error(Arena, borrow, pool, why):
 @pytest.mark.parametrize("Arena", ARENAS)
 def test_bug3_a_pool_that_could_never_allocate_is_rejected(Arena):
     """F's only page (33 bytes) overlaps U's empty frontier at byte 40."""
-    with pytest.raises(ValueError, match="pool 'F'.*never gets a page"):
+    with pytest.raises(ValueError, match=r"pool 'F'.*never gets a page"):
         Arena(86, [SubPool("U", 10, 1, "up"), SubPool("F", 33, 1, "float"), SubPool("D", 10, 1, "down")])
-    with pytest.raises(ValueError, match="pool 'D'.*never gets a page"):
+    with pytest.raises(ValueError, match=r"pool 'D'.*never gets a page"):
         Arena(109, [SubPool("U", 10, 1, "up"), SubPool("F", 33, 1, "float"), SubPool("D", 10, 1, "down")])
     # U's page [40, 50), F's [66, 99), D's top page [100, 110): the smallest buffer
     a = Arena(110, [SubPool("U", 10, 1, "up"), SubPool("F", 33, 1, "float"), SubPool("D", 10, 1, "down")])
@@ -159,7 +167,7 @@ def test_bug4_conservation_catches_a_drift_no_other_rule_sees(monkeypatch, Arena
     a.verify()  # every other rule accepts the drift
 
 
-# ------------------------------------------------- lazy, policy
+# ------------------------------------------- lazy, bools, policy
 
 
 @pytest.mark.parametrize("Arena", ARENAS)
@@ -167,6 +175,32 @@ def test_bug4_conservation_catches_a_drift_no_other_rule_sees(monkeypatch, Arena
 def test_every_bad_lazy_is_a_value_error(Arena, lazy):
     with pytest.raises(ValueError, match="lazy"):
         Arena(1600, [SubPool("u", 16, 1, "up"), SubPool("f", 16, 1, "float"), SubPool("d", 16, 1, "down")], lazy=lazy)
+
+
+@pytest.mark.parametrize("Arena", ARENAS)
+def test_lazy_as_a_string_is_an_error(Arena):
+    with pytest.raises(ValueError, match=r"pool 'b'.*not a string"):
+        Arena(4096, [SubPool("a", 16, 1, "up"), SubPool("b", 16, 1, "down")], lazy="b")
+
+
+@pytest.mark.parametrize("Arena", ARENAS)
+@pytest.mark.parametrize(
+    "call",
+    [
+        lambda a: a.alloc("a", True),
+        lambda a: a.free("a", [True]),
+        lambda a: a.flush("a", max_moves=False),
+        lambda a: a.translate("a", [True]),
+    ],
+)
+def test_booleans_are_not_counts_or_ids(Arena, call):
+    """Spec and implementation alike: a bool is neither a count nor an id."""
+    a = Arena(4096, [SubPool("a", 16, 1, "up"), SubPool("b", 16, 1, "down")])
+    a.alloc("a", 2)
+    before = a.snapshot()
+    with pytest.raises(ValueError, match="pool 'a'"):
+        call(a)
+    assert a.snapshot() == before
 
 
 @pytest.mark.parametrize("Arena", ARENAS)
