@@ -194,7 +194,7 @@ def test_a_planted_private_import_is_caught():
 
 
 def test_every_folder_says_what_lives_there():
-    for pkg, folder in PACKAGES.items():
+    for folder in PACKAGES.values():
         doc = ast.get_docstring(ast.parse((folder / "__init__.py").read_text()))
         assert doc and len(doc.splitlines()) >= 3, f"{folder.relative_to(ROOT)}/__init__.py needs a docstring"
 
