@@ -114,7 +114,7 @@ def _state(n):
 def _hybrid_sound():
     f, s, hyps = _state(2)
     P = f.int("P")
-    hyps += [P >= 1, hybrid_joint(s) >= P]
+    hyps += [P >= 1, P <= hybrid_joint(s)]
     t = extend_end(s, DOWN, P)
     u = extend_end(t, UP, P)
     full_rel, swa_rel = A.rel_alloc_end(s, t, DOWN, P), A.rel_alloc_end(t, u, UP, P)
@@ -127,7 +127,7 @@ def _hybrid_sound():
 def _hybrid_tight():
     f, s, hyps = _state(2)
     P = f.int("P")
-    hyps += [hybrid_joint(s) + 1 == P]
+    hyps += [P == hybrid_joint(s) + 1]
     return Built(hyps, z3.Not(hybrid_gates(s, P)), hints=A.layout_hint(s, epps=(4, 6)))
 
 
@@ -157,7 +157,7 @@ add(
 def _mamba_tight():
     f, s, hyps = _state(2)
     P = f.int("P")
-    hyps += [A.available(s, DOWN) + 1 == P]
+    hyps += [P == A.available(s, DOWN) + 1]
     t = extend_end(s, DOWN, P)
     # the gate refuses it (P > available, by construction); placing it anyway breaks an invariant
     return Built(hyps, z3.Not(A.inv_all(t)), hints=A.layout_hint(s, epps=(1, 6)))
@@ -219,8 +219,8 @@ def _tripool(grid, claim):
         lower = J - 1 if claim == "within_one" else J
         h_f = s.bands[FULL3].holes
         cases, goals = [], []
-        for side in (h_f >= P, h_f < P):  # full binds holes only / extends too
-            cases += [[side, lower >= P], [side, fits]]
+        for side in (P <= h_f, P > h_f):  # full binds holes only / extends too
+            cases += [[side, P <= lower], [side, fits]]
             goals += [fits, P <= J]
         return Built(hyps, None, cases=cases, case_goals=goals, hints=hint)
 

@@ -195,9 +195,9 @@ def static_split(s, swa_ratio=DEFAULT_SWA_RATIO, mamba_ratio=DEFAULT_MAMBA_RATIO
     slots); the KV rest ``M`` gives ``full = M / (e_full + swa_ratio *
     e_swa)`` pages and ``swa = swa_ratio * full``, both rounded down."""
     kinds = s.preset.kinds
-    if "swa" in kinds and not swa_ratio > 0:
+    if "swa" in kinds and not 0 < swa_ratio:
         raise ValueError(f"preset {s.preset.name!r}: swa_ratio must be > 0, got {swa_ratio}")
-    if "state" in kinds and not mamba_ratio > 0:
+    if "state" in kinds and not 0 < mamba_ratio:
         raise ValueError(f"preset {s.preset.name!r}: mamba_ratio must be > 0, got {mamba_ratio}")
     slots = int(s.total * mamba_ratio / (1 + mamba_ratio)) // s.slot if "state" in kinds else 0
     kv = s.total - slots * s.slot
