@@ -2,12 +2,10 @@
 
 Same behaviour as ``kvarena.spec.Arena`` page for page (the differential
 tests hold the two equal), written independently over tensors.  From the
-spec it imports ``geometry``'s boot-time layout and validation
-(``make_layout``, ``lazy_ends``, ``check_policy``, ``borrowing``; the types
-``SubPool``, ``Geometry``, ``AccountingError``; DESIGN section 2) and
-``planner``'s decision (``End``, ``Float``, ``plan_chain``, ``move_order``),
-which ``plan_floats`` calls on this arena's host counters; every other
-per-operation step is here.
+spec it imports ``geometry``'s boot-time layout and validation (DESIGN
+section 2) and ``planner``'s decision, which ``plan_floats`` calls on this
+arena's host counters (the names: ``kvarena.impl``'s docstring); every
+other per-operation step is here.
 
 The composites (``impl/composites.py``) use only this class's public
 methods: ``counts`` (a band's host counts, a copy), ``id_end`` and
