@@ -70,7 +70,7 @@ def ensure_installed(allow_install, out=print):
         return
     if not allow_install:
         raise AnchorUnavailable(f"sglang {ANCHOR_VERSION} is not installed (found {have}); run: {INSTALL_LINE}")
-    out(f"kvarena conform: installing the anchor: {' '.join(INSTALL[2:])}")
+    out(f"kvarena: installing the anchor: {' '.join(INSTALL[2:])}")
     subprocess.run(INSTALL, check=True)
     importlib.invalidate_caches()
 

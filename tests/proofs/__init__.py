@@ -1,0 +1,3 @@
+"""Tests of ``kvarena.proofs``: every obligation proved or refuted as registered, non-vacuous and faithful to
+the spec's code; the planted proof bugs; the CrossHair runs.
+"""

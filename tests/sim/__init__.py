@@ -1,0 +1,3 @@
+"""Tests of ``kvarena.sim``: the simulator, the bench and the policy comparison, on behaviour only (no
+timings).
+"""

@@ -1,0 +1,3 @@
+"""Tests of ``kvarena.spec`` alone: every behaviour and ``ValueError``, the state machine, the formulas against
+brute-force oracles, the run-time contract checker.
+"""
