@@ -13,9 +13,9 @@ folder (default ``.mypy_cache``).
 """
 
 import os
+import shutil
 import subprocess
 import sys
-import tempfile
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -63,14 +63,17 @@ def ruff() -> int:
 
 
 def mypy(extra: dict[str, str] | None = None) -> int:
-    cache = os.environ.get("KVARENA_MYPY_CACHE", str(ROOT / ".mypy_cache"))
-    config = ["--config-file", str(ROOT / "pyproject.toml"), "--cache-dir", cache]
-    with tempfile.TemporaryDirectory() as tmp:
-        layout = installed_layout(Path(tmp), extra)
-        strict = [x for p in STRICT for x in ("-p", p)]
-        return run([sys.executable, "-m", "mypy", *config, "--strict", *strict], layout) | run(
-            [sys.executable, "-m", "mypy", *config, "-p", "kvarena"], layout
-        )
+    cache = Path(os.environ.get("KVARENA_MYPY_CACHE", str(ROOT / ".mypy_cache")))
+    # The layout is rebuilt at one fixed path, and each mode keeps its own
+    # cache, so a second run re-checks only what changed.
+    layout = cache / "layout"
+    shutil.rmtree(layout, ignore_errors=True)
+    installed_layout(layout, extra)
+    config = ["--config-file", str(ROOT / "pyproject.toml")]
+    strict = [x for p in STRICT for x in ("-p", p)]
+    return run(
+        [sys.executable, "-m", "mypy", *config, "--cache-dir", str(cache / "strict"), "--strict", *strict], layout
+    ) | run([sys.executable, "-m", "mypy", *config, "--cache-dir", str(cache / "default"), "-p", "kvarena"], layout)
 
 
 def main(argv: list[str]) -> int:

@@ -89,7 +89,7 @@ class Unified:
         """The price check: a state slot costs ``state_slot_token_cost()``
         units of the joint view, unless it reuses one of the state END's
         lazy holes, which takes no room from that view."""
-        holes = self.arena.bands["state"].n_holes if self.has_state else 0
+        holes = self.arena.counts("state").holes if self.has_state else 0
         return units + reserve + max(0, slots - holes) * self.state_price() <= self.available()
 
     def fits_empty(self, full_units, swa_units, slots):
@@ -150,8 +150,8 @@ class Unified:
         a parked float reports ``None``."""
         out, t = {}, self.arena.total_bytes
         for n in self.arena.chain:
-            b = self.arena.bands[n]
-            out[n] = None if not b.opaque else (b.frontiers[0] / t, b.frontiers[1] / t)
+            c, epp = self.arena.counts(n), self.epp[n]
+            out[n] = None if not c.opaque else (c.lo * epp / t, c.hi * epp / t)
         return out
 
     def verify(self):

@@ -16,15 +16,14 @@ from tests.support import ROOT
 pytestmark = pytest.mark.timeout(900)
 
 
-def _check_module():
+@pytest.fixture(scope="module")
+def check():
+    """``tools/check.py``, loaded when a test asks (a staged copy of the tests, as mutmut's, has no tools/)."""
     spec = importlib.util.spec_from_file_location("kvarena_check", ROOT / "tools" / "check.py")
     assert spec and spec.loader
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
     return module
-
-
-check = _check_module()
 
 
 def test_ruff_catches_a_planted_finding():
@@ -40,11 +39,11 @@ def test_ruff_catches_a_planted_finding():
     assert out.returncode == 1 and "F401" in out.stdout and "E741" in out.stdout, out.stdout
 
 
-def test_ruff_check_and_format_are_clean(capfd):
+def test_ruff_check_and_format_are_clean(check, capfd):
     assert check.ruff() == 0, capfd.readouterr().out
 
 
-def test_mypy_catches_planted_findings(capfd):
+def test_mypy_catches_planted_findings(check, capfd):
     """An unannotated function in the spec fails the strict run; a wrong type in the tooling fails the default one."""
     planted = {
         "spec/planted_untyped.py": "def pages(n):\n    return n\n",
@@ -56,5 +55,5 @@ def test_mypy_catches_planted_findings(capfd):
     assert "kvarena/verification/planted_wrong.py:1: error: Incompatible types in assignment" in out, out
 
 
-def test_mypy_is_clean(capfd):
+def test_mypy_is_clean(check, capfd):
     assert check.mypy() == 0, capfd.readouterr().out
