@@ -22,7 +22,7 @@ other per-operation step is written here.
 
 from kvarena.spec.geometry import AccountingError, SubPool
 
-from .arena import MAX_EVICT_ROUNDS, Arena
+from .arena import MAX_EVICT_ROUNDS, Arena, Mover
 from .composites import HybridSWA, MambaHybrid, TriPool, swa_window_end
 
 __all__ = [
@@ -31,6 +31,7 @@ __all__ = [
     "Arena",
     "HybridSWA",
     "MambaHybrid",
+    "Mover",
     "SubPool",
     "TriPool",
     "swa_window_end",

@@ -43,7 +43,32 @@ MAX_EVICT_ROUNDS = 4
 VIEWS = ("available_pages", "schedulable_pages", "gap_bytes")
 
 
+Mover = Callable[[str, torch.Tensor, torch.Tensor], object]
+"""``mover(pool, dst_pages, src_pages)`` copies whole page envelopes of
+``pool``'s grid, ``src_pages[i] -> dst_pages[i]`` (int64 physical pages).
+Apart from self-pairs ``(p, p)``, which a copy leaves as they are, the two
+sets are disjoint and no page repeats.  The arena updates its tables itself."""
+
+
+def _check_buffer(buffer: object, total_bytes: int, device: str | torch.device) -> None:
+    """An external buffer must be the arena's whole byte range on its device."""
+    if not isinstance(buffer, torch.Tensor):
+        raise ValueError(f"buffer must be a torch.Tensor, got {type(buffer).__name__}")
+    if buffer.dtype != torch.uint8 or buffer.dim() != 1 or not buffer.is_contiguous():
+        raise ValueError(f"buffer must be a contiguous 1-D uint8 tensor, got {buffer.dtype} {tuple(buffer.shape)}")
+    if buffer.numel() != total_bytes:
+        raise ValueError(f"buffer holds {buffer.numel()} bytes, total_bytes is {total_bytes}")
+    want = torch.device(device)
+    if buffer.device.type != want.type or (want.index is not None and buffer.device.index != want.index):
+        raise ValueError(f"buffer is on {buffer.device}, the arena on {want}")
+
+
 class Arena:
+    """The arena (DESIGN section 3).  ``buffer`` lends it an existing byte
+    buffer (an engine's KV storage; the arena then adds tables, not
+    memory) and ``mover`` routes every relocation's bytes through the
+    engine's own page copy (``Mover``); both default to the arena's own."""
+
     def __init__(
         self,
         total_bytes: int,
@@ -52,9 +77,15 @@ class Arena:
         policy: str = "anchor",
         borrow: Mapping[str, str] | None = None,
         device: str | torch.device = "cpu",
+        buffer: torch.Tensor | None = None,
+        mover: Mover | None = None,
     ) -> None:
         # Boot-time validation is the spec's (DESIGN section 2): configuration, not an operation.
         layout = make_layout(total_bytes, pools)
+        if buffer is not None:
+            _check_buffer(buffer, total_bytes, device)
+        if mover is not None and not callable(mover):
+            raise ValueError(f"mover must be callable, got {type(mover).__name__}")
         lazy_set = lazy_ends(layout, lazy)
         check_policy(policy)
         lenders = borrowing(layout, borrow)
@@ -65,7 +96,9 @@ class Arena:
         self.total_bytes = total_bytes
         self.chain = layout.chain
         self.sink_bytes = layout.sink_bytes
-        self.buffer = torch.zeros(total_bytes, dtype=torch.uint8, device=self.device)
+        # An external buffer is used as it is: its bytes belong to whoever lent it.
+        self.buffer = torch.zeros(total_bytes, dtype=torch.uint8, device=self.device) if buffer is None else buffer
+        self.mover = mover
         self.bands = {
             n: Band(
                 layout.pools[n],
@@ -123,6 +156,15 @@ class Arena:
     def p2v(self, name: str) -> torch.Tensor:
         b = self._band(name)
         return b.p2v[: b.geom.num_pages].clone()
+
+    def live_tables(self, name: str) -> tuple[torch.Tensor, torch.Tensor]:
+        """``name``'s ``v2p`` (rows ``[0, id_end]``) and ``p2v`` (rows ``[0,
+        num_pages]``), each with its ``-1`` sentinel row last, themselves, not copies:
+        views the arena keeps updating in place, for an engine whose kernels
+        gather through them (a captured graph keeps their addresses).  Read
+        only: a write through them is a write the arena does not know of."""
+        b = self._band(name)
+        return b.v2p[: b.id_end + 1], b.p2v[: b.geom.num_pages + 1]
 
     def free_ids(self, name: str) -> torch.Tensor:
         """The FIFO of unbound virtual ids, front first."""
@@ -185,25 +227,56 @@ class Arena:
         ids = self._bound_ids(b, ids)
         return self.page_view(name).index_select(0, b.v2p.index_select(0, ids))
 
-    def _move(self, b: Band, dst: torch.Tensor, src: torch.Tensor) -> int:
+    def _move(self, b: Band, dst: torch.Tensor, src: torch.Tensor, disjoint: bool = False) -> int:
         """Relocate pages ``src[i] -> dst[i]``: bytes and tables, one batch.
 
-        Every source is gathered into a temporary before any destination is
-        written, so overlapping sets (compact_holes, leapfrog) are safe.  A
-        pair whose source is dead (eager free's padding, always a self-copy)
-        leaves the tables alone: its id indexes the ``-1`` sentinel row.
+        Without a mover, every source is gathered into a temporary before any
+        destination is written, so overlapping sets (compact_holes, leapfrog)
+        are safe.  With one, ``disjoint`` sets (eager compaction's: disjoint
+        but for dead self-pairs) go to it in one call, sync-free; others
+        through ``_move_bytes_with_mover``.
+        A pair whose source is dead (eager free's padding, always a
+        self-copy) leaves the tables alone: its id indexes the ``-1``
+        sentinel row.
         """
         k = src.numel()
         if k == 0:
             return 0
-        view = self.page_view(b.name)
-        view.index_copy_(0, dst, view.index_select(0, src))
+        if self.mover is None:
+            view = self.page_view(b.name)
+            view.index_copy_(0, dst, view.index_select(0, src))
+        elif disjoint:
+            self.mover(b.name, dst, src)
+        else:
+            self._move_bytes_with_mover(b.name, dst, src)
         v = b.p2v.index_select(0, src)
         alive = v >= 0
         b.p2v.index_fill_(0, src, -1)
         b.p2v.index_copy_(0, dst, v)
         b.v2p.index_copy_(0, torch.where(alive, v, b.id_end), torch.where(alive, dst, -1))
         return k
+
+    def _move_bytes_with_mover(self, name: str, dst: torch.Tensor, src: torch.Tensor) -> None:
+        """Hand the move to the mover as disjoint waves.
+
+        The mover's contract is a copy of whole page envelopes between
+        disjoint page sets (it may carry state a raw copy misses, or wait for
+        in-flight readers).  Self-pairs are dropped.  Overlapping sets (a
+        shift) go in waves: a pair runs once no pending pair still reads its
+        destination, so every source is read before it is overwritten.  A
+        cycle, which no kvarena move forms, is moved through a temporary.
+        """
+        assert self.mover is not None
+        keep = dst != src
+        dst, src = dst[keep], src[keep]
+        while dst.numel():  # SYNC: numel after a mask (relocation is a cold path)
+            ready = ~torch.isin(dst, src)
+            if not bool(ready.any()):  # SYNC: a cycle: gather every source first
+                view = self.page_view(name)
+                view.index_copy_(0, dst, view.index_select(0, src))
+                return
+            self.mover(name, dst[ready], src[ready])
+            dst, src = dst[~ready], src[~ready]
 
     # ------------------------------------------------------- chain walks
 
@@ -498,7 +571,7 @@ class Arena:
         rank = (1 - dead if dead_first else dead) * (n + 1) + vacated
         src = vacated.index_select(0, torch.sort(rank).indices)
         dst = torch.sort(freed).values
-        self._move(b, dst, src)
+        self._move(b, dst, src, disjoint=True)
 
     def flush(self, name: str, max_moves: int | None = None) -> int:
         """Settle a band's backlog; pages moved.

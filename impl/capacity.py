@@ -124,3 +124,20 @@ def two_end_joint_pages(gap: int, epp_a: int, holes_a: int, room_a: int, epp_b: 
     if cap_b < p:
         p = cap_b
     return p
+
+
+def two_end_uneven_fits(
+    pages_a: int, pages_b: int, gap: int, epp_a: int, holes_a: int, room_a: int, epp_b: int, holes_b: int, room_b: int
+) -> bool:
+    """Does a bind of ``pages_a`` pages on END ``a`` and then ``pages_b`` on
+    END ``b`` (in what ``a`` left of the shared ``gap``) pass both gates?
+    ``HybridSWA``'s uneven demand, ``a`` = full, ``b`` = swa binding only a
+    tail of full's new ids.  Each side takes its holes first and extends
+    ``m = max(0, pages - holes)`` pages: both gates pass iff each ``m`` is
+    within its room and ``m_a*epp_a + m_b*epp_b <= gap``.  Bad sizes are a
+    ``ValueError``."""
+    if gap < 0 or epp_a <= 0 or epp_b <= 0 or holes_a < 0 or room_a < 0 or holes_b < 0 or room_b < 0:
+        raise ValueError("two_end_uneven_fits: sizes must be >= 0 and epps > 0")
+    m_a = pages_a - holes_a if pages_a > holes_a else 0
+    m_b = pages_b - holes_b if pages_b > holes_b else 0
+    return m_a <= room_a and m_b <= room_b and m_a * epp_a + m_b * epp_b <= gap

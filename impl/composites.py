@@ -76,7 +76,7 @@ import torch
 from kvarena.spec.geometry import AccountingError, SubPool
 
 from . import capacity as cap
-from .arena import MAX_EVICT_ROUNDS, Arena
+from .arena import MAX_EVICT_ROUNDS, Arena, Mover
 from .band import I64
 
 # What a batch argument may be: a tensor, or an ordered sequence of ints.
@@ -100,6 +100,27 @@ def _host_read(t: torch.Tensor) -> list[int]:
 
 
 # ------------------------------------------------------------- arguments
+
+
+def _host_vec(x: IntsLike) -> torch.Tensor:
+    """An engine's host copy as an int64 CPU tensor (never a device read:
+    a copy must already be on the host)."""
+    if isinstance(x, torch.Tensor):
+        if x.device.type != "cpu":
+            raise ValueError(f"a host copy must be a CPU tensor, got one on {x.device}")
+        return x.to(I64)
+    return torch.tensor(list(x), dtype=I64)
+
+
+def _host_extend_size(prefix_cpu: IntsLike, seq_cpu: IntsLike, ps: int) -> tuple[int, int]:
+    """New pages and tokens of an extend, from the engine's host copies."""
+    p, s = _host_vec(prefix_cpu), _host_vec(seq_cpu)
+    return int((_cdiv_t(s, ps) - _cdiv_t(p, ps)).sum()), int((s - p).sum())  # host tensors: no device read
+
+
+def _host_decode_pages(seq_cpu: IntsLike, ps: int) -> int:
+    """Pages a decode step opens, from the engine's host copy of ``seq_lens``."""
+    return int((torch.remainder(_host_vec(seq_cpu), ps) == 1 % ps).sum())  # a host tensor: no device read
 
 
 def _int(what: str, v: SupportsIndex) -> int:
@@ -167,9 +188,18 @@ class _Composite:
         lazy: bool,
         policy: str,
         device: str | torch.device,
+        buffer: torch.Tensor | None = None,
+        mover: Mover | None = None,
     ) -> None:
         self.arena = Arena(
-            total_bytes, pools, lazy=lazy, policy=policy, borrow=dict(self.BORROW) or None, device=device
+            total_bytes,
+            pools,
+            lazy=lazy,
+            policy=policy,
+            borrow=dict(self.BORROW) or None,
+            device=device,
+            buffer=buffer,
+            mover=mover,
         )
         self.page_size = page_size
         self.device = self.arena.device
@@ -230,20 +260,41 @@ class _Composite:
     def full_available_size(self) -> int:
         return self.arena.available_size(FULL)
 
-    def fits(self, tokens: int = 0, state_slots: int = 0) -> bool:
+    def fits(self, tokens: int = 0, state_slots: int = 0, swa_tokens: int | None = None) -> bool:
         """Would ``state_slots`` slots and then one request of ``tokens`` new
         tokens (empty prefix) both succeed now, without relief?  Host ints
-        only, nothing changes."""
-        tokens, state_slots = self._demand_args("fits", tokens, state_slots)
-        return self._fits(tokens, state_slots)
+        only, nothing changes.
 
-    def _fits(self, tokens: int, state_slots: int) -> bool:
+        ``swa_tokens`` (the uneven demand, DESIGN section 11): full binds
+        ``P_f = cdiv(tokens, ps)`` new pages and swa only the last ``P_s =
+        cdiv(swa_tokens, ps)`` of those ids; None means ``tokens``.  It must
+        be ``<= tokens``; a composite without swa takes only None, 0 or
+        ``tokens``.  Else ``ValueError`` (the spec's rule and words)."""
+        tokens, state_slots = self._demand_args("fits", tokens, state_slots)
+        swa = self._swa_arg("fits", tokens, swa_tokens)
+        return self._fits(tokens, state_slots, swa)
+
+    def _fits(self, tokens: int, state_slots: int, swa_tokens: int | None = None) -> bool:
         need = _cdiv(tokens, self.page_size)
-        if not state_slots:
-            return need <= self.joint_pages()
-        if state_slots > self.arena.available_pages(STATE):
-            return False
-        return need <= self._joint_pages(self._state_ext(state_slots))
+        if swa_tokens is None:  # the coupled demand: the memoised joint view
+            if not state_slots:
+                return need <= self.joint_pages()
+            if state_slots > self.arena.available_pages(STATE):
+                return False
+            return need <= self._joint_pages(self._state_ext(state_slots))
+        ext = 0
+        if state_slots:
+            if state_slots > self.arena.available_pages(STATE):
+                return False
+            ext = self._state_ext(state_slots)
+        return self._uneven_fits(need, _cdiv(swa_tokens, self.page_size), ext)
+
+    def _uneven_fits(self, full_pages: int, swa_pages: int, state_ext: int = 0) -> bool:
+        """Does a bind of ``full_pages`` in full, then ``swa_pages`` of those
+        ids in swa, pass every gate, with the state END's frontier first
+        advanced by ``state_ext`` pages?  O(1), host ints.  Without swa (the
+        base case): full's view alone."""
+        return full_pages <= self._joint_pages(state_ext)
 
     def _demand_args(self, what: str, tokens: int, state_slots: int) -> tuple[int, int]:
         tokens = _count(f"{what}: tokens", tokens)
@@ -251,6 +302,40 @@ class _Composite:
         if state_slots and not self._has(STATE):
             raise ValueError(f"{what}: state_slots={state_slots}, but {type(self).__name__} has no state pool")
         return tokens, state_slots
+
+    def _swa_arg(self, what: str, tokens: int, swa_tokens: int | None) -> int | None:
+        """``swa_tokens`` checked against the validated ``tokens``: None for a
+        coupled demand (None given, or no swa to price), else the count."""
+        if swa_tokens is None:
+            return None
+        swa = _count(f"{what}: swa_tokens", swa_tokens)
+        if not self._has(SWA):
+            if swa not in (0, tokens):
+                raise ValueError(
+                    f"{what}: swa_tokens={swa} (tokens={tokens}), but {type(self).__name__} has no swa pool"
+                )
+            return None
+        if swa > tokens:
+            raise ValueError(f"{what}: swa_tokens={swa} > tokens={tokens}: swa binds a subset of full's new pages")
+        return swa
+
+    def _kept_pages(self, tokens: int, swa_tokens: int | None, state_ext: int = 0) -> int:
+        """The largest ``K <= P_f`` whose bind passes when both sides shed
+        pages together (swa binding ``max(0, P_s - (P_f - K))``): the
+        spec's ``_kept_pages``.  Coupled: ``min(P_f, joint view)``.  A
+        binary search over the O(1) gate (down-closed in ``K``); cold path."""
+        pf = _cdiv(tokens, self.page_size)
+        if swa_tokens is None:
+            return min(pf, self._joint_pages(state_ext) if state_ext else self.joint_pages())
+        p_s = _cdiv(swa_tokens, self.page_size)
+        lo, hi = 0, pf
+        while lo < hi:
+            mid = (lo + hi + 1) // 2
+            if self._uneven_fits(mid, max(0, p_s - (pf - mid)), state_ext):
+                lo = mid
+            else:
+                hi = mid - 1
+        return lo
 
     # ------------------------------------------------------ the coupled bind
 
@@ -335,7 +420,17 @@ class _Composite:
                 f"{what}: length mismatch: {prefix.numel()} prefix_lens, {seq.numel()} seq_lens, {loc.numel()} last_loc"
             )
 
-    def alloc_extend(self, prefix_lens: IntsLike, seq_lens: IntsLike, last_loc: IntsLike) -> torch.Tensor | None:
+    def alloc_extend(
+        self,
+        prefix_lens: IntsLike,
+        seq_lens: IntsLike,
+        last_loc: IntsLike,
+        check: bool = True,
+        *,
+        prefix_lens_cpu: IntsLike | None = None,
+        seq_lens_cpu: IntsLike | None = None,
+        extend_num_tokens: int | None = None,
+    ) -> torch.Tensor | None:
         """Slots for positions ``[prefix_i, seq_i)`` of each request, flat and
         request-major (int64 tensor), or None.  ANCHOR section 1 to the slot:
         request ``i`` takes ``ceil(seq/ps) - ceil(prefix/ps)`` new pages, in
@@ -344,8 +439,26 @@ class _Composite:
         ceil(prefix/ps)*ps) - prefix`` tokens, then (2) whole new pages and
         (3) a partly filled tail page, slot ``page*ps + pos % ps``.
         A shortfall runs ``relieve(tokens=n*ps)`` (no eviction) and asks
-        again; None then means no id was allocated on any side."""
+        again; None then means no id was allocated on any side.
+
+        The host copies (``prefix_lens_cpu``, ``seq_lens_cpu`` on the host,
+        ``extend_num_tokens``) are what an engine already holds.  Checked,
+        the call's one read also checks they agree with the device tensors.
+        ``check=False`` is the trusted path (the arguments are ones the
+        checked call accepts, as 1-D int64 tensors on the arena's device):
+        with both host copies it reads nothing from the device."""
         what = "alloc_extend"
+        if not check:
+            prefix, seq, loc = (cast(torch.Tensor, x) for x in (prefix_lens, seq_lens, last_loc))
+            new = _cdiv_t(seq, self.page_size) - _cdiv_t(prefix, self.page_size)
+            lens = seq - prefix
+            if prefix_lens_cpu is not None and seq_lens_cpu is not None:
+                n, total = _host_extend_size(prefix_lens_cpu, seq_lens_cpu, self.page_size)
+            else:
+                # SYNC: the one documented read without host copies: pages to bind, tokens out.
+                n, total = _host_read(torch.stack([new.sum(), lens.sum()]))
+            ids = self._take_pages(n)
+            return None if ids is None else self._slots(prefix, seq, loc, new, lens, ids, total)
         prefix = self._vec(f"{what}: prefix_lens", prefix_lens)
         seq = self._vec(f"{what}: seq_lens", seq_lens)
         loc = self._vec(f"{what}: last_loc", last_loc)
@@ -353,14 +466,41 @@ class _Composite:
         new = _cdiv_t(seq, self.page_size) - _cdiv_t(prefix, self.page_size)  # new pages per request
         lens = seq - prefix
         bad = self._request_flags(prefix, seq, loc)
-        # SYNC: the one documented read: pages to bind, tokens out, bad requests.
-        n, total, n_bad = _host_read(torch.stack([new.sum(), lens.sum(), bad]))
+        copies = self._copy_flags(what, {"prefix_lens": (prefix, prefix_lens_cpu), "seq_lens": (seq, seq_lens_cpu)})
+        # SYNC: the one documented read: pages to bind, tokens out, bad requests, disagreeing host copies.
+        n, total, n_bad, n_off = _host_read(torch.stack([new.sum(), lens.sum(), bad, copies]))
         if n_bad:
             self._explain(what, prefix, seq, loc)
+        if n_off or (extend_num_tokens is not None and _int(f"{what}: extend_num_tokens", extend_num_tokens) != total):
+            self._explain_copies(what, {"prefix_lens": (prefix, prefix_lens_cpu), "seq_lens": (seq, seq_lens_cpu)})
+            raise ValueError(f"{what}: extend_num_tokens {extend_num_tokens} != {total} tokens asked")
         ids = self._take_pages(n)
         if ids is None:
             return None
         return self._slots(prefix, seq, loc, new, lens, ids, total)
+
+    def _copy_flags(self, what: str, pairs: dict[str, tuple[torch.Tensor, IntsLike | None]]) -> torch.Tensor:
+        """How many entries of the given host copies disagree with their
+        device tensors (a 0-dim int64 tensor, sync-free; a wrong length
+        raises at once, the lengths being shapes)."""
+        off = torch.zeros((), dtype=I64, device=self.device)
+        for name, (dev, host) in pairs.items():
+            if host is None:
+                continue
+            h = self._vec(f"{what}: {name}_cpu", host)
+            if h.numel() != dev.numel():
+                raise ValueError(f"{what}: {name}_cpu has {h.numel()} entries, {name} {dev.numel()}")
+            off = off + (h != dev).sum()
+        return off
+
+    def _explain_copies(self, what: str, pairs: dict[str, tuple[torch.Tensor, IntsLike | None]]) -> None:
+        """Error path only: name the first host copy that disagrees."""
+        for name, (dev, host) in pairs.items():
+            if host is None:
+                continue
+            h = self._vec(f"{what}: {name}_cpu", host).tolist()  # SYNC: error path only, about to raise
+            if h != dev.tolist():
+                raise ValueError(f"{what}: {name}_cpu {h} disagrees with {name} {dev.tolist()}")
 
     def _slots(
         self,
@@ -389,7 +529,9 @@ class _Composite:
         pages = torch.cat([ids, ids.new_zeros(1)]).index_select(0, q)
         return torch.where(in_cont, loc.index_select(0, req) + 1 + j, pages * ps + torch.remainder(pos, ps))
 
-    def alloc_decode(self, seq_lens: IntsLike, last_loc: IntsLike, check: bool = True) -> torch.Tensor | None:
+    def alloc_decode(
+        self, seq_lens: IntsLike, last_loc: IntsLike, check: bool = True, *, seq_lens_cpu: IntsLike | None = None
+    ) -> torch.Tensor | None:
         """One slot per request, for position ``seq_i - 1`` (int64 tensor), or
         None: a new page iff ``seq % ps == 1`` (ps = 1: always), else
         ``last_loc + 1``.  ``seq_lens`` >= 1.  Shortfalls as ``alloc_extend``.
@@ -398,9 +540,12 @@ class _Composite:
         ``last_loc`` are 1-D int64 tensors on the arena's device, of one
         length, that the checked call would accept (``last_loc`` the live
         token at position ``seq - 2``, or ``-1`` when ``seq`` is 1; no two
-        requests continue one page).  Same slots, state and host read."""
+        requests continue one page).  Same slots and state; with
+        ``seq_lens_cpu`` (the engine's host copy) it reads nothing from the
+        device, without it once.  Checked, the one read also checks the
+        host copy agrees."""
         if not check:
-            return self._decode_trusted(cast(torch.Tensor, seq_lens), cast(torch.Tensor, last_loc))
+            return self._decode_trusted(cast(torch.Tensor, seq_lens), cast(torch.Tensor, last_loc), seq_lens_cpu)
         what = "alloc_decode"
         seq = self._vec(f"{what}: seq_lens", seq_lens)
         loc = self._vec(f"{what}: last_loc", last_loc)
@@ -408,21 +553,29 @@ class _Composite:
         self._same_length(what, prefix, seq, loc)
         opens = self._opens_page(seq)
         bad = self._request_flags(prefix, seq, loc) + (seq < 1).to(I64).sum()
-        # SYNC: the one documented read: pages to bind and bad requests.
-        n, n_bad = _host_read(torch.stack([opens.sum(), bad]))
+        copies = self._copy_flags(what, {"seq_lens": (seq, seq_lens_cpu)})
+        # SYNC: the one documented read: pages to bind, bad requests, a disagreeing host copy.
+        n, n_bad, n_off = _host_read(torch.stack([opens.sum(), bad, copies]))
         if n_bad:
             self._explain(what, prefix, seq, loc)
+        if n_off:
+            self._explain_copies(what, {"seq_lens": (seq, seq_lens_cpu)})
         ids = self._take_pages(n)
         if ids is None:
             return None
         return self._decode_slots(opens, ids, loc)
 
-    def _decode_trusted(self, seq: torch.Tensor, loc: torch.Tensor) -> torch.Tensor | None:
+    def _decode_trusted(
+        self, seq: torch.Tensor, loc: torch.Tensor, seq_lens_cpu: IntsLike | None = None
+    ) -> torch.Tensor | None:
         """``alloc_decode(check=False)``: the checked call's page rule and
         slots, without its validation."""
         opens = self._opens_page(seq)
-        # SYNC: the one documented read: pages to bind.
-        (n,) = _host_read(opens.sum().reshape(1))
+        if seq_lens_cpu is not None:
+            n = _host_decode_pages(seq_lens_cpu, self.page_size)
+        else:
+            # SYNC: the one documented read without the host copy: pages to bind.
+            (n,) = _host_read(opens.sum().reshape(1))
         ids = self._take_pages(n)
         if ids is None:
             return None
@@ -493,16 +646,30 @@ class _Composite:
                 self.arena.flush(name)
         return False
 
-    def _shortfall(self, tokens: int, state_slots: int) -> int:
-        """Tokens ``evict`` is asked for: the joint token shortfall (a
-        composite with a state pool adds its slots', ``_WithState``)."""
-        return max(0, tokens - self.available_size())
+    def _shortfall(self, tokens: int, state_slots: int, swa_tokens: int | None = None) -> int:
+        """Tokens ``evict`` is asked for: the joint token shortfall, ``tokens
+        - K*ps`` with ``K`` the demand's pages that fit when both sides shed
+        pages together (``_kept_pages``; coupled: ``tokens -
+        available_size()``), at least 0 (a composite with a state pool adds
+        its slots', ``_WithState``)."""
+        if swa_tokens is None:
+            return max(0, tokens - self.available_size())
+        return max(0, tokens - self._kept_pages(tokens, swa_tokens) * self.page_size)
 
-    def relieve(self, tokens: int = 0, state_slots: int = 0, evict: Callable[[int], object] | None = None) -> bool:
+    def relieve(
+        self,
+        tokens: int = 0,
+        state_slots: int = 0,
+        evict: Callable[[int], object] | None = None,
+        swa_tokens: int | None = None,
+    ) -> bool:
         """The shortfall ladder for a demand; True once it fits (DESIGN 4, 6).
 
-        Demand vector ``{full: ceil(tokens/ps), swa: same (where present),
-        state: state_slots (where present)}``.  Unless it fits at once, the
+        Demand vector ``{full: ceil(tokens/ps), swa: ceil(swa_tokens/ps)
+        (where present; None: as full), state: state_slots (where
+        present)}``, judged by ``fits(tokens, state_slots, swa_tokens)``
+        (the uneven demand: ``relieve(full, swa_tokens=swa)``, then
+        allocate).  Unless it fits at once, the
         spec's rungs: absorb every member's frontier holes (no move),
         recheck; compact the ENDs' surplus holes (beyond their own demand)
         in chain order in doubling steps, rechecking after each, then, with
@@ -515,18 +682,19 @@ class _Composite:
         rungs, a falsy return ending the rounds.  The verdict is judged
         after the last step that ran."""
         tokens, state_slots = self._demand_args("relieve", tokens, state_slots)
+        swa = self._swa_arg("relieve", tokens, swa_tokens)
         if evict is not None and not callable(evict):
             raise ValueError(f"relieve: evict must be callable or None, got {evict!r}")
         pages = _cdiv(tokens, self.page_size)
         demand = {FULL: pages}
         if self._has(SWA):
-            demand[SWA] = pages
+            demand[SWA] = pages if swa is None else _cdiv(swa, self.page_size)
         if self._has(STATE):
             demand[STATE] = state_slots
         planner = self.arena.policy == "planner"
 
         def fits() -> bool:
-            return self._fits(tokens, state_slots)
+            return self._fits(tokens, state_slots, swa)
 
         def replan() -> bool:
             if not planner:
@@ -552,7 +720,7 @@ class _Composite:
             if attempt == 0:
                 if fits():
                     return True
-            elif evict is None or not evict(self._shortfall(tokens, state_slots)):
+            elif evict is None or not evict(self._shortfall(tokens, state_slots, swa)):
                 break
             if rungs():
                 return True
@@ -723,15 +891,16 @@ class _WithState(_Composite):
     def state_slot_token_cost(self) -> int:
         return _cdiv(self.state_bytes, self._token_entry_bytes)
 
-    def _shortfall(self, tokens: int, state_slots: int) -> int:
+    def _shortfall(self, tokens: int, state_slots: int, swa_tokens: int | None = None) -> int:
         """The joint token shortfall plus, for state slots short, ``slots *
         state_slot_token_cost()``; when that is 0 the tokens fit alone but
         not after the slots: what they then lack."""
-        short = super()._shortfall(tokens, state_slots)
+        short = super()._shortfall(tokens, state_slots, swa_tokens)
         if state_slots:
             short += max(0, state_slots - self.state_available_size()) * self.state_slot_token_cost()
             if short == 0:
-                short = tokens - self._joint_pages(self._state_ext(state_slots)) * self.page_size
+                kept = self._kept_pages(tokens, swa_tokens, self._state_ext(state_slots))
+                short = tokens - kept * self.page_size
         return short
 
 
@@ -753,9 +922,12 @@ class HybridSWA(_WithSWA):
         lazy: bool = False,
         policy: str = "anchor",
         device: str | torch.device = "cpu",
+        *,
+        buffer: torch.Tensor | None = None,
+        mover: Mover | None = None,
     ) -> None:
         pools = [SubPool(SWA, swa_entry_bytes, page_size, "up"), SubPool(FULL, full_entry_bytes, page_size, "down")]
-        super().__init__(total_bytes, pools, page_size, lazy, policy, device)
+        super().__init__(total_bytes, pools, page_size, lazy, policy, device, buffer, mover)
 
     def _joint_pages(self, state_ext: int = 0) -> int:
         """Closed form for two ENDs sharing one gap.
@@ -776,10 +948,22 @@ class HybridSWA(_WithSWA):
         ``b + (G - (b - a)*e_x) // (e_f + e_s)``.  The room caps are
         ``H + room`` per side (for full, its free ids).  Computed by
         ``capacity.two_end_joint_pages`` (a = full, b = swa)."""
+        return cap.two_end_joint_pages(*self._two_end_terms())
+
+    def _uneven_fits(self, full_pages: int, swa_pages: int, state_ext: int = 0) -> bool:
+        """The uneven bind's two gates in closed form (no search): with
+        ``m_f = max(0, P_f - H_f)`` and ``m_s = max(0, P_s - H_s)``, both
+        pass iff ``m_f <= room_f``, ``m_s <= room_s`` and ``m_f*e_f +
+        m_s*e_s <= G`` (``capacity.two_end_uneven_fits``; proved as
+        ``composite.hybrid.uneven_sound`` / ``uneven_tight``)."""
+        return cap.two_end_uneven_fits(full_pages, swa_pages, *self._two_end_terms())
+
+    def _two_end_terms(self) -> tuple[int, int, int, int, int, int, int]:
+        """``(G, e_f, H_f, room_f, e_s, H_s, room_s)`` from host counters."""
         fu, sw = self.arena.counts(FULL), self.arena.counts(SWA)
         e_f, e_s = self.arena.geometry(FULL).epp, self.arena.geometry(SWA).epp
         gap = max(0, fu.lo * e_f - sw.hi * e_s)
-        return cap.two_end_joint_pages(gap, e_f, fu.holes, fu.span_room, e_s, sw.holes, sw.span_room)
+        return gap, e_f, fu.holes, fu.span_room, e_s, sw.holes, sw.span_room
 
 
 class MambaHybrid(_WithState):
@@ -796,9 +980,12 @@ class MambaHybrid(_WithState):
         lazy: bool = False,
         policy: str = "anchor",
         device: str | torch.device = "cpu",
+        *,
+        buffer: torch.Tensor | None = None,
+        mover: Mover | None = None,
     ) -> None:
         pools = [SubPool(STATE, state_bytes, 1, "up", "state"), SubPool(FULL, full_entry_bytes, page_size, "down")]
-        super().__init__(total_bytes, pools, page_size, lazy, policy, device)
+        super().__init__(total_bytes, pools, page_size, lazy, policy, device, buffer, mover)
         self.state_bytes = state_bytes
         self._token_entry_bytes = full_entry_bytes
 
@@ -827,13 +1014,16 @@ class TriPool(_WithSWA, _WithState):
         lazy: bool = False,
         policy: str = "anchor",
         device: str | torch.device = "cpu",
+        *,
+        buffer: torch.Tensor | None = None,
+        mover: Mover | None = None,
     ) -> None:
         pools = [
             SubPool(STATE, state_bytes, 1, "up", "state"),
             SubPool(SWA, swa_entry_bytes, page_size, "float"),
             SubPool(FULL, full_entry_bytes, page_size, "down"),
         ]
-        super().__init__(total_bytes, pools, page_size, lazy, policy, device)
+        super().__init__(total_bytes, pools, page_size, lazy, policy, device, buffer, mover)
         self.state_bytes = state_bytes
         self._token_entry_bytes = full_entry_bytes + swa_entry_bytes
 
@@ -857,6 +1047,30 @@ class TriPool(_WithSWA, _WithState):
         ``above``, so swa's available pages are non-increasing in ``P``
         while the demand ``P`` increases.  Relocation is not priced in
         (relief runs when demand exceeds this)."""
+        avail_f, swa_avail = self._gates(state_ext)
+        lo, hi = 0, avail_f
+        while lo < hi:
+            mid = (lo + hi + 1) // 2
+            if mid <= swa_avail(mid):
+                lo = mid
+            else:
+                hi = mid - 1
+        return lo
+
+    def _uneven_fits(self, full_pages: int, swa_pages: int, state_ext: int = 0) -> bool:
+        """The uneven bind's gates, O(1): full's gate for ``P_f``, then swa's
+        float gate for ``P_s`` over its region once full's frontier fell by
+        ``max(0, P_f - H_f)`` pages (``_gates``; tied to the spec's bind by
+        ``golden.tripool_empty_float.uneven*`` and the fidelity tests)."""
+        avail_f, swa_avail = self._gates(state_ext)
+        return full_pages <= avail_f and swa_pages <= swa_avail(full_pages)
+
+    def _gates(self, state_ext: int) -> tuple[int, Callable[[int], int]]:
+        """Full's gate (its available pages: the gap to the first opaque
+        band below it, swa if opaque, else the state END advanced by
+        ``state_ext``) and swa's available pages as a function of the pages
+        ``p`` full binds first (its grid-aware region between the state
+        END's high frontier and full's new low frontier)."""
         a = self.arena
         st, sw, fu = a.counts(STATE), a.counts(SWA), a.counts(FULL)
         g = a.geometry(SWA)
@@ -867,16 +1081,9 @@ class TriPool(_WithSWA, _WithState):
         h_f = fu.holes
         parked, room = not sw.opaque, sw.index_room
 
-        def feasible(p: int) -> bool:
+        def swa_avail(p: int) -> int:
             above = (fu.lo - max(0, p - h_f)) * e_f
             lo, hi = cap.float_region(state_high, above, e_s, g.min_page, g.num_pages)
-            return p <= cap.float_available(parked, lo, hi, sw.lo, sw.hi, sw.holes, room)
+            return cap.float_available(parked, lo, hi, sw.lo, sw.hi, sw.holes, room)
 
-        lo, hi = 0, avail_f
-        while lo < hi:
-            mid = (lo + hi + 1) // 2
-            if feasible(mid):
-                lo = mid
-            else:
-                hi = mid - 1
-        return lo
+        return avail_f, swa_avail

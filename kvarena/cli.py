@@ -9,6 +9,7 @@
 - ``kvarena bench``: side-by-side benchmarks (ratios, one run)
 - ``kvarena policies``: anchor policy vs chain planner on the same random traces
 - ``kvarena conform``: differential campaign against the anchor's allocator (sglang 0.5.23)
+- ``kvarena sglang``: SGLang's own unified-memory stacks on kvarena: check them on this install
 
 ``kvarena COMMAND --help`` lists a command's options.  Each prints a table
 or a summary and exits non-zero on any failure.
@@ -51,6 +52,9 @@ COMMANDS = (
     Command("bench", "side-by-side benchmarks (ratios, one run)", "kvarena.sim.bench", value_error_is_usage=True),
     Command("policies", "anchor policy vs chain planner on the same random traces", "kvarena.sim.policies"),
     Command("conform", "differential campaign against the anchor's allocator (sglang 0.5.23)", "kvarena.anchor.cli"),
+    Command(
+        "sglang", "SGLang's own unified-memory stacks on kvarena: check them on this install", "kvarena.sglang.cli"
+    ),
 )
 
 

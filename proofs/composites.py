@@ -74,21 +74,40 @@ def hybrid_joint(s):
     )
 
 
-def hybrid_gates(s, n):
+def hybrid_gates(s, n, m=None):
     """The coupled bind of ``n`` pages on a 2-pool state: full's gate, then
-    swa's gate on the state full's bind left (``_bind``)."""
+    swa's gate on the state full's bind left (``_bind``).  ``m`` (default
+    ``n``): swa binds only ``m`` of the new ids, the uneven demand."""
     t = extend_end(s, DOWN, n)
-    return A.and_(n <= A.available(s, DOWN), n <= A.available(t, UP))
+    return A.and_(n <= A.available(s, DOWN), (n if m is None else m) <= A.available(t, UP))
 
 
-def tripool_fits(s, n):
+def hybrid_uneven(s, n, m):
+    """``arith.two_end_uneven_fits`` on a 2-pool state: full binds ``n``
+    pages, then swa ``m`` of them; the closed form ``impl.HybridSWA`` asks."""
+    fu, sw = s.pools[DOWN], s.pools[UP]
+    return arith.two_end_uneven_fits(
+        n,
+        m,
+        A.gap(s, DOWN),
+        fu.epp,
+        s.bands[DOWN].holes,
+        end_room(s, DOWN),
+        sw.epp,
+        s.bands[UP].holes,
+        end_room(s, UP),
+    )
+
+
+def tripool_fits(s, n, m=None):
     """The coupled bind of ``n`` pages on a 3-pool state (state, swa float,
     full): full's gate, then the float's gate on its region between the
     state END's high frontier and full's *new* low frontier
-    (``impl.TriPool.feasible``; ``spec`` binds on a copy and asks the same
-    ``available_pages``)."""
+    (``impl.TriPool._gates``; ``spec`` binds on a copy and asks the same
+    ``available_pages``).  ``m`` (default ``n``): swa binds only ``m`` of
+    the new ids, the uneven demand (``impl.TriPool._uneven_fits``)."""
     t = extend_end(s, FULL3, n)
-    return A.and_(n <= A.available(s, FULL3), n <= A.available(t, SWA3))
+    return A.and_(n <= A.available(s, FULL3), (n if m is None else m) <= A.available(t, SWA3))
 
 
 def tripool_two_end(s):
@@ -99,6 +118,23 @@ def tripool_two_end(s):
     fu = s.pools[FULL3]
     return arith.two_end_joint_pages(
         A.gap(s, FULL3), fu.epp, s.bands[FULL3].holes, end_room(s, FULL3), s.pools[SWA3].epp, 0, A.index_room(s, SWA3)
+    )
+
+
+def tripool_two_end_uneven(s, n, m):
+    """``tripool_two_end``'s layout asked the uneven question: full ``n``
+    pages, then swa ``m`` (``arith.two_end_uneven_fits``)."""
+    fu = s.pools[FULL3]
+    return arith.two_end_uneven_fits(
+        n,
+        m,
+        A.gap(s, FULL3),
+        fu.epp,
+        s.bands[FULL3].holes,
+        end_room(s, FULL3),
+        s.pools[SWA3].epp,
+        0,
+        A.index_room(s, SWA3),
     )
 
 
@@ -146,6 +182,54 @@ add(
     "HybridSWA: P = two_end_joint_pages + 1 fails full's gate or swa's gate after full's bind "
     "(available_size() + page_size does not fit without relief)",
     _hybrid_tight,
+    timeout_s=30.0,
+    source="model",
+)
+
+
+# HybridSWA, uneven demand (DESIGN section 11): full binds Pf pages, swa the last Ps <= Pf of those ids.
+
+
+def _hybrid_uneven_sound():
+    f, s, hyps = _state(2)
+    Pf, Ps = f.int("Pf"), f.int("Ps")
+    hyps += [Pf >= 1, Ps >= 0, Ps <= Pf, hybrid_uneven(s, Pf, Ps)]
+    t = extend_end(s, DOWN, Pf)
+    u = extend_end(t, UP, Ps)
+    full_rel, swa_rel = A.rel_alloc_end(s, t, DOWN, Pf), A.rel_alloc_end(t, u, UP, Ps)
+    # Ps == 0: swa binds nothing (alloc(swa, 0) returns at once), so only full's relation is asked
+    cases = [[], [Ps >= 1, full_rel]] + [[Ps >= 1, full_rel, swa_rel]] * 3
+    goals = [full_rel, swa_rel, A.inv_grid(u), A.inv_cons(u), A.inv_order(u)]
+    # the uneven case is reached where the coupled bind of Pf pages would not fit
+    witness = [Ps >= 1, Ps < Pf, z3.Not(hybrid_gates(s, Pf))]
+    return Built(hyps, None, cases=cases, case_goals=goals, witnesses=[witness], hints=A.layout_hint(s, epps=(4, 6)))
+
+
+def _hybrid_uneven_tight():
+    f, s, hyps = _state(2)
+    Pf, Ps = f.int("Pf"), f.int("Ps")
+    hyps += [Ps >= 0, Ps <= Pf, z3.Not(hybrid_uneven(s, Pf, Ps))]
+    # swa's holes cover part of its demand: the case a gate blind to them gets wrong
+    witness = [s.bands[UP].holes >= 1, Ps >= 1, hybrid_gates(s, Pf, Ps - 1)]
+    return Built(hyps, z3.Not(hybrid_gates(s, Pf, Ps)), witnesses=[witness], hints=A.layout_hint(s, epps=(4, 6)))
+
+
+add(
+    "composite.hybrid.uneven_sound",
+    "composite",
+    "HybridSWA, uneven demand: 1 <= Pf, 0 <= Ps <= Pf, two_end_uneven_fits(Pf, Ps, ...) => full's "
+    "rel_alloc_end(Pf), then swa's rel_alloc_end(Ps) on the state it leaves (Ps >= 1), are enabled, and every "
+    "invariant holds after both",
+    _hybrid_uneven_sound,
+    timeout_s=40.0,
+    source="model",
+)
+add(
+    "composite.hybrid.uneven_tight",
+    "composite",
+    "HybridSWA, uneven demand: 0 <= Ps <= Pf and not two_end_uneven_fits(Pf, Ps, ...) => full's gate for Pf "
+    "or swa's gate for Ps after full's bind fails (fits(tokens, swa_tokens=...) is exact)",
+    _hybrid_uneven_tight,
     timeout_s=30.0,
     source="model",
 )
@@ -243,6 +327,72 @@ add(
     "TriPool, swa float transparent, any grid: P <= two_end_joint_pages - 1 => the coupled bind fits, "
     "and a fitting P <= two_end_joint_pages (grid rounding costs at most one page)",
     _tripool(False, "within_one"),
+    timeout_s=30.0,
+    source="model",
+)
+
+
+def tripool_uneven_lemmas(s, Pf, Ps):
+    """``tripool_lemmas`` for the uneven question: the Galois instances at
+    full's ``Pf`` and at swa's ``Ps`` and ``Ps + 1`` in the region full's
+    bind leaves."""
+    fu, sw = s.pools[FULL3], s.pools[SWA3]
+    e_f, e_s, h_f = fu.epp, sw.epp, s.bands[FULL3].holes
+    G = A.gap(s, FULL3)
+    sh = A.high_f(s, STATE3)
+    c = arith.cdiv(sh, e_s)
+    t = extend_end(s, FULL3, Pf)
+    lo_r, _ = A.region(t, SWA3)
+    above = A.above(t, SWA3)
+    lem = [cdiv_galois(c, sh, e_s), cdiv_galois(c - 1, sh, e_s), cdiv_galois(c, s.sink, e_s)]
+    lem += [fdiv_galois(Pf - arith.min_(Pf, h_f), G, e_f)]
+    for y in (Ps, Ps + 1):
+        lem += [fdiv_galois(lo_r + y, above, e_s), fdiv_galois(lo_r + y, s.total, e_s)]
+    return lem
+
+
+def _tripool_uneven(grid):
+    """The golden comparison for the uneven demand: full ``Pf``, swa ``Ps
+    <= Pf``; on swa's grid the TriPool gates are the two-END closed form,
+    off it they lose at most one swa page."""
+
+    def build():
+        f, s, hyps = _state(3)
+        Pf, Ps, k = f.int("Pf"), f.int("Ps"), f.int("k")
+        hyps += [s.bands[SWA3].live == 0, Pf >= 1, Ps >= 0, Ps <= Pf]
+        if grid:
+            sh, e_s = A.high_f(s, STATE3), s.pools[SWA3].epp
+            hyps += [sh == k * e_s, cdiv_galois(k, sh, e_s), cdiv_galois(k - 1, sh, e_s)]
+        hyps += tripool_uneven_lemmas(s, Pf, Ps)
+        fits = tripool_fits(s, Pf, Ps)
+        two = tripool_two_end_uneven(s, Pf, Ps)
+        promise = two if grid else tripool_two_end_uneven(s, Pf, Ps + 1)
+        h_f = s.bands[FULL3].holes
+        cases, goals = [], []
+        for side in (Pf <= h_f, Pf > h_f):  # full binds holes only / extends too
+            cases += [[side, promise], [side, fits]]
+            goals += [fits, two]
+        return Built(hyps, None, cases=cases, case_goals=goals, hints=A.layout_hint(s, epps=(3, 8, 6)))
+
+    return build
+
+
+add(
+    "golden.tripool_empty_float.uneven",
+    "golden",
+    "TriPool, swa float transparent, the state END's high frontier on swa's grid, uneven demand 0 <= Ps <= Pf: "
+    "full's gate for Pf then the parked float's gate for Ps after full's bind holds iff two_end_uneven_fits "
+    "(swa an up END at that frontier, no holes)",
+    _tripool_uneven(True),
+    timeout_s=30.0,
+    source="model",
+)
+add(
+    "golden.tripool_empty_float.uneven_within_one_page",
+    "golden",
+    "TriPool, swa float transparent, any grid, uneven demand 0 <= Ps <= Pf: two_end_uneven_fits(Pf, Ps + 1) => "
+    "the uneven bind (Pf, Ps) fits, and a fitting one satisfies two_end_uneven_fits(Pf, Ps)",
+    _tripool_uneven(False),
     timeout_s=30.0,
     source="model",
 )

@@ -282,10 +282,63 @@ def two_end_fits(
     pre: pages >= 0 and gap >= 0 and epp_a > 0 and epp_b > 0
     pre: holes_a >= 0 and room_a >= 0 and holes_b >= 0 and room_b >= 0
     """
-    first = pages <= end_available(gap, epp_a, room_a, holes_a)
-    left = max_(0, gap - max_(0, pages - holes_a) * epp_a)  # what a left; a's gate keeps it >= 0
-    second = pages <= end_available(left, epp_b, room_b, holes_b)
+    return two_end_gates(pages, pages, gap, epp_a, holes_a, room_a, epp_b, holes_b, room_b)
+
+
+def two_end_gates(
+    pages_a: int, pages_b: int, gap: int, epp_a: int, holes_a: int, room_a: int, epp_b: int, holes_b: int, room_b: int
+) -> bool:
+    """The two END gates of a bind that is uneven: ``a`` binds ``pages_a``
+    pages, then ``b`` binds ``pages_b`` (a composite's SWA side binding only
+    the tail of full's new ids, DESIGN section 11, "Uneven demand").
+
+    ``a`` takes ``min(pages_a, holes_a)`` holes and extends ``m_a =
+    max(0, pages_a - holes_a)`` pages, gated by ``end_available``; ``b``
+    is then gated in what ``a`` left, ``gap - m_a*epp_a``.  Stated gate by
+    gate, as ``_bind`` runs them; ``two_end_fits`` is the even case
+    (``pages_a == pages_b``) and ``two_end_uneven_fits`` the closed form.
+
+    pre: pages_a >= 0 and pages_b >= 0 and gap >= 0 and epp_a > 0 and epp_b > 0
+    pre: holes_a >= 0 and room_a >= 0 and holes_b >= 0 and room_b >= 0
+    """
+    first = pages_a <= end_available(gap, epp_a, room_a, holes_a)
+    left = max_(0, gap - max_(0, pages_a - holes_a) * epp_a)  # what a left; a's gate keeps it >= 0
+    second = pages_b <= end_available(left, epp_b, room_b, holes_b)
     return ite(first, second, False)
+
+
+def two_end_uneven_fits(
+    pages_a: int, pages_b: int, gap: int, epp_a: int, holes_a: int, room_a: int, epp_b: int, holes_b: int, room_b: int
+) -> bool:
+    """Closed form of ``two_end_gates``: does a bind of ``pages_a`` pages in
+    ``a`` and then ``pages_b`` in ``b`` pass both gates?  ``HybridSWA``'s
+    uneven joint feasibility (a = full, b = swa).
+
+    Argument.  With ``m_a = max(0, pages_a - holes_a)`` and ``m_b =
+    max(0, pages_b - holes_b)`` the pages each side extends, both gates
+    pass iff (1) ``m_a <= room_a``, (2) ``m_b <= room_b`` and (3)
+    ``m_a*epp_a + m_b*epp_b <= gap``: ``a``'s gate is ``m_a <= gap //
+    epp_a`` and (1); ``b``'s is ``m_b <= (gap - m_a*epp_a) // epp_b`` and
+    (2); by the Galois connection of floor division those read ``m_a*epp_a
+    <= gap`` and (3), and (3) implies the first since ``m_b*epp_b >= 0``.
+    No search: each side's holes enter only through its own ``m``.  Proved
+    on the abstract arena as ``composite.hybrid.uneven_sound`` and
+    ``uneven_tight``.
+
+    A negative size or a non-positive epp is a ``ValueError`` on ints, as
+    in ``two_end_joint_pages`` (and the implementation's twin).
+
+    pre: gap >= 0 and epp_a > 0 and epp_b > 0
+    pre: holes_a >= 0 and room_a >= 0 and holes_b >= 0 and room_b >= 0
+    post: __return__ == two_end_gates(pages_a, pages_b, gap, epp_a, holes_a, room_a, epp_b, holes_b, room_b)
+    """
+    if _concrete(gap, epp_a, holes_a, room_a, epp_b, holes_b, room_b) and not (
+        gap >= 0 and epp_a > 0 and epp_b > 0 and min(holes_a, room_a, holes_b, room_b) >= 0
+    ):
+        raise ValueError("two_end_uneven_fits: sizes must be >= 0 and epps > 0")
+    m_a = max_(0, pages_a - holes_a)
+    m_b = max_(0, pages_b - holes_b)
+    return and_(m_a <= room_a, m_b <= room_b, m_a * epp_a + m_b * epp_b <= gap)
 
 
 def two_end_joint_pages(gap: int, epp_a: int, holes_a: int, room_a: int, epp_b: int, holes_b: int, room_b: int) -> int:

@@ -72,6 +72,12 @@ def _ints(what: str, seq: Sequence[int]) -> list[int]:
     return [_int(f"{what}[{i}]", v) for i, v in enumerate(seq)]
 
 
+def _same_host_copy(what: str, name: str, values: list[int], copy: Sequence[int] | None) -> None:
+    """A host copy the caller passed must hold the same values."""
+    if copy is not None and _ints(f"{what}: {name}_cpu", copy) != values:
+        raise ValueError(f"{what}: {name}_cpu {list(copy)} disagrees with {name} {values}")
+
+
 def _count(what: str, v: SupportsIndex) -> int:
     v = _int(what, v)
     if v < 0:
@@ -154,9 +160,13 @@ class _Composite:
 
     # ---------------------------------------------------- the coupled step
 
-    def _bind(self, arena: Arena, n: int) -> list[int] | None:
+    def _bind(self, arena: Arena, n: int, swa_n: int | None = None) -> list[int] | None:
         """Bind ``n`` new pages on ``arena``: ids from full's FIFO, the same
         ids in swa where present, full first.  Returns the ids, or None.
+
+        ``swa_n`` (``0 <= swa_n <= n``; None: ``n``) binds only the last
+        ``swa_n`` of those ids in swa: the uneven demand (DESIGN section 11),
+        whose SWA side needs only the tail of the new pages.
 
         On the composite's own arena this is only called after the same
         call succeeded on a copy: a half-done bind never happens there.
@@ -164,17 +174,21 @@ class _Composite:
         ids = arena.alloc(FULL, n)
         if ids is None:
             return None
-        if self._has(SWA) and arena.alloc(SWA, n, ids=ids) is None:
+        k = n if swa_n is None else swa_n
+        if self._has(SWA) and arena.alloc(SWA, k, ids=ids[n - k :]) is None:
             return None
         return ids
 
-    def _fits_on(self, arena: Arena, tokens: int, state_slots: int) -> bool:
+    def _fits_on(self, arena: Arena, tokens: int, state_slots: int, swa_tokens: int | None = None) -> bool:
         """On a copy of ``arena``: ``state_slots`` slots, then one request of
-        ``tokens`` new tokens (empty prefix), both without relief?"""
+        ``tokens`` new tokens (empty prefix) whose swa side binds the last
+        ``cdiv(swa_tokens, ps)`` of its pages (None: all), both without
+        relief?"""
         trial = copy.deepcopy(arena)
         if state_slots and trial.alloc(STATE, state_slots) is None:
             return False
-        return self._bind(trial, arith.cdiv(tokens, self.page_size)) is not None
+        swa_n = None if swa_tokens is None else arith.cdiv(swa_tokens, self.page_size)
+        return self._bind(trial, arith.cdiv(tokens, self.page_size), swa_n) is not None
 
     def _joint_pages(self, arena: Arena) -> int:
         """The largest ``P`` whose coupled bind succeeds on ``arena`` now.
@@ -291,12 +305,23 @@ class _Composite:
         return out
 
     def alloc_extend(
-        self, prefix_lens: Sequence[int], seq_lens: Sequence[int], last_loc: Sequence[int]
+        self,
+        prefix_lens: Sequence[int],
+        seq_lens: Sequence[int],
+        last_loc: Sequence[int],
+        *,
+        prefix_lens_cpu: Sequence[int] | None = None,
+        seq_lens_cpu: Sequence[int] | None = None,
+        extend_num_tokens: int | None = None,
     ) -> list[int] | None:
         """Slots for positions ``[prefix_i, seq_i)`` of each request, flat and
         request-major, or None (DESIGN section 6; ANCHOR section 1).
 
         See ``_alloc`` for the rule and ``_requests`` for what is checked.
+        ``prefix_lens_cpu``, ``seq_lens_cpu`` and ``extend_num_tokens`` are
+        the host copies an engine already holds (ANCHOR section 1); the
+        implementation sizes the call from them instead of reading the
+        device.  Given, they must agree with the lists (``ValueError``).
         A shortfall runs ``relieve(tokens=n*ps)`` without eviction (``n``
         the batch's new pages) and asks again; None then means no id was
         allocated on any side, though the relief's flushes and slides may
@@ -308,21 +333,27 @@ class _Composite:
         raises: ValueError
         """
         what = "alloc_extend"
-        reqs = self._requests(
-            what,
-            _ints(f"{what}: prefix_lens", prefix_lens),
-            _ints(f"{what}: seq_lens", seq_lens),
-            _ints(f"{what}: last_loc", last_loc),
-        )
+        prefix = _ints(f"{what}: prefix_lens", prefix_lens)
+        seq = _ints(f"{what}: seq_lens", seq_lens)
+        _same_host_copy(what, "prefix_lens", prefix, prefix_lens_cpu)
+        _same_host_copy(what, "seq_lens", seq, seq_lens_cpu)
+        if extend_num_tokens is not None and _int(f"{what}: extend_num_tokens", extend_num_tokens) != sum(seq) - sum(
+            prefix
+        ):
+            raise ValueError(f"{what}: extend_num_tokens {extend_num_tokens} != {sum(seq) - sum(prefix)} tokens asked")
+        reqs = self._requests(what, prefix, seq, _ints(f"{what}: last_loc", last_loc))
         return self._alloc(reqs)
 
-    def alloc_decode(self, seq_lens: Sequence[int], last_loc: Sequence[int]) -> list[int] | None:
+    def alloc_decode(
+        self, seq_lens: Sequence[int], last_loc: Sequence[int], *, seq_lens_cpu: Sequence[int] | None = None
+    ) -> list[int] | None:
         """One slot per request, for position ``seq_i - 1``, or None.
 
         This is ``alloc_extend`` with ``prefix = seq - 1``: a new page is
         taken iff position ``seq - 1`` starts a page, i.e. ``seq % ps == 1``
         (for ``ps = 1``: always); otherwise the slot is ``last_loc + 1``.
         ``seq_lens`` are >= 1.  Shortfalls as in ``alloc_extend``.
+        ``seq_lens_cpu``: the engine's host copy, as in ``alloc_extend``.
 
         post: __return__ is None or len(__return__) == len(seq_lens)
         post: __return__ is not None or self.arena.live_pages("full") == __old__.self.arena.live_pages("full")
@@ -330,6 +361,7 @@ class _Composite:
         """
         what = "alloc_decode"
         seq = _ints(f"{what}: seq_lens", seq_lens)
+        _same_host_copy(what, "seq_lens", seq, seq_lens_cpu)
         last = _ints(f"{what}: last_loc", last_loc)
         for i, s in enumerate(seq):
             if s < 1:
@@ -388,16 +420,29 @@ class _Composite:
         DESIGN sections 5 and 6).  Not the gate: see ``available_size``."""
         return self.arena.available_size(FULL)
 
-    def fits(self, tokens: int = 0, state_slots: int = 0) -> bool:
+    def fits(self, tokens: int = 0, state_slots: int = 0, swa_tokens: int | None = None) -> bool:
         """Would ``state_slots`` state slots and then one request of
         ``tokens`` new tokens (empty prefix) both succeed now, without
         relief?  Decided on a copy: nothing changes.  This is ``relieve``'s
         verdict and the gate of every allocation.
 
+        ``swa_tokens`` prices the SWA side on its own (DESIGN section 11,
+        "Uneven demand": a prefill over a cached prefix needs fewer SWA
+        pages than full ones).  None means ``tokens`` (the coupled demand).
+        Otherwise full binds ``P_f = cdiv(tokens, ps)`` new pages and swa
+        the last ``P_s = cdiv(swa_tokens, ps)`` of those ids, so
+        ``swa_tokens <= tokens`` (SWA binds a subset of full's new pages),
+        else ``ValueError``.  A composite without SWA takes only None, 0 or
+        ``tokens`` (each means the same there); any other value is a
+        ``ValueError`` naming it.  The same bind on a copy decides it.
+
+        post: swa_tokens is None or self.fits(tokens, state_slots) <= __return__
+        post: not __return__ or self.fits(tokens, state_slots, 0)
         raises: ValueError
         """
         tokens, state_slots = self._demand_args("fits", tokens, state_slots)
-        return self._fits_on(self.arena, tokens, state_slots)
+        swa = self._swa_arg("fits", tokens, swa_tokens)
+        return self._fits_on(self.arena, tokens, state_slots, swa)
 
     def _demand_args(self, what: str, tokens: int, state_slots: int) -> tuple[int, int]:
         tokens = _count(f"{what}: tokens", tokens)
@@ -405,6 +450,22 @@ class _Composite:
         if state_slots and not self._has(STATE):
             raise ValueError(f"{what}: state_slots={state_slots}, but {type(self).__name__} has no state pool")
         return tokens, state_slots
+
+    def _swa_arg(self, what: str, tokens: int, swa_tokens: int | None) -> int | None:
+        """``swa_tokens`` checked against the validated ``tokens``: None for a
+        coupled demand (None given, or no swa to price), else the count."""
+        if swa_tokens is None:
+            return None
+        swa = _count(f"{what}: swa_tokens", swa_tokens)
+        if not self._has(SWA):
+            if swa not in (0, tokens):
+                raise ValueError(
+                    f"{what}: swa_tokens={swa} (tokens={tokens}), but {type(self).__name__} has no swa pool"
+                )
+            return None
+        if swa > tokens:
+            raise ValueError(f"{what}: swa_tokens={swa} > tokens={tokens}: swa binds a subset of full's new pages")
+        return swa
 
     # ----------------------------------------------------------- relief
 
@@ -460,33 +521,66 @@ class _Composite:
                 self.arena.flush(name)
         return False
 
-    def _shortfall(self, tokens: int, state_slots: int) -> int:
+    def _kept_pages(self, arena: Arena, tokens: int, swa_tokens: int | None) -> int:
+        """How many of the demand's full pages fit on ``arena`` when both
+        sides shed pages together: the largest ``K <= P_f`` whose bind of
+        ``K`` pages, swa binding ``max(0, P_s - (P_f - K))`` of them, passes.
+
+        Evicting a page frees it in full and (where live) in swa, so this
+        is the demand a shortfall in whole pages leaves standing.  For a
+        coupled demand (``swa_tokens`` None) it is ``min(P_f, joint
+        view)``.  The predicate is down-closed in ``K`` (both sides' demands
+        only shrink), so a binary search over copies finds it."""
+        ps = self.page_size
+        pf = arith.cdiv(tokens, ps)
+        if swa_tokens is None:
+            return min(pf, self._joint_pages(arena))
+        ps_n = arith.cdiv(swa_tokens, ps)
+        lo, hi = 0, pf  # K = 0 always fits
+        while lo < hi:
+            mid = (lo + hi + 1) // 2
+            if self._bind(copy.deepcopy(arena), mid, max(0, ps_n - (pf - mid))) is not None:
+                lo = mid
+            else:
+                hi = mid - 1
+        return lo
+
+    def _shortfall(self, tokens: int, state_slots: int, swa_tokens: int | None = None) -> int:
         """What ``evict`` is asked for, in tokens.
 
-        ``max(0, tokens - available_size())`` plus, for state slots short,
+        ``max(0, tokens - K*ps)``, ``K`` the demand's full pages that fit
+        now when both sides shed pages together (``_kept_pages``; for a
+        coupled demand ``min(P_f, available_size() // ps)``, so this is
+        ``max(0, tokens - available_size())``), plus, for state slots short,
         ``short_slots * state_slot_token_cost()``.  When that is 0 but the
         demand still does not fit (tokens and slots each fit alone, not
         together: they share the gap), it is what the tokens lack once the
-        slots are taken: ``tokens - (joint view after taking them)``, which
-        is then at least 1.
+        slots are taken: ``tokens - K*ps`` on that state, which is then at
+        least 1.
         """
-        short = max(0, tokens - self.available_size())
+        ps = self.page_size
+        short = max(0, tokens - self._kept_pages(self.arena, tokens, swa_tokens) * ps)
         if state_slots:
             assert isinstance(self, _WithState), "_demand_args admits state_slots only with a state pool"
             short += max(0, state_slots - self.state_available_size()) * self.state_slot_token_cost()
         if short == 0 and state_slots:
             trial = copy.deepcopy(self.arena)
             assert trial.alloc(STATE, state_slots) is not None
-            short = tokens - self._joint_pages(trial) * self.page_size
+            short = tokens - self._kept_pages(trial, tokens, swa_tokens) * ps
         return short
 
-    def relieve(self, tokens: int = 0, state_slots: int = 0, evict: Evictor | None = None) -> bool:
+    def relieve(
+        self, tokens: int = 0, state_slots: int = 0, evict: Evictor | None = None, swa_tokens: int | None = None
+    ) -> bool:
         """The shortfall ladder for a demand; True once it fits.
 
         DESIGN sections 4 (relieve) and 6.  The demand vector is
-        ``{full: ceil(tokens/ps), swa: the same (where present), state:
-        state_slots (where present)}``; "fits" is ``self.fits(tokens,
-        state_slots)``.  Unless it fits at once:
+        ``{full: ceil(tokens/ps), swa: ceil(swa_tokens/ps) (where present;
+        None: the same as full), state: state_slots (where present)}``;
+        "fits" is ``self.fits(tokens, state_slots, swa_tokens)``, which
+        also says which ``swa_tokens`` are accepted (an uneven demand,
+        DESIGN section 11: an engine calls ``relieve(full, swa_tokens=swa)``
+        and then allocates).  Unless it fits at once:
 
         1. **absorb**: every member settles the holes at its frontier
            (``_absorb_members``, no data moves), recheck;
@@ -517,21 +611,22 @@ class _Composite:
         identical call can succeed where the first failed
         (``tests/api/test_composites.py`` pins a case).
 
-        post: __return__ == self.fits(tokens, state_slots)
+        post: __return__ == self.fits(tokens, state_slots, swa_tokens)
         raises: ValueError
         """
         tokens, state_slots = self._demand_args("relieve", tokens, state_slots)
+        swa = self._swa_arg("relieve", tokens, swa_tokens)
         if evict is not None and not callable(evict):
             raise ValueError(f"relieve: evict must be callable or None, got {evict!r}")
         pages = arith.cdiv(tokens, self.page_size)
         demand = {FULL: pages}
         if self._has(SWA):
-            demand[SWA] = pages
+            demand[SWA] = pages if swa is None else arith.cdiv(swa, self.page_size)
         if self._has(STATE):
             demand[STATE] = state_slots
 
         def fits() -> bool:
-            return self._fits_on(self.arena, tokens, state_slots)
+            return self._fits_on(self.arena, tokens, state_slots, swa)
 
         def replan() -> bool:
             if self.arena.policy != "planner":
@@ -555,7 +650,7 @@ class _Composite:
             return True
         if evict is not None:
             for _ in range(MAX_EVICT_ROUNDS):
-                if not evict(self._shortfall(tokens, state_slots)):
+                if not evict(self._shortfall(tokens, state_slots, swa)):
                     break
                 if rungs():
                     return True

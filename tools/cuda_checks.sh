@@ -7,6 +7,9 @@
 #    tests), and the decode paths (alloc, borrowed alloc(check=False),
 #    free(check=False), translate; a composite's alloc_decode + free_swa +
 #    translate) under torch.cuda.set_sync_debug_mode("error");
+#    and the SGLang drop-in (tests/sglang/: the byte-checked workload on
+#    SGLang's three stacks, kvarena's allocator and SGLang's own with its
+#    Triton kernels; the drop-in's step path under sync-debug mode);
 # 3. fails if any CUDA test was skipped;
 # 4. runs the side-by-side benchmarks on the device (kvarena bench --device
 #    cuda: the decode step against a static free list, lazy and eager, the
@@ -32,7 +35,8 @@ log="$(mktemp)"
 trap 'rm -f "$log"' EXIT
 "$PY" -m pytest -m cuda -q -rs \
   tests/verification/test_differential.py tests/impl/test_arena.py tests/impl/test_host_sync.py \
-  tests/verification/test_differential_composites.py tests/impl/test_composites.py | tee "$log"
+  tests/verification/test_differential_composites.py tests/impl/test_composites.py \
+  tests/sglang/test_workload.py tests/sglang/test_host_sync.py | tee "$log"
 if grep -qiE '[0-9]+ skipped' "$log"; then
   echo "cuda_checks: some CUDA tests were skipped" >&2
   exit 1

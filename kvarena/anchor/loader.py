@@ -12,6 +12,7 @@ that import with an empty module, and only for importers inside sglang, so
 transformers (which probes for torchvision itself) still sees it absent.
 """
 
+import contextlib
 import importlib
 import importlib.abc
 import importlib.machinery
@@ -78,6 +79,39 @@ def ensure_installed(allow_install, out=print):
 _MODULES = None
 
 
+@contextlib.contextmanager
+def sglang_imports():
+    """While the block runs, sglang's modules import on this machine (the
+    torchvision stand-in answers their import of it); ``AnchorUnavailable``
+    says how to install sglang when it is missing or does not import."""
+    have = installed_version()
+    if have != ANCHOR_VERSION:
+        raise AnchorUnavailable(f"sglang {ANCHOR_VERSION} is not installed (found {have}); run: {INSTALL_LINE}")
+    stub = _TorchvisionStub()
+    sys.meta_path.insert(0, stub)
+    try:
+        import warnings
+
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            yield
+    except ImportError as e:
+        raise AnchorUnavailable(f"sglang does not import ({e}); run: {INSTALL_LINE}") from e
+    finally:
+        sys.meta_path.remove(stub)
+        for mod in [m for m in sys.modules if m == "torchvision" or m.startswith("torchvision.")]:
+            if isinstance(sys.modules[mod].__spec__.loader, _TorchvisionStub):
+                del sys.modules[mod]  # sglang keeps its reference; nobody else sees the stand-in
+
+
+def import_sglang(name):
+    """One of sglang's modules, imported under ``sglang_imports``."""
+    if name in sys.modules:
+        return sys.modules[name]
+    with sglang_imports():
+        return importlib.import_module(name)
+
+
 def anchor_modules():
     """The anchor's allocator modules, imported once: a namespace with
     ``UnifiedKVPool``, ``MHASubPoolSpec``, ``MambaSubPoolSpec``,
@@ -90,22 +124,8 @@ def anchor_modules():
     have = installed_version()
     if have != ANCHOR_VERSION:
         raise AnchorUnavailable(f"sglang {ANCHOR_VERSION} is not installed (found {have}); run: {INSTALL_LINE}")
-    stub = _TorchvisionStub()
-    sys.meta_path.insert(0, stub)
-    try:
-        import warnings
-
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore")
-            sub = importlib.import_module("sglang.srt.mem_cache.allocator.unified_sub_pool")
-            pool = importlib.import_module("sglang.srt.mem_cache.unified_memory_pool")
-    except ImportError as e:
-        raise AnchorUnavailable(f"the anchor's allocator does not import ({e}); run: {INSTALL_LINE}") from e
-    finally:
-        sys.meta_path.remove(stub)
-        for name in [m for m in sys.modules if m == "torchvision" or m.startswith("torchvision.")]:
-            if isinstance(sys.modules[name].__spec__.loader, _TorchvisionStub):
-                del sys.modules[name]  # sglang keeps its reference; nobody else sees the stand-in
+    sub = import_sglang("sglang.srt.mem_cache.allocator.unified_sub_pool")
+    pool = import_sglang("sglang.srt.mem_cache.unified_memory_pool")
     _MODULES = types.SimpleNamespace(
         UnifiedKVPool=pool.UnifiedKVPool,
         MHASubPoolSpec=pool.MHASubPoolSpec,

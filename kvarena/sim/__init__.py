@@ -9,5 +9,5 @@
 - ``bench``: ``kvarena bench``, costs measured as ratios in one run;
 - ``plot``: the figures.
 
-May import: ``kvarena.spec``, ``kvarena.impl``.
+May import: ``kvarena.spec``, ``kvarena.impl``, ``kvarena.sglang`` and ``kvarena.anchor`` (bench: SGLang's own stack).
 """

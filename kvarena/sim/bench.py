@@ -22,7 +22,10 @@ threshold test.  Sections (``--only``):
   on a balanced trace at full memory), bytes moved per byte allocated, both
   policies;
 - ``copy``: ``make_room``'s copy bandwidth against a plain device-to-device
-  copy of the same bytes (the target is for CUDA; CPU is reported too).
+  copy of the same bytes (the target is for CUDA; CPU is reported too);
+- ``sglang``: one decode step on SGLang's own SWA stack (sglang 0.5.23,
+  installed on first use) with kvarena's allocator against SGLang's
+  (``kvarena.sglang.bench``), batch 1, 64 and ``--batch``.
 """
 
 import argparse
@@ -31,7 +34,7 @@ import random
 import statistics
 import time
 
-SECTIONS = ("decode", "memo", "oracle", "churn", "copy")
+SECTIONS = ("decode", "memo", "oracle", "churn", "copy", "sglang")
 
 
 # ------------------------------------------------------------------ timing
@@ -485,6 +488,24 @@ def bench_copy(args, device):
     }
 
 
+def bench_sglang(args, device):
+    """kvarena's allocator against SGLang's own in SGLang's stack, one decode step."""
+    from kvarena.anchor.loader import ensure_installed
+    from kvarena.sglang.bench import decode_step
+
+    ensure_installed(allow_install=True)
+    out = {}
+    for batch in sorted({1, 64, args.batch}):
+        t = decode_step(batch, args.steps, args.warmup, args.repeats, device, _sync)
+        ratios = [a / b for a, b in zip(t["kvarena"], t["sglang"])]
+        out[f"batch {batch}"] = {
+            "ratio": _summary(ratios),
+            "kvarena_us": _summary([x * 1e6 for x in t["kvarena"]]),
+            "sglang_us": _summary([x * 1e6 for x in t["sglang"]]),
+        }
+    return out
+
+
 # --------------------------------------------------------------------- CLI
 
 
@@ -536,6 +557,12 @@ def _print(section, res):
                 for pol, r in row.items()
             ]
             print(f"churn, {name}: bytes moved per byte allocated: " + ", ".join(cells))
+    elif section == "sglang":
+        for k, r in res.items():
+            print(
+                f"sglang decode step, {k}: kvarena / SGLang's allocator {_fmt_ratio(r['ratio'])}; "
+                f"{r['kvarena_us']['median']:,.0f} us against {r['sglang_us']['median']:,.0f} us a step"
+            )
     elif section == "copy":
         print(
             f"copy, {res['bytes'] / (1 << 20):,.0f} MiB in {res['page_bytes'] // 1024} KiB pages: make_room at "
@@ -563,6 +590,7 @@ def run(args: argparse.Namespace) -> int:
         "oracle": bench_oracle,
         "churn": bench_churn,
         "copy": bench_copy,
+        "sglang": bench_sglang,
     }
     out = {"device": where, "repeats": args.repeats}
     for s in sections:

@@ -10,8 +10,10 @@ up to ``swa_window_end``; the impl's decode-path calls drawn checked or on
 the trusted path, ``check=False``, as a scheduler that vouches for its
 input calls them), finish a request (``free``, ``free_state``), and
 on a shortfall ``relieve`` with an evictor that retracts the newest
-request.  Each run draws the relief policy (``"anchor"`` or ``"planner"``).
-The spec's contracts are checked on every call.
+request; and it asks both for an uneven demand (full tokens, a tail of
+them in SWA, state slots: ``fits`` and ``relieve`` with ``swa_tokens``).
+Each run draws the relief policy (``"anchor"`` or ``"planner"``).  The
+spec's contracts are checked on every call.
 
 After every step the two agree on the arena snapshots (page tables,
 frontiers, holes, FIFOs), every view (the joint one included), the
@@ -52,6 +54,9 @@ REQUIRED = (
     "policy anchor",
     "policy planner",
     "relief met an END with holes but no surplus",
+    "uneven fits where the coupled demand does not",
+    "uneven relief",
+    "uneven bad input",
 )
 # Counted, not required: since the ladder compacts only surplus holes, a fit part-way is rare in
 # a fixed-seed run and its count moved with Hypothesis's version and the test order (0 to 18);
@@ -297,7 +302,47 @@ class CompositeMachine(RuleBasedStateMachine):
         else:  # a little past what fits now, no slot (every state hole is surplus): the ladder stops on the way
             tokens = self.S.available_size() + data.draw(st.integers(1, self.ps))
             slots = 0
-        tokens = max(0, tokens)
+        self.relieve_both(data, max(0, tokens), slots)
+
+    @rule(data=st.data())
+    def uneven_demand(self, data):
+        """An uneven demand (DESIGN section 11, SGLang's admission): full
+        tokens around what fits now and a bit past (up to past full's own
+        view), SWA tokens a tail of them.  ``fits`` agrees in both twins;
+        then, drawn (a third of the time), ``relieve`` for it agrees (verdict and the shortfalls
+        ``evict`` is asked for).  A ``swa_tokens`` the composite refuses
+        (more than ``tokens``; on ``MambaHybrid`` anything but 0 or
+        ``tokens``) is a ``ValueError`` in both, nothing changed."""
+        ps, joint = self.ps, self.S.available_size()
+        top = max(joint, self.S.full_available_size()) + 2 * ps
+        tokens = data.draw(st.integers(max(0, joint - ps), top))
+        slots = data.draw(st.integers(0, 2)) if self.has_state else 0
+        if data.draw(st.integers(0, 5)) == 0:  # bad input
+            swa = tokens + data.draw(st.integers(1, 2 * ps))
+            before = self.S.arena.snapshot()
+            for c in (self.S, self.I):
+                for call in (lambda c=c: c.fits(tokens, slots, swa), lambda c=c: c.relieve(tokens, slots, None, swa)):
+                    try:
+                        call()
+                    except ValueError:
+                        continue
+                    raise AssertionError(f"swa_tokens={swa} > tokens={tokens} was accepted")
+            assert self.S.arena.snapshot() == before == self.I.arena.snapshot()
+            note("uneven bad input")
+            return
+        swa = data.draw(st.integers(0, tokens)) if self.has_swa else data.draw(st.sampled_from([0, tokens]))
+        ok = self.S.fits(tokens, slots, swa)
+        assert ok == self.I.fits(tokens, slots, swa), (tokens, slots, swa)
+        even = self.S.fits(tokens, slots)
+        assert even <= ok, (tokens, slots, swa)  # swa binds a subset: never harder than the coupled demand
+        if ok and not even:
+            note("uneven fits where the coupled demand does not")
+        if data.draw(st.integers(0, 2)) == 0:  # relief is the costly part: a third of the draws
+            self.relieve_both(data, tokens, slots, swa)
+
+    def relieve_both(self, data, tokens, slots, swa=None):
+        """``relieve`` on both twins (``evict``, drawn, retracts the newest
+        requests); verdicts and evict logs agree, and the verdict is the fit."""
         evicting = data.draw(st.booleans())
         newest_first = sorted(self.reqs, reverse=True)
         logs = {}
@@ -318,19 +363,22 @@ class CompositeMachine(RuleBasedStateMachine):
 
             return evict
 
-        short = not self.S.fits(tokens, slots)
+        short = not self.S.fits(tokens, slots, swa)
         ends = (self.S.arena.chain[0], self.S.arena.chain[-1])
         if short:
             pages = -(-tokens // self.S.page_size)
             own = {"state": slots}  # full and swa are asked for the token pages
+            if swa is not None:
+                own["swa"] = -(-swa // self.S.page_size)  # swa for its own tail
+                note("uneven relief")
             if any(0 < len(self.S.arena.holes(n)) <= own.get(n, pages) for n in ends):
                 note("relief met an END with holes but no surplus")
-        ok = self.S.relieve(tokens, slots, evictor(self.S, "spec") if evicting else None)
-        got = self.I.relieve(tokens, slots, evictor(self.I, "impl") if evicting else None)
+        ok = self.S.relieve(tokens, slots, evictor(self.S, "spec") if evicting else None, swa)
+        got = self.I.relieve(tokens, slots, evictor(self.I, "impl") if evicting else None, swa)
         assert ok == got and logs.get("spec") == logs.get("impl"), (ok, got, logs)
         # an oracle sharing no code with either ladder: the verdict is the fit
         # a trial on a copy finds now
-        assert ok == self.S.fits(tokens, slots), (ok, tokens, slots)
+        assert ok == self.S.fits(tokens, slots, swa), (ok, tokens, slots, swa)
         # rung 1 absorbed every frontier hole, so a hole left lies below a survivor: not packed
         if short and ok and any(self.S.arena.holes(n) for n in ends):
             note(OBSERVED[0])

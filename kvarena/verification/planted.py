@@ -282,7 +282,8 @@ MUTATIONS = [
 
 # Spec bugs in the frontier and count logic that only the proofs need to see:
 # each one is in the code the arena runs (spec/chain.py, spec/transitions.py,
-# spec/bands.py), and `kvarena prove` must refute an obligation for each
+# spec/bands.py) or in a closed form the implementation's gate is proved
+# equal to (spec/arith.py), and `kvarena prove` must refute an obligation for each
 # (tests/proofs/test_planted.py).  DESIGN section 7: a bug planted in the arena
 # must fail an obligation, not only a test.
 PROOF_PLANTS = [
@@ -351,6 +352,14 @@ PROOF_PLANTS = [
         "spec/bands.py",
         [("    for s in src:\n        p2v[s] = -1\n", "")],
         proof_only=("integrity.move.k1.bounded",),
+    ),
+    Mutation(
+        "uneven-gate-ignores-swa-holes",
+        "the uneven joint gate (full Pf pages, swa Ps of them) prices all of swa's demand as extension, "
+        "ignoring its lazy holes",
+        "spec/arith.py",
+        [("    m_b = max_(0, pages_b - holes_b)\n", "    m_b = max_(0, pages_b)\n")],
+        proof_only=("composite.hybrid.uneven_tight",),
     ),
 ]
 MUTATIONS += PROOF_PLANTS

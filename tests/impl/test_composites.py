@@ -423,8 +423,8 @@ def test_trusted_decode_path_comparison_can_fail(monkeypatch):
     its first): the twin drive catches it."""
     orig = composites._Composite._decode_trusted
 
-    def off_by_one(self, seq, loc):
-        out = orig(self, seq, loc)
+    def off_by_one(self, seq, loc, seq_lens_cpu=None):
+        out = orig(self, seq, loc, seq_lens_cpu)
         return None if out is None else torch.where(torch.remainder(seq - 1, self.page_size) == 0, out + 1, out)
 
     monkeypatch.setattr(composites._Composite, "_decode_trusted", off_by_one)

@@ -76,6 +76,52 @@ def test_two_end_rejects_bad_sizes_in_both_twins():
         for fn in (arith.two_end_joint_pages, icap.two_end_joint_pages):
             with pytest.raises(ValueError):
                 fn(*bad)
+        for fn in (arith.two_end_uneven_fits, icap.two_end_uneven_fits):
+            with pytest.raises(ValueError):
+                fn(3, 2, *bad)
+
+
+def z3_eval_bool(fn, *args):
+    """``fn`` on z3 constants, substituted and simplified to a bool."""
+    xs = [z3.Int(f"a{k}") for k in range(len(args))]
+    e = z3.simplify(z3.substitute(fn(*xs), *[(x, z3.IntVal(v)) for x, v in zip(xs, args)]))
+    return z3.is_true(e)
+
+
+@settings(max_examples=300, deadline=None)
+@given(
+    st.integers(0, 40),
+    st.integers(0, 40),
+    st.integers(0, 400),
+    st.integers(1, 64),
+    st.integers(0, 12),
+    st.integers(0, 60),
+    st.integers(1, 64),
+    st.integers(0, 12),
+    st.integers(0, 60),
+)
+def test_uneven_closed_form_is_the_gate_sequence(pa, pb, gap, epp_a, holes_a, room_a, epp_b, holes_b, room_b):
+    """``two_end_uneven_fits`` (the closed form ``impl.HybridSWA`` asks) is
+    ``two_end_gates`` (the gates as ``_bind`` runs them), in the spec, in
+    its implementation twin and on z3 terms; the even case is
+    ``two_end_fits``; and it is down-closed in each side's pages."""
+    size = (gap, epp_a, holes_a, room_a, epp_b, holes_b, room_b)
+    want = arith.two_end_gates(pa, pb, *size)
+    assert arith.two_end_uneven_fits(pa, pb, *size) == want == icap.two_end_uneven_fits(pa, pb, *size)
+    assert z3_eval_bool(arith.two_end_uneven_fits, pa, pb, *size) == want
+    assert arith.two_end_gates(pa, pa, *size) == arith.two_end_fits(pa, *size)
+    if want:
+        assert arith.two_end_uneven_fits(max(0, pa - 1), pb, *size)
+        assert arith.two_end_uneven_fits(pa, max(0, pb - 1), *size)
+
+
+def _uneven_pairs(rng, top):
+    """A few (full pages, swa pages <= full pages) up to ``top``, ends included."""
+    out = {(top, 0), (top, top), (0, 0)}
+    for _ in range(4):
+        pf = rng.randint(0, top)
+        out.add((pf, rng.randint(0, pf)))
+    return sorted(out)
 
 
 # --------------------------------------------------- random composite runs
@@ -132,6 +178,7 @@ def test_hybrid_closed_form_matches_spec_and_impl(ps, e_full, e_swa, pages, lazy
     total = pages * (e_full + e_swa) * ps + seed % 97
     c, impl = _make(SC.HybridSWA, IC.HybridSWA, total, e_full, e_swa, page_size=ps, lazy=lazy)
     rng, reqs = random.Random(seed), []
+    urng = random.Random(seed + 1)  # the uneven pairs: apart from the ops' draws
     for op in ("admit",) + tuple(ops):
         _step(c, reqs, op, rng, ps, impl)
         s = A.from_arena(c.arena)
@@ -140,6 +187,13 @@ def test_hybrid_closed_form_matches_spec_and_impl(ps, e_full, e_swa, pages, lazy
         assert j == c.available_size() // ps  # the spec's binary search over copies
         assert j == _brute(lambda p, s=s: C.hybrid_gates(s, p) is True)
         assert j == impl.joint_pages() == impl.available_size() // ps
+        # the uneven demand: the closed form the obligations prove, the gates, the spec's bind, the impl
+        for pf, p_s in _uneven_pairs(urng, A.available(s, C.DOWN) + 1):
+            want = C.hybrid_uneven(s, pf, p_s)
+            assert want == (C.hybrid_gates(s, pf, p_s) is True), (pf, p_s)
+            assert want == c.fits(pf * ps, 0, p_s * ps) == impl.fits(pf * ps, 0, p_s * ps), (pf, p_s)
+            if want and pf > j:
+                EVENTS.add("hybrid_uneven_beyond_joint")
         if s.bands[C.UP].holes and s.bands[C.DOWN].holes:
             EVENTS.add("hybrid_holes_both_sides")
         if j < min(A.available(s, C.UP), A.available(s, C.DOWN)):
@@ -168,6 +222,7 @@ def test_tripool_predicate_matches_spec(ps, e_full, e_swa, state_bytes, pages, l
     total = pages * (e_full + e_swa) * ps + 8 * state_bytes + seed % 97
     c, impl = _make(SC.TriPool, IC.TriPool, total, e_full, e_swa, state_bytes, page_size=ps, lazy=lazy)
     rng, reqs, slots = random.Random(seed), [], []
+    urng = random.Random(seed + 1)  # the uneven pairs: apart from the ops' draws
     for op in ("admit",) + tuple(ops):
         if op == "state":
             n = rng.randint(1, 3)
@@ -189,6 +244,20 @@ def test_tripool_predicate_matches_spec(ps, e_full, e_swa, state_bytes, pages, l
         j = c.available_size() // ps
         assert j == _brute(lambda p, s=s: C.tripool_fits(s, p) is True)
         assert j == impl.joint_pages()
+        on_grid = A.high_f(s, C.STATE3) % s.pools[C.SWA3].epp == 0
+        for pf, p_s in _uneven_pairs(urng, A.available(s, C.FULL3) + 1):
+            fits = C.tripool_fits(s, pf, p_s) is True
+            assert fits == c.fits(pf * ps, 0, p_s * ps) == impl.fits(pf * ps, 0, p_s * ps), (pf, p_s)
+            if s.bands[C.SWA3].live == 0:  # the uneven golden obligations, concretely
+                two = C.tripool_two_end_uneven(s, pf, p_s) is True
+                if on_grid:
+                    assert fits == two, (pf, p_s)
+                else:
+                    assert (C.tripool_two_end_uneven(s, pf, p_s + 1) is not True or fits) and (not fits or two)
+                    if two and not fits:
+                        EVENTS.add("uneven_off_grid_short")
+            if fits and pf > j:
+                EVENTS.add("tripool_uneven_beyond_joint")
         if s.bands[C.SWA3].live == 0:
             two = C.tripool_two_end(s)
             if A.high_f(s, C.STATE3) % s.pools[C.SWA3].epp == 0:
@@ -217,6 +286,9 @@ def test_composite_runs_reach_the_interesting_cases():
         "empty_float",
         "off_grid_equal",
         "off_grid_short",
+        "hybrid_uneven_beyond_joint",
+        "tripool_uneven_beyond_joint",
+        "uneven_off_grid_short",
     }
     assert want <= EVENTS, want - EVENTS
 
@@ -290,6 +362,33 @@ def test_mutation_closed_form_counts_the_larger_holes(monkeypatch):
 
     monkeypatch.setattr(arith, "two_end_joint_pages", mutant)
     assert "composite.hybrid.joint_sound" in _fails("composite.hybrid.joint_sound", "composite.hybrid.joint_tight")
+
+
+def test_mutation_uneven_gate_ignores_swa_holes(monkeypatch):
+    """The uneven closed form pricing all of swa's pages as extension (its
+    holes ignored) under-promises: ``uneven_tight`` fails (the planted
+    proof bug ``uneven-gate-ignores-swa-holes``, in-process)."""
+
+    def mutant(pa, pb, gap, epp_a, holes_a, room_a, epp_b, holes_b, room_b):
+        m_a, m_b = arith.max_(0, pa - holes_a), arith.max_(0, pb)
+        return arith.and_(m_a <= room_a, m_b <= room_b, m_a * epp_a + m_b * epp_b <= gap)
+
+    monkeypatch.setattr(arith, "two_end_uneven_fits", mutant)
+    fails = _fails("composite.hybrid.uneven_sound", "composite.hybrid.uneven_tight")
+    assert fails == ["composite.hybrid.uneven_tight"]
+
+
+def test_mutation_uneven_gate_drops_the_full_sides_cost(monkeypatch):
+    """The uneven closed form forgetting what full's extension takes from
+    the gap over-promises: ``uneven_sound`` and the TriPool golden fail."""
+
+    def mutant(pa, pb, gap, epp_a, holes_a, room_a, epp_b, holes_b, room_b):
+        m_a, m_b = arith.max_(0, pa - holes_a), arith.max_(0, pb - holes_b)
+        return arith.and_(m_a <= room_a, m_b <= room_b, m_b * epp_b <= gap)
+
+    monkeypatch.setattr(arith, "two_end_uneven_fits", mutant)
+    fails = _fails("composite.hybrid.uneven_sound", "golden.tripool_empty_float.uneven")
+    assert fails == ["composite.hybrid.uneven_sound", "golden.tripool_empty_float.uneven"]
 
 
 def test_mutation_closed_form_drops_the_first_sides_cost(monkeypatch):

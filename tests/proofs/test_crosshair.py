@@ -30,6 +30,8 @@ def test_check_reports_every_contracted_arith_function():
         "min_page",
         "two_end_joint_pages",
         "two_end_fits",
+        "two_end_gates",
+        "two_end_uneven_fits",
     } <= names
     assert all(r["ok"] for r in rs), [r for r in rs if not r["ok"]]
 
@@ -50,6 +52,8 @@ def test_finding_annotations_keep_crosshair_on_ints():
         policy.short_side_decision,
         arith.two_end_joint_pages,
         arith.two_end_fits,
+        arith.two_end_gates,
+        arith.two_end_uneven_fits,
     ):
         params = inspect.signature(fn).parameters.values()
         assert all(p.annotation in (int, bool) for p in params), fn.__name__
@@ -94,6 +98,43 @@ def test_diffbehavior_two_end_joint_pages_agrees():
         wall_s=90,
     )
     assert r["ok"] and r["result"] in ("confirmed", "no_counterexample"), r
+
+
+def test_diffbehavior_two_end_uneven_fits_agrees():
+    """The uneven HybridSWA gate: spec (``and_`` of the three bounds, z3-ready)
+    and impl (plain ints) twins agree."""
+    if not C.impl_available():
+        pytest.skip("kvarena.impl.capacity missing")
+    r = C.diff_pair(
+        "kvarena.spec.arith.two_end_uneven_fits",
+        "kvarena.impl.capacity.two_end_uneven_fits",
+        per_condition_s=4.0,
+        wall_s=90,
+    )
+    assert r["ok"] and r["result"] in ("confirmed", "no_counterexample"), r
+
+
+def test_diffbehavior_finds_an_uneven_difference(tmp_path, monkeypatch):
+    """A twin blind to swa's holes (the planted proof bug's twin) is caught."""
+    mod = tmp_path / "kv_mutant_uneven.py"
+    mod.write_text(
+        textwrap.dedent("""
+        def two_end_uneven_fits(pages_a: int, pages_b: int, gap: int, epp_a: int, holes_a: int, room_a: int,
+                                epp_b: int, holes_b: int, room_b: int) -> bool:
+            if gap < 0 or epp_a <= 0 or epp_b <= 0 or min(holes_a, room_a, holes_b, room_b) < 0:
+                raise ValueError("sizes")
+            m_a, m_b = max(0, pages_a - holes_a), max(0, pages_b)
+            return m_a <= room_a and m_b <= room_b and m_a * epp_a + m_b * epp_b <= gap
+    """)
+    )
+    monkeypatch.setenv("PYTHONPATH", str(tmp_path))
+    r = C.diff_pair(
+        "kvarena.spec.arith.two_end_uneven_fits",
+        "kv_mutant_uneven.two_end_uneven_fits",
+        per_condition_s=4.0,
+        wall_s=90,
+    )
+    assert r["result"] == "counterexample" and not r["ok"], r
 
 
 def test_diffbehavior_finds_a_two_end_difference(tmp_path, monkeypatch):
@@ -153,6 +194,7 @@ def test_every_required_pair_is_listed():
         "make_room_feasible",
         "short_side_decision",
         "two_end_joint_pages",
+        "two_end_uneven_fits",
     } == fns
     for a, b in C.DIFF_PAIRS:
         assert b.startswith(C.IMPL_MODULE + ".") and a.rsplit(".", 1)[1] == b.rsplit(".", 1)[1]

@@ -25,6 +25,7 @@ PACKAGES = {  # import name -> folder
     "kvarena.verification": ROOT / "kvarena" / "verification",
     "kvarena.sim": ROOT / "kvarena" / "sim",
     "kvarena.anchor": ROOT / "kvarena" / "anchor",
+    "kvarena.sglang": ROOT / "kvarena" / "sglang",
     "kvarena": ROOT / "kvarena",  # the CLI: the top, which every package is below
 }
 

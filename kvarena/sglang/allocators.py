@@ -1,0 +1,970 @@
+"""kvarena's composites as sglang 0.5.23's three unified-memory allocators.
+
+Each class here subclasses SGLang's class of the same name, so SGLang's
+``isinstance`` checks hold, but never runs its ``__init__`` (that would
+build SGLang's own sub-allocators and attach their tables to the KV pool).
+What a call decides (allocation, relief, capacity, page tables) is the
+implementation composite's; the bytes are SGLang's: the composite's arena is
+lent the ``UnifiedKVPool``'s raw buffer and moves pages through the KV and
+mamba pools' own ``move_physical_pages``.  kvarena adds tables, not memory.
+
+Every member of SGLang's classes falls in one of three sets, which
+``tests/sglang/test_surface.py`` checks against SGLang's own classes:
+
+- **kvarena's**: defined here, on the composite.
+- **SGLang's scheduling policy** (``INHERITED``): pure functions of the views
+  and gates defined here (``reclaim_plan``, ``can_reserve``, the prefill
+  budget, ...), inherited as they are, so SGLang decides how much to evict
+  and kvarena what fits.
+- **Unsupported** (``UNSUPPORTED``): HiCache, PD disaggregation, draft
+  models, decode context parallelism, post-capture backing, overlap
+  scheduling's events, and SGLang's own sub-allocator machinery that the
+  composite replaces; each raises ``NotImplementedError`` naming the
+  feature.
+
+The step path (``alloc_extend``, ``alloc_decode``, ``free_swa_segment``,
+the translations) uses the host copies SGLang passes and reads nothing back
+from the device; ``free_swa`` (which must find the still-live entries) reads
+one count.  Like SGLang's own, the step path trusts its arguments (they come
+from SGLang's scheduler); the capacity calls and ``verify_byte_accounting``
+are where a broken invariant shows.
+"""
+
+from typing import Any
+
+import torch
+
+from kvarena.anchor.loader import import_sglang
+from kvarena.impl import HybridSWA, MambaHybrid, TriPool
+from kvarena.spec.geometry import AccountingError
+
+_hs: Any = import_sglang("sglang.srt.mem_cache.allocator.unified_hybrid_swa")
+_um: Any = import_sglang("sglang.srt.mem_cache.allocator.unified_mamba")
+_base: Any = import_sglang("sglang.srt.mem_cache.allocator.base")
+
+I64 = torch.int64
+FULL, SWA, STATE = "full", "swa", "state"
+SGLANG_POOL = {FULL: "full", SWA: "swa", STATE: "mamba"}  # kvarena's pool name -> SGLang's sub-pool
+POLICIES = ("planner", "anchor")
+
+# SGLang's members that stay SGLang's: scheduling policy over the gates below.
+INHERITED = frozenset(
+    {
+        "reclaim_plan",
+        "can_reserve",
+        "prealloc_fits",
+        "prealloc_fits_assumes_reclaim",
+        "prealloc_ceiling_fits",
+        "reclaim_for_prealloc",
+        "create_prefill_budget",
+        "max_new_tokens_for_memory",
+        "swa_capacity_and_available",
+        "get_extend_allocation_demand",
+        "evict_to_free_tokens",
+        "request_slot_reserve",
+        "current_full_capacity",
+        "current_swa_capacity",
+        "size",
+        "size_full",
+        "size_swa",
+        "get_kvcache",
+        "mamba_full_cache_donor",
+        "flush_deferred_full_frees",
+        "full_tokens_before_mamba_recheck",
+        "merge_and_sort_free",
+        "_copy_for_free_group",
+        "check_decode_capacity",
+        "free_segments",
+        "free_full_segments",
+        "_page_disjoint",
+        "free_full",  # the mamba stack's: a plain free (no SWA peer)
+        "free_full_segment",
+        "get_all_free_pages",
+        "new_pages_available",
+        "swa_req_ring",
+        "_token_id_capacity",  # the tri-pool's eviction gates, over the views' id and byte counts
+        "_token_allocation_byte_shortfall",
+    }
+)
+
+# SGLang's members kvarena does not support, and the feature each belongs to.
+UNSUPPORTED = {
+    "alloc_extend_swa_tail": "PD disaggregation (decode-node preallocation)",
+    "set_full_to_swa_mapping": "HiCache / PD load-back of SWA pages",
+    "translate_kv_indices_for_transfer": "PD disaggregation (KV transfer)",
+    "set_disagg_move_gate": "PD disaggregation (move gates)",
+    "set_host_transfer_move_gate": "HiCache (move gates)",
+    "set_hicache_transfer_done_event": "HiCache",
+    "get_cpu_copy": "HiCache / retraction to host",
+    "load_cpu_copy": "HiCache / retraction to host",
+    "draft_virtual_id_space": "speculative decoding draft models",
+    "resize": "post-capture KV backing",
+    "set_inflight_forward": "overlap scheduling (in-flight forward events)",
+    "set_latest_forward_done_event": "overlap scheduling (forward-done events)",
+    "_move_gate_targets": "PD disaggregation / HiCache (move gates)",
+    "swa_ring_cost_tokens": "the per-request SWA ring",
+}
+_INTERNAL = "SGLang's own sub-allocators (kvarena's composite replaces them)"
+_STATIC_SWA = "SGLang's static SWA allocator (full_to_swa_index_mapping)"
+UNSUPPORTED |= dict.fromkeys(
+    (
+        "_build_swa_attn_allocator",
+        "_wire_peers",
+        "_flush_targets",
+        "_ask_float_for_room",
+        "_alloc_demand",
+        "_extend_in_virtual_space",
+        "_free_swa_page_reps",
+        "_release_page_reps",
+        "_joint_capacity_memo_violations",
+        "_token_end_frontiers",
+        "_token_end_reclaim_satisfied",
+        "_token_float_high_target",
+    ),
+    _INTERNAL,
+)
+UNSUPPORTED |= dict.fromkeys(
+    ("_expand_to_full_pages", "_free_swa_pages", "_free_swa_pages_cuda", "_free_swa_pages_none_cuda", "_release_swa"),
+    _STATIC_SWA,
+)
+
+
+def _unsupported(feature: str):
+    raise NotImplementedError(
+        f"kvarena.sglang: {feature} is not supported by kvarena's allocator (README, 'SGLang on kvarena')"
+    )
+
+
+def _raiser(name: str, feature: str):
+    def method(self, *args, **kwargs):
+        _unsupported(f"{feature}: {name}")
+
+    method.__name__ = name
+    method.__doc__ = f"Unsupported: {feature} (raises ``NotImplementedError``)."
+    return method
+
+
+def _unsupported_property(name: str, feature: str):
+    def get(self):
+        _unsupported(f"{feature}: {name}")
+
+    return property(get, doc=f"Unsupported: {feature}.")
+
+
+def _translate(v2p: torch.Tensor, ps: int, loc: torch.Tensor, out: torch.Tensor | None) -> torch.Tensor:
+    """SGLang's translation: ``v2p[t // ps] * ps + t % ps``, and ``0`` (the
+    sink every kernel skips) for an unbound, negative or out-of-range id.
+    Any shape; int64; sync-free."""
+    t = loc.to(I64)
+    last = v2p.numel() - 1  # the -1 sentinel row
+    page = torch.div(t, ps, rounding_mode="floor")
+    row = torch.where((t >= 0) & (page < last), page, last)
+    phys = v2p.index_select(0, row.reshape(-1)).reshape(t.shape)
+    res = torch.where(phys > 0, phys * ps + torch.remainder(t, ps), 0)
+    if out is None:
+        return res
+    out.copy_(res.reshape(out.shape))
+    return out
+
+
+class BandView:
+    """One band as SGLang's code reads a sub-allocator (``full_attn_allocator``,
+    ``swa_attn_allocator``, the mamba END): geometry, live page tables,
+    counts and translations.  It allocates nothing; allocation is the
+    composite's."""
+
+    shards_under_dcp = False  # decode context parallelism is unsupported
+
+    def __init__(self, owner: "_Dropin", name: str) -> None:
+        arena = owner.composite.arena
+        g, p = arena.geometry(name), arena.pool(name)
+        self._owner, self._name, self._arena = owner, name, arena
+        self.sub_pool_name = SGLANG_POOL[name]
+        self.page_size = self.pool_page_size = p.page_size
+        self.entry_bytes = p.entry_bytes
+        self.entry_bytes_per_page = g.epp
+        self.num_pages = g.num_pages
+        self.min_page_index = g.min_page
+        self.max_slots = owner.unified_buffer.max_slots(self.sub_pool_name)  # SGLang's, in slots
+        self.min_slot_index = owner.unified_buffer.min_slot_index(self.sub_pool_name)
+        self.grow_direction = p.grow
+        self.device = arena.device
+        v2p, p2v = arena.live_tables(name)
+        self.num_virtual_ids = v2p.numel() - 1
+        self._v2p, self._p2v = v2p, p2v
+
+    @property
+    def virtual_to_physical(self) -> torch.Tensor:
+        """The live page table (a view the arena updates in place): read only."""
+        return self._v2p
+
+    @property
+    def physical_to_virtual(self) -> torch.Tensor:
+        return self._p2v
+
+    @property
+    def watermark_physical(self) -> int:
+        """The frontier facing the shared gap: the first page past an up
+        END's span, the last page before a down END's."""
+        c = self._arena.counts(self._name)
+        return c.hi if self.grow_direction == "up" else c.lo - 1
+
+    def translate_kv_loc(self, loc: torch.Tensor, *, out: torch.Tensor | None = None) -> torch.Tensor:
+        return _translate(self._v2p, self.page_size, loc, out)
+
+    def translate_write_loc(
+        self, loc: torch.Tensor, *, out: torch.Tensor | None = None, out_width: int | None = None
+    ) -> torch.Tensor:
+        """The write translation: the read one (no context parallelism here).
+        ``out_width`` pads ``out``'s tail with the sink, as SGLang's does."""
+        if out is None or out_width is None:
+            return _translate(self._v2p, self.page_size, loc, out)
+        n = loc.shape[0]
+        _translate(self._v2p, self.page_size, loc, out[:n])
+        out[n:out_width].zero_()
+        return out
+
+    def allocated_count(self) -> int:
+        """Live tokens (pages times the page size)."""
+        return self._arena.live_pages(self._name) * self.page_size
+
+    def _live_pages(self) -> int:
+        return self._arena.live_pages(self._name)
+
+    @property
+    def free_virtual_ids(self) -> torch.Tensor:
+        """The unbound ids, front first (a copy; empty for a borrower)."""
+        return self._arena.free_ids(self._name)
+
+    def available_size(self) -> int:
+        return self._arena.available_size(self._name)
+
+    def schedulable_available_size(self) -> int:
+        return self._arena.schedulable_available_size(self._name)
+
+    def is_slot_allocated(self, slot: int) -> bool:
+        page = int(slot) // self.page_size
+        return 0 < page < self.num_virtual_ids and int(self._v2p[page]) > 0  # SYNC: a debug query
+
+    def allocator_state_str(self) -> str:
+        c = self._arena.counts(self._name)
+        return f"{self.sub_pool_name}: span [{c.lo}, {c.hi}), live {c.live}, holes {c.holes}"
+
+    def clear_inverse_history(self) -> None:
+        """Nothing to clear: kvarena's ``p2v`` is exact at every step."""
+
+    def free_segment(self, free_index: torch.Tensor, *, start_pos: int = 0) -> None:
+        """Full only (SGLang's tree frees a node's full side here, its SWA side
+        by ``free_swa_segment``): free these pages now.  kvarena's borrow rule
+        frees an id's SWA entry before its full page, so a still-live SWA
+        entry goes first and is remembered, and the SWA free that follows in
+        the same drain skips it."""
+        if self._name != FULL:
+            _unsupported(f"free_segment on the {self.sub_pool_name!r} sub-allocator (the external KV linker)")
+        if free_index is None or free_index.numel() == 0:
+            return
+        self._owner._free_full_first(self._owner._reps(free_index, start_pos))
+
+    def bind(self, virtual_pages: torch.Tensor, physical_pages: torch.Tensor) -> None:
+        """SWA only: hand the SWA pages ``physical_pages`` (live, owned by
+        other ids) to ``virtual_pages`` (live in full, SWA tombstoned), as
+        SGLang's tree does when an insert lands over an evicted SWA range.
+        kvarena moves ownership with its own calls: the bytes are read, the
+        old owners' entries freed, the new owners bound (where the arena
+        places them) and the bytes written there; no capacity changes."""
+        if self._name != SWA:
+            _unsupported(f"bind on the {self.sub_pool_name!r} sub-allocator")
+        arena = self._arena
+        kept = virtual_pages.reshape(-1).to(I64)
+        old = self._p2v.index_select(0, physical_pages.reshape(-1).to(I64))
+        data = arena.read_pages(SWA, old)
+        arena.free(SWA, old)
+        arena.alloc(SWA, kept.numel(), ids=kept)
+        arena.write_pages(SWA, kept, data)
+
+
+class StateView(BandView):
+    """The mamba END, as ``UnifiedMambaSlotAllocator`` drives it: slots come
+    from the composite's state band (``alloc_state``/``free_state``)."""
+
+    def alloc(self, need_size: int) -> torch.Tensor | None:
+        return self._owner.composite.alloc_state(need_size)
+
+    def free(self, free_index: torch.Tensor) -> None:
+        if free_index is None or free_index.numel() == 0:
+            return
+        self._owner.composite.free_state(free_index.reshape(-1).to(I64))
+
+    def clear(self) -> None:
+        live = self._p2v[self._p2v > 0]  # SYNC: a cold reset
+        if live.numel():
+            self._owner.composite.free_state(live)
+
+
+def _dcp_size() -> int:
+    """The decode-context-parallel width SGLang's runtime context publishes (1 without one)."""
+    try:
+        return int(import_sglang("sglang.srt.runtime_context").get_parallel().attn_dcp_size)
+    except Exception:  # no context published: a single rank
+        return 1
+
+
+def _refuse_moves(name: str, dst: torch.Tensor, src: torch.Tensor) -> None:
+    raise AssertionError(f"pool {name!r}: the boot-state twin decides on counts and never moves a page")
+
+
+class _Dropin:
+    """What the three allocators share: construction over SGLang's pools,
+    the token surface, frees and free groups, gates and checks."""
+
+    KIND: type = HybridSWA
+    CHAIN: tuple[str, ...] = ()
+    page_size: int  # set by SGLang's base __init__, which _boot runs
+    free_group: list[torch.Tensor] | None
+    free_page_reps_group: list[torch.Tensor] | None
+    full_page_reps_group: list[torch.Tensor]
+    full_free_group: list[torch.Tensor]
+    free_pages: torch.Tensor | None
+    release_pages: torch.Tensor | None
+    DEFAULT_POLICY = "planner"  # install(policy) builds a subclass with its own
+
+    # ------------------------------------------------------------ boot
+
+    def _boot(
+        self,
+        *,
+        unified_buffer,
+        kvcache,
+        state_pool,
+        device,
+        page_size,
+        need_sort,
+        policy,
+        lazy_compaction,
+        full_max_total_num_tokens=None,
+        swa_max_total_num_tokens=None,
+    ) -> None:
+        policy = self.DEFAULT_POLICY if policy is None else policy
+        if policy not in POLICIES:
+            raise ValueError(f"policy must be one of {POLICIES}, got {policy!r}")
+        if isinstance(page_size, bool) or not isinstance(page_size, int) or page_size < 1:
+            raise ValueError(f"pool 'full': page_size must be an int >= 1, got {page_size!r}")
+        if (full_max_total_num_tokens is None) != (swa_max_total_num_tokens is None):
+            raise ValueError("full_max_total_num_tokens and swa_max_total_num_tokens: give both or neither")
+        if getattr(unified_buffer, "post_capture_active", False):
+            _unsupported("post-capture KV backing")
+        if _dcp_size() > 1:
+            _unsupported("decode context parallelism (attn_dcp_size > 1)")
+        if getattr(unified_buffer, "fused_draft", None) is not None:
+            _unsupported("speculative decoding draft models (fused draft regions)")
+        entry = {n: unified_buffer.spec(SGLANG_POOL[n]).entry_bytes() for n in self.CHAIN}
+        raw = unified_buffer._raw  # SGLang's one byte buffer: lent, not copied
+        self._pools = {FULL: kvcache.full_kv_pool}
+        if SWA in self.CHAIN:
+            self._pools[SWA] = kvcache.swa_kv_pool
+        if STATE in self.CHAIN:
+            self._pools[STATE] = state_pool
+        args = self._composite_args(unified_buffer.total_bytes, entry)
+        kw = {"page_size": page_size, "lazy": bool(lazy_compaction), "policy": policy, "device": raw.device}
+        self.pages_moved = dict.fromkeys(self.CHAIN, 0)  # pages relocated per pool, self-copies included
+        self.composite = self.KIND(*args, **kw, buffer=raw, mover=self._move_pages)
+        self._empty = self.KIND(*args, **kw, buffer=raw, mover=_refuse_moves)  # the boot state, for empty_pool gates
+        self._check_grids(unified_buffer)
+        size_full = (
+            unified_buffer.max_slots("full") - 1
+            if full_max_total_num_tokens is None
+            else int(full_max_total_num_tokens)
+        )
+        _base.BaseTokenToKVPoolAllocator.__init__(
+            self,
+            size=size_full,
+            page_size=page_size,
+            dtype=unified_buffer.spec("full").get_dtype(),
+            device=device,
+            kvcache=kvcache,
+            need_sort=need_sort,
+        )
+        self.unified_buffer = unified_buffer
+        self.policy = policy
+        self.lazy_compaction = bool(lazy_compaction)
+        self._size_full = size_full
+        self._full_max_total_num_tokens = size_full
+        if SWA in self.CHAIN:
+            self._size_swa = (
+                unified_buffer.max_slots("swa") - 1
+                if swa_max_total_num_tokens is None
+                else int(swa_max_total_num_tokens)
+            )
+            self._swa_max_total_num_tokens = self._size_swa
+        self.full_attn_allocator = BandView(self, FULL)
+        if SWA in self.CHAIN:
+            self.swa_attn_allocator = BandView(self, SWA)
+            kvcache.attach_allocators(full_allocator=self.full_attn_allocator, swa_allocator=self.swa_attn_allocator)
+        if STATE in self.CHAIN:
+            self.mamba_allocator = StateView(self, STATE)
+        # SGLang's free-group lists, by its names (its inherited policy flushes them).
+        self._swa_freed_early: set[int] = set()  # SWA pages a full-side free took first, this drain
+        self.free_group = None
+        self.free_page_reps_group = None
+        self.full_page_reps_group = []
+        self.full_free_group = []
+        self.free_pages = torch.empty(0, dtype=I64, device=device)
+        self.release_pages = torch.empty(0, dtype=I64, device=device)
+
+    def _composite_args(self, total_bytes: int, entry: dict[str, int]) -> tuple[int, ...]:
+        raise NotImplementedError
+
+    def _check_grids(self, unified_buffer) -> None:
+        """kvarena's grids must be SGLang's: the same pages at the same bytes."""
+        for n in self.CHAIN:
+            g, ps = self.composite.arena.geometry(n), self.composite.arena.pool(n).page_size
+            name = SGLANG_POOL[n]
+            want = (unified_buffer.max_slots(name) // ps, -(-unified_buffer.min_slot_index(name) // ps))
+            if (g.num_pages, g.min_page) != want:
+                raise ValueError(
+                    f"pool {n!r}: kvarena's grid (pages, first page) {(g.num_pages, g.min_page)} "
+                    f"is not SGLang's {want} for sub-pool {name!r}"
+                )
+
+    def _move_pages(self, name: str, dst: torch.Tensor, src: torch.Tensor) -> None:
+        """The arena's mover: SGLang's own page copy of that sub-pool."""
+        self._pools[name].move_physical_pages(dst, src, self.composite.arena.pool(name).page_size)
+        self.pages_moved[name] += dst.numel()  # a shape: no read
+
+    # ------------------------------------------------------ allocation
+
+    def _host(self, values: list[int]) -> tuple[torch.Tensor, torch.Tensor]:
+        dev = torch.tensor(values, dtype=I64).to(self.composite.device, non_blocking=True)  # host to device
+        return dev, torch.tensor(values, dtype=I64)
+
+    def alloc(self, need_size: int) -> torch.Tensor | None:
+        """``need_size`` tokens on fresh pages (a multiple of the page size),
+        or None."""
+        self._swa_freed_early.clear()
+        ps = self.page_size
+        if isinstance(need_size, bool) or not isinstance(need_size, int) or need_size < 0 or need_size % ps:
+            raise ValueError(f"pool 'full': alloc({need_size!r}) must be a multiple of page_size {ps}, >= 0")
+        if need_size == 0:
+            return torch.empty(0, dtype=I64, device=self.composite.device)
+        zero, zero_cpu = self._host([0])
+        seq, seq_cpu = self._host([need_size])
+        last, _ = self._host([-1])
+        return self.composite.alloc_extend(
+            zero, seq, last, check=False, prefix_lens_cpu=zero_cpu, seq_lens_cpu=seq_cpu, extend_num_tokens=need_size
+        )
+
+    def alloc_extend(
+        self,
+        prefix_lens: torch.Tensor,
+        prefix_lens_cpu: torch.Tensor,
+        seq_lens: torch.Tensor,
+        seq_lens_cpu: torch.Tensor,
+        last_loc: torch.Tensor,
+        extend_num_tokens: int,
+    ) -> torch.Tensor | None:
+        """Slots for positions ``[prefix, seq)`` of each request (ANCHOR
+        section 1), or None; no device read."""
+        self._swa_freed_early.clear()
+        return self.composite.alloc_extend(
+            prefix_lens.to(I64),
+            seq_lens.to(I64),
+            last_loc.to(I64),
+            check=False,
+            prefix_lens_cpu=prefix_lens_cpu,
+            seq_lens_cpu=seq_lens_cpu,
+            extend_num_tokens=extend_num_tokens,
+        )
+
+    def alloc_decode(
+        self, seq_lens: torch.Tensor, seq_lens_cpu: torch.Tensor, last_loc: torch.Tensor
+    ) -> torch.Tensor | None:
+        """One slot per request for position ``seq - 1``, or None; no device read."""
+        self._swa_freed_early.clear()
+        return self.composite.alloc_decode(seq_lens.to(I64), last_loc.to(I64), check=False, seq_lens_cpu=seq_lens_cpu)
+
+    # ------------------------------------------------------------ free
+
+    def free(self, free_index: torch.Tensor) -> None:
+        """Free the pages of these tokens: still-live SWA entries first, then
+        full (SGLang's radix cache frees full before SWA; kvarena's borrow
+        rule needs the other order, so the composite takes care of it)."""
+        if free_index is None or free_index.numel() == 0:
+            return
+        if self.free_group is not None:
+            self.free_group.append(free_index.reshape(-1).to(I64).clone())
+            return
+        self.composite.free(free_index.reshape(-1).to(I64))
+
+    def _reps(self, free_index: torch.Tensor, start_pos: int) -> torch.Tensor:
+        """One token of every page of a page-aligned segment."""
+        ps = self.page_size
+        if start_pos % ps:
+            raise ValueError(f"pool 'full': segment start {start_pos} is not a multiple of page_size {ps}")
+        return free_index.reshape(-1).to(I64)[::ps]
+
+    def free_segment(self, free_index: torch.Tensor, *, start_pos: int) -> None:
+        if free_index is None or free_index.numel() == 0:
+            return
+        reps = self._reps(free_index, start_pos)
+        if self.free_group is not None:
+            self.free_group.append(reps.clone())
+            return
+        self.composite.free(reps)
+
+    def _free_full_first(self, reps: torch.Tensor) -> None:
+        """Free these pages, their still-live SWA entries first; remember
+        which SWA entries went early (a cold path: host reads)."""
+        if SWA in self.CHAIN:
+            pages = torch.div(reps, self.page_size, rounding_mode="floor")
+            swa = self.composite.arena.v2p_at(SWA, pages)
+            self._swa_freed_early.update(pages[swa > 0].tolist())  # SYNC: eviction drain, cold
+        self.composite.free(reps)
+
+    def free_group_begin(self) -> None:
+        if self.free_group is not None:
+            raise ValueError("pool 'full': free groups cannot be nested")
+        self.free_group = []
+
+    def free_group_end(self) -> None:
+        pending, self.free_group = self.free_group, None
+        full_only, self.full_free_group = self.full_free_group, []
+        pieces = (pending or []) + full_only + (self.free_page_reps_group or []) + self.full_page_reps_group
+        self.free_page_reps_group, self.full_page_reps_group = None, []
+        if pieces:
+            toks = torch.cat(pieces)
+            # one call: a page named twice in a group (a token and its page's representative) once
+            pages = torch.unique(torch.div(toks, self.page_size, rounding_mode="floor"))  # SYNC: cold, batched frees
+            self.composite.free(pages * self.page_size)
+
+    # ----------------------------------------------------------- views
+
+    def available_size(self) -> int:
+        """The joint view: the largest ``alloc_extend`` of one new request
+        that succeeds now without relief (tokens)."""
+        return self.composite.available_size()
+
+    def _compute_available_size(self) -> int:
+        return self.composite.available_size()
+
+    def full_available_size(self) -> int:
+        return min(self._size_full - self.full_attn_allocator.allocated_count(), self.schedulable_full_available_size())
+
+    def schedulable_full_available_size(self) -> int:
+        return self.composite.arena.schedulable_available_size(FULL)
+
+    def conserve_full_available_size(self) -> int:
+        return self._size_full - self.full_attn_allocator.allocated_count()
+
+    def _conserve_full_available_size(self) -> int:
+        return self.conserve_full_available_size()
+
+    def debug_print(self) -> str:
+        return f"kvarena {type(self.composite).__name__} ({self.policy}): joint available {self.available_size()}"
+
+    def allocator_state_str(self) -> str:
+        return "; ".join(v.allocator_state_str() for v in self._views())
+
+    def is_slot_allocated(self, slot: int) -> bool:
+        return self.full_attn_allocator.is_slot_allocated(slot)
+
+    def _views(self) -> list[BandView]:
+        views = [self.full_attn_allocator]
+        if SWA in self.CHAIN:
+            views.append(self.swa_attn_allocator)
+        if STATE in self.CHAIN:
+            views.append(self.mamba_allocator)
+        return views
+
+    # ------------------------------------------------------ translation
+
+    def translate_kv_loc(self, loc: torch.Tensor, *, out: torch.Tensor | None = None) -> torch.Tensor:
+        return self.full_attn_allocator.translate_kv_loc(loc, out=out)
+
+    def translate_write_loc(
+        self, loc: torch.Tensor, *, out: torch.Tensor | None = None, out_width: int | None = None
+    ) -> torch.Tensor:
+        return self.full_attn_allocator.translate_write_loc(loc, out=out, out_width=out_width)
+
+    @property
+    def full_v2p_page_table(self) -> torch.Tensor:
+        return self.full_attn_allocator.virtual_to_physical
+
+    @property
+    def full_p2v_page_table(self) -> torch.Tensor:
+        return self.full_attn_allocator.physical_to_virtual
+
+    # ---------------------------------------------------- maintenance
+
+    def flush_opportunistic(self) -> int:
+        """0: kvarena settles lazy holes when a demand runs short (the relief
+        ladder), never in the background."""
+        return 0
+
+    def prewarm_compaction(self) -> None:
+        """Nothing to prewarm: relocation is SGLang's page copy, compiled on first use."""
+
+    def verify_byte_accounting(self) -> list[str]:
+        """[] when the composite verifies, else the violation."""
+        try:
+            self.composite.verify()
+        except AccountingError as e:
+            return [str(e)]
+        return []
+
+    def clear(self) -> None:
+        """Free every page of every pool; the views return to their boot values."""
+        self.free_group, self.free_page_reps_group, self.full_page_reps_group, self.full_free_group = None, None, [], []
+        full = self.full_attn_allocator.physical_to_virtual
+        live = full[full > 0]  # SYNC: a cold reset
+        if live.numel():
+            self.composite.free(live * self.page_size)
+        if STATE in self.CHAIN:
+            self.mamba_allocator.clear()
+        arena = self.composite.arena
+        for n in self.CHAIN:
+            if arena.is_lazy(n):
+                arena.flush(n)
+
+
+def _swa_views(cls):
+    """The SWA side's views and frees (HybridSWA and TriPool)."""
+
+    def swa_available_size(self) -> int:
+        return min(self._size_swa - self.swa_attn_allocator.allocated_count(), self.schedulable_swa_available_size())
+
+    def schedulable_swa_available_size(self) -> int:
+        return self.composite.arena.schedulable_available_size(SWA)
+
+    def conserve_swa_available_size(self) -> int:
+        return self._size_swa - self.swa_attn_allocator.allocated_count()
+
+    def translate_loc_from_full_to_swa(self, kv_indices: torch.Tensor, *, out: torch.Tensor | None = None):
+        return self.swa_attn_allocator.translate_kv_loc(kv_indices, out=out)
+
+    def swa_v2p_page_table(self) -> torch.Tensor:
+        return self.swa_attn_allocator.virtual_to_physical
+
+    def translate_swa_indices_for_transfer(self, kv_indices: torch.Tensor) -> torch.Tensor:
+        """Virtual ids to SWA-physical ones (SGLang's SWA tree calls it on insert)."""
+        return self.swa_attn_allocator.translate_kv_loc(kv_indices.to(I64))
+
+    def free_swa(self, free_index: torch.Tensor) -> None:
+        """Tombstone the SWA entries of these tokens that are still live
+        (full keeps its pages); one host read: how many were live."""
+        if free_index is None or free_index.numel() == 0:
+            return
+        toks = free_index.reshape(-1).to(I64)
+        # the composite reads one representative per page: each token stands for its own page
+        reps = toks.repeat_interleave(self.page_size) if self.page_size > 1 else toks
+        self.composite.free_swa(reps, 0, check=False)
+
+    def free_swa_segment(self, free_index: torch.Tensor, *, start_pos: int) -> None:
+        """Tombstone a segment whose SWA pages are all live: their count is a
+        shape, so nothing is read back."""
+        if free_index is None or free_index.numel() == 0:
+            return
+        pages = torch.div(self._reps(free_index, start_pos), self.page_size, rounding_mode="floor")
+        if self._swa_freed_early:  # after a full-side eviction in this drain: skip what it took (cold)
+            keep = [p for p in pages.tolist() if p not in self._swa_freed_early]  # SYNC: eviction drain only
+            self._swa_freed_early.difference_update(pages.tolist())
+            pages = torch.tensor(keep, dtype=I64, device=pages.device)
+        if pages.numel():
+            self.composite.arena.free(SWA, pages, check=False)
+
+    def free_full(self, free_index: torch.Tensor) -> None:
+        """Free tokens whose SWA side is already tombstoned."""
+        if free_index is None or free_index.numel() == 0:
+            return
+        if self.free_group is not None:
+            self.full_free_group.append(free_index.reshape(-1).to(I64).clone())
+            return
+        self.composite.free(free_index.reshape(-1).to(I64))
+
+    def free_full_segment(self, free_index: torch.Tensor, *, start_pos: int) -> None:
+        if free_index is None or free_index.numel() == 0:
+            return
+        reps = self._reps(free_index, start_pos)
+        if self.free_group is not None:
+            self.full_page_reps_group.append(reps.clone())
+            return
+        self.composite.free(reps)
+
+    def clear_full_to_swa_mapping(self, full_indices: torch.Tensor) -> None:
+        """Nothing to clear: SWA binds full's ids, there is no mapping tensor."""
+
+    def ensure_capacity(self, full_tokens: int, swa_tokens: int) -> bool:
+        """Does the uneven demand fit, after the relief ladder if it must run
+        (flush, slide; no eviction)?"""
+        if full_tokens < 0 or swa_tokens < 0:
+            return False
+        full, swa = int(full_tokens), int(swa_tokens)
+        if self._fits(self.composite, full, swa):
+            return True
+        self._relieve(full, swa)
+        return self._fits(self.composite, full, swa)
+
+    def _fits_page_demand(
+        self,
+        num_full_pages: int,
+        num_swa_pages: int,
+        *,
+        full_reclaim_pages: int = 0,
+        swa_reclaim_pages: int = 0,
+        compacted: bool = False,
+        empty_pool: bool = False,
+    ) -> bool:
+        """Does a demand of full and SWA pages fit once the reclaimed pages
+        are free?  On the boot state for ``empty_pool``.  ``compacted`` (what
+        SGLang's ``reclaim_plan`` asks, kvarena's moves having no gates): the
+        pages left live after the reclaim, packed, plus the demand, priced on
+        the boot state, as relief packs the bands.  Otherwise freed pages are
+        taken first by a bind (holes, or a retreated eager frontier), so the
+        demand net of the reclaim is priced against the arena as it stands."""
+        ps = self.page_size
+        if compacted and not empty_pool:
+            arena = self.composite.arena
+            live = {n: arena.live_pages(n) for n in self.CHAIN}
+            full = live[FULL] - min(live[FULL], max(0, full_reclaim_pages)) + num_full_pages
+            swa = live[SWA] - min(live[SWA], max(0, swa_reclaim_pages)) + num_swa_pages
+            return self._empty.fits(max(full, swa) * ps, state_slots=live.get(STATE, 0), swa_tokens=swa * ps)
+        full = max(0, num_full_pages - full_reclaim_pages) * ps
+        swa = max(0, num_swa_pages - swa_reclaim_pages) * ps
+        return self._fits(self._empty if empty_pool else self.composite, full, swa)
+
+    def _compaction_allowed(self) -> bool:
+        """True: kvarena's moves have no gates."""
+        return True
+
+    for f in (
+        swa_available_size,
+        schedulable_swa_available_size,
+        conserve_swa_available_size,
+        translate_loc_from_full_to_swa,
+        translate_swa_indices_for_transfer,
+        free_swa,
+        free_swa_segment,
+        free_full,
+        free_full_segment,
+        clear_full_to_swa_mapping,
+        ensure_capacity,
+        _fits_page_demand,
+        _compaction_allowed,
+    ):
+        setattr(cls, f.__name__, f)
+    cls.swa_v2p_page_table = property(swa_v2p_page_table)
+    cls._conserve_swa_available_size = conserve_swa_available_size
+    return cls
+
+
+def _fits(composite, full_tokens: int, swa_tokens: int) -> bool:
+    """The composite's uneven gate.  SWA binds a subset of full's new ids, so
+    a demand of more SWA than full is priced as that many full tokens too
+    (only HiCache's load-back, unsupported here, asks for it)."""
+    return composite.fits(max(full_tokens, swa_tokens), swa_tokens=swa_tokens)
+
+
+def _relieve(composite, full_tokens: int, swa_tokens: int) -> bool:
+    return composite.relieve(max(full_tokens, swa_tokens), swa_tokens=swa_tokens)
+
+
+def _install_unsupported(cls, names):
+    for name in names:
+        feature = UNSUPPORTED[name]
+        if isinstance(getattr(cls, name), property):
+            setattr(cls, name, _unsupported_property(name, feature))
+        else:
+            setattr(cls, name, _raiser(name, feature))
+    return cls
+
+
+@_swa_views
+class _SWACalls(_Dropin):
+    _fits = staticmethod(_fits)
+
+    def _relieve(self, full_tokens: int, swa_tokens: int) -> bool:
+        return _relieve(self.composite, full_tokens, swa_tokens)
+
+
+class UnifiedSWATokenToKVPoolAllocator(_SWACalls, _hs.UnifiedSWATokenToKVPoolAllocator):
+    """Full + sliding-window KV on one buffer: kvarena's ``HybridSWA`` (swa an
+    up END, full a down END), over SGLang's ``UnifiedSWAKVPool``."""
+
+    KIND = HybridSWA
+    CHAIN = (SWA, FULL)
+
+    def __init__(
+        self,
+        *,
+        unified_buffer,
+        kvcache,
+        device: str,
+        full_max_total_num_tokens: int | None = None,
+        swa_max_total_num_tokens: int | None = None,
+        page_size: int = 1,
+        need_sort: bool = False,
+        forward_stream=None,
+        lazy_compaction: bool = False,
+        policy: str | None = None,
+    ) -> None:
+        self._boot(
+            unified_buffer=unified_buffer,
+            kvcache=kvcache,
+            state_pool=None,
+            device=device,
+            page_size=page_size,
+            need_sort=need_sort,
+            policy=policy,
+            lazy_compaction=lazy_compaction,
+            full_max_total_num_tokens=full_max_total_num_tokens,
+            swa_max_total_num_tokens=swa_max_total_num_tokens,
+        )
+
+    def _composite_args(self, total_bytes: int, entry: dict[str, int]) -> tuple[int, ...]:
+        return (total_bytes, entry[FULL], entry[SWA])
+
+
+class UnifiedMambaSWATokenToKVPoolAllocator(_SWACalls, _hs.UnifiedMambaSWATokenToKVPoolAllocator):
+    """Full KV + sliding-window KV + mamba state on one buffer: kvarena's
+    ``TriPool`` (state an up END, swa a float, full a down END)."""
+
+    KIND = TriPool
+    CHAIN = (STATE, SWA, FULL)
+
+    def __init__(
+        self,
+        *,
+        unified_buffer,
+        kvcache,
+        mamba_kvcache,
+        device: str,
+        full_max_total_num_tokens: int,
+        swa_max_total_num_tokens: int,
+        page_size: int = 1,
+        need_sort: bool = False,
+        forward_stream=None,
+        lazy_compaction: bool = False,
+        policy: str | None = None,
+    ) -> None:
+        self._boot(
+            unified_buffer=unified_buffer,
+            kvcache=kvcache,
+            state_pool=mamba_kvcache,
+            device=device,
+            page_size=page_size,
+            need_sort=need_sort,
+            policy=policy,
+            lazy_compaction=lazy_compaction,
+            full_max_total_num_tokens=full_max_total_num_tokens,
+            swa_max_total_num_tokens=swa_max_total_num_tokens,
+        )
+        # None, as SGLang's tri-pool: its leak checker then skips the flat free-list census
+        self.free_pages = None
+        self.release_pages = None
+
+    def _composite_args(self, total_bytes: int, entry: dict[str, int]) -> tuple[int, ...]:
+        return (total_bytes, entry[FULL], entry[SWA], entry[STATE])
+
+    def prepare_mamba_allocation(self, target_size: int) -> None:
+        """Make room for ``target_size`` state slots if relief can (flush,
+        slide; no eviction); the slot allocator then asks the state band."""
+        _prepare_state(self, target_size)
+
+    def mamba_slot_full_token_cost(self) -> int:
+        return self.composite.state_slot_token_cost()
+
+    def _token_reclaim_satisfied(self, num_tokens: int) -> bool:
+        """SGLang's stop test for a round of eviction: the demand fits now
+        (sufficient; the relief ladder in ``ensure_capacity`` may need less)."""
+        return self._token_id_capacity(num_tokens) and self.composite.fits(num_tokens)
+
+
+class UnifiedMambaTokenToKVPoolAllocator(_Dropin, _um.UnifiedMambaTokenToKVPoolAllocator):
+    """Full KV + mamba state on one buffer: kvarena's ``MambaHybrid`` (state
+    an up END, full a down END), over SGLang's ``HybridLinearKVPool``."""
+
+    KIND = MambaHybrid
+    CHAIN = (STATE, FULL)
+
+    def __init__(
+        self,
+        *,
+        unified_buffer,
+        kvcache,
+        device: str,
+        page_size: int = 1,
+        need_sort: bool = False,
+        forward_stream=None,
+        lazy_compaction: bool = False,
+        policy: str | None = None,
+    ) -> None:
+        self._boot(
+            unified_buffer=unified_buffer,
+            kvcache=kvcache,
+            state_pool=kvcache.mamba_pool,
+            device=device,
+            page_size=page_size,
+            need_sort=need_sort,
+            policy=policy,
+            lazy_compaction=lazy_compaction,
+        )
+
+    def _composite_args(self, total_bytes: int, entry: dict[str, int]) -> tuple[int, ...]:
+        return (total_bytes, entry[FULL], entry[STATE])
+
+    @property
+    def size(self) -> int:
+        """SGLang's: dynamic, the available view plus the live tokens, so the
+        idle leak check (``available + held == size``) cancels the view."""
+        return self.available_size() + self.full_attn_allocator.allocated_count()
+
+    @size.setter
+    def size(self, value) -> None:
+        pass  # SGLang's base __init__ assigns it
+
+    @property
+    def size_full(self) -> int:
+        return self._size_full
+
+    @property
+    def size_mamba(self) -> int:
+        return self.mamba_allocator.max_slots - 1
+
+    def available_size(self) -> int:
+        """SGLang's view for this stack: full's schedulable size, which
+        credits the state END's lazy holes (an allocation's relief flushes
+        them), so the retract gate and eviction do not over-reclaim."""
+        return self.composite.arena.schedulable_available_size(FULL)
+
+    def full_available_size(self) -> int:
+        return self.available_size()
+
+    def prepare_mamba_allocation(self, target_size: int) -> None:
+        _prepare_state(self, target_size)
+
+    def mamba_slot_full_token_cost(self) -> int:
+        return self.composite.state_slot_token_cost()
+
+    def ensure_capacity(self, full_tokens: int, swa_tokens: int = 0) -> bool:
+        if full_tokens < 0:
+            return False
+        if self.composite.fits(full_tokens):
+            return True
+        self.composite.relieve(full_tokens)
+        return self.composite.fits(full_tokens)
+
+
+def _prepare_state(allocator, target_size: int) -> None:
+    if target_size <= allocator.composite.state_available_size():
+        return
+    allocator.composite.relieve(state_slots=target_size)
+
+
+_BASE_OF = {
+    UnifiedSWATokenToKVPoolAllocator: _hs.UnifiedSWATokenToKVPoolAllocator,
+    UnifiedMambaSWATokenToKVPoolAllocator: _hs.UnifiedMambaSWATokenToKVPoolAllocator,
+    UnifiedMambaTokenToKVPoolAllocator: _um.UnifiedMambaTokenToKVPoolAllocator,
+}
+for _cls, _sglang_cls in _BASE_OF.items():
+    _install_unsupported(_cls, [n for n in UNSUPPORTED if hasattr(_sglang_cls, n)])
+
+ALLOCATORS = tuple(_BASE_OF)

@@ -1,0 +1,102 @@
+"""``kvarena sglang check``: SGLang's three unified-memory stacks on this
+install, built by SGLang's own factories with kvarena installed, each run
+through the byte-checked workload (``workload.py``); then ``uninstall()``
+and the factories build SGLang's allocators again.  Prints what held and
+exits non-zero on any failure."""
+
+import argparse
+import json
+import sys
+import time
+from pathlib import Path
+
+
+def add_arguments(c: argparse.ArgumentParser) -> None:
+    c.add_argument("action", choices=["check"], help="check: build the three stacks and run the workload on each")
+    c.add_argument("--steps", type=int, default=80, help="workload steps per stack (default 80)")
+    c.add_argument("--page-sizes", type=int, nargs="+", default=[1, 4], help="page sizes (default 1 4)")
+    c.add_argument("--policy", choices=["planner", "anchor"], default="planner", help="kvarena's relief policy")
+    c.add_argument("--seed", type=int, default=0)
+    c.add_argument("--json", metavar="PATH", help="write the reports")
+    c.add_argument(
+        "--no-install",
+        action="store_true",
+        help="fail instead of running `pip install --no-deps sglang==0.5.23` when it is missing",
+    )
+
+
+def run(args: argparse.Namespace) -> int:
+    from kvarena.anchor.loader import AnchorUnavailable, ensure_installed
+
+    try:
+        ensure_installed(allow_install=not args.no_install)
+        from . import allocators, factories, stacks, workload
+
+        stacks.runtime_context()
+    except AnchorUnavailable as e:
+        print(f"kvarena sglang: {e}", file=sys.stderr)
+        return 2
+    from rich.console import Console
+    from rich.table import Table
+
+    factories.install(args.policy)
+    built = {kind: type(stacks.build(kind).token_to_kv_pool_allocator) for kind in stacks.KINDS}
+    failures = [
+        f"{k}: factory built {c.__name__} from {c.__module__}"
+        for k, c in built.items()
+        if not issubclass(c, allocators.ALLOCATORS)
+    ]
+    table = Table(title=f"kvarena sglang check: SGLang's stacks on kvarena ({args.policy} policy)")
+    for col in (
+        "stack",
+        "ps",
+        "lazy",
+        "requests",
+        "refused",
+        "tokens checked",
+        "slots checked",
+        "pages moved",
+        "bytes",
+    ):
+        table.add_column(col, justify="left" if col in ("stack", "pages moved", "bytes") else "right")
+    reports = []
+    t0 = time.perf_counter()
+    for kind in stacks.KINDS:
+        for ps in args.page_sizes:
+            for lazy in (True, False):
+                r = workload.run(kind, steps=args.steps, page_size=ps, lazy=lazy, seed=args.seed)
+                reports.append({"lazy": lazy, **r.__dict__})
+                idle = [n for n, k in r.pages_moved.items() if k == 0]
+                moved = " ".join(f"{n} {k}" for n, k in r.pages_moved.items())
+                table.add_row(
+                    kind,
+                    str(ps),
+                    "yes" if lazy else "no",
+                    str(r.admitted),
+                    str(r.refused),
+                    f"{r.tokens_checked:,}",
+                    f"{r.slots_checked:,}",
+                    moved,
+                    "intact" if r.ok else "CORRUPTED",
+                )
+                failures += [f"{kind} ps={ps} lazy={lazy}: {e}" for e in r.errors[:3]]
+                if lazy and idle and r.refused:
+                    print(f"note: {kind} ps={ps} lazy: no relocation in {', '.join(idle)}")
+    factories.uninstall()
+    back = {kind: type(stacks.build(kind).token_to_kv_pool_allocator) for kind in stacks.KINDS}
+    failures += [
+        f"{k}: after uninstall the factory still builds kvarena's {c.__name__}"
+        for k, c in back.items()
+        if issubclass(c, allocators.ALLOCATORS)
+    ]
+    Console(width=max(Console().width, 110)).print(table)
+    print(
+        f"factories: kvarena's allocators after install(), SGLang's after uninstall(): "
+        f"{'ok' if not any('factory' in f for f in failures) else 'FAIL'}"
+    )
+    if args.json:
+        Path(args.json).write_text(json.dumps(reports, indent=1) + "\n")
+    for f in failures:
+        print(f"FAIL {f}")
+    print(f"kvarena sglang check: {'FAIL' if failures else 'ok'} ({time.perf_counter() - t0:.0f} s)")
+    return 1 if failures else 0

@@ -1,0 +1,99 @@
+"""``install()`` / ``uninstall()``: which allocator SGLang's factories build.
+
+SGLang's configurator imports its three factories from
+``sglang.srt.mem_cache.unified_memory_pool`` when it builds the pools, and
+each factory imports its allocator class from the allocator module when it
+runs.  ``install`` replaces the three factories in that module by wrappers
+that, for the duration of the call only, put kvarena's class where the
+factory looks for SGLang's; nothing else of SGLang changes, and
+``uninstall`` puts the original factories back.
+"""
+
+import functools
+import os
+
+from kvarena.anchor.loader import import_sglang
+
+ENV = "KVARENA_SGLANG"  # "1" or "planner", or "anchor": the policy; read by the startup hook
+POOL_MODULE = "sglang.srt.mem_cache.unified_memory_pool"
+FACTORIES = {
+    "init_unified_swa_pools": ("sglang.srt.mem_cache.allocator.unified_hybrid_swa", "UnifiedSWATokenToKVPoolAllocator"),
+    "init_unified_mamba_pools": ("sglang.srt.mem_cache.allocator.unified_mamba", "UnifiedMambaTokenToKVPoolAllocator"),
+    "init_unified_mamba_swa_pools": (
+        "sglang.srt.mem_cache.allocator.unified_hybrid_swa",
+        "UnifiedMambaSWATokenToKVPoolAllocator",
+    ),
+}
+_ORIGINAL: dict[str, object] = {}  # factory name -> SGLang's function, while installed
+
+
+def policy_from_env(value: str | None) -> str | None:
+    """The policy ``KVARENA_SGLANG`` asks for, or None when it is unset or off."""
+    if value is None or value.strip().lower() in ("", "0", "off", "false", "no"):
+        return None
+    v = value.strip().lower()
+    if v in ("1", "on", "true", "yes", "planner"):
+        return "planner"
+    if v == "anchor":
+        return "anchor"
+    raise ValueError(f"{ENV}={value!r}: use 1 (the planner), planner or anchor; 0 or unset for SGLang's allocator")
+
+
+def install(policy: str = "planner") -> None:
+    """From now on SGLang's three factories build kvarena's allocators
+    (``policy``: ``"planner"`` or ``"anchor"``).  Installing again changes
+    the policy."""
+    from . import allocators
+
+    if policy not in allocators.POLICIES:
+        raise ValueError(f"policy must be one of {allocators.POLICIES}, got {policy!r}")
+    pool_module = import_sglang(POOL_MODULE)
+    for name, (module_name, class_name) in FACTORIES.items():
+        original = _ORIGINAL.get(name, getattr(pool_module, name))
+        ours = type(class_name, (getattr(allocators, class_name),), {"DEFAULT_POLICY": policy, "__module__": __name__})
+        setattr(pool_module, name, _building(original, import_sglang(module_name), class_name, ours))
+        _ORIGINAL[name] = original
+
+
+def uninstall() -> None:
+    """SGLang's factories build SGLang's allocators again."""
+    if not _ORIGINAL:
+        return
+    pool_module = import_sglang(POOL_MODULE)
+    for name, original in _ORIGINAL.items():
+        setattr(pool_module, name, original)
+    _ORIGINAL.clear()
+
+
+def installed() -> bool:
+    return bool(_ORIGINAL)
+
+
+def _building(original, module, class_name, ours):
+    """``original`` with ``module.class_name`` bound to ``ours`` while it runs."""
+
+    @functools.wraps(original)
+    def factory(*args, **kwargs):
+        theirs = getattr(module, class_name)
+        setattr(module, class_name, ours)
+        try:
+            return original(*args, **kwargs)
+        finally:
+            setattr(module, class_name, theirs)
+
+    return factory
+
+
+def plugin() -> None:
+    """SGLang's plugin hook (entry point group ``sglang.srt.plugins``, which
+    every scheduler process loads before it builds its pools): installs
+    kvarena when ``KVARENA_SGLANG`` asks for it, else does nothing."""
+    install_from_env()
+
+
+def install_from_env() -> str | None:
+    """``install`` with the policy ``KVARENA_SGLANG`` names, if it names one."""
+    policy = policy_from_env(os.environ.get(ENV))
+    if policy is not None:
+        install(policy)
+    return policy

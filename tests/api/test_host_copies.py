@@ -1,0 +1,85 @@
+"""The engine's host copies (``prefix_lens_cpu``, ``seq_lens_cpu``,
+``extend_num_tokens``; ANCHOR section 1) in both packages: given and agreeing
+they change nothing; disagreeing they are a ``ValueError`` with nothing
+changed; on the implementation's trusted path they size the call (the
+read-free path, ``tests/impl/test_host_sync.py``) and give the same slots."""
+
+import pytest
+import torch
+
+from kvarena import impl, spec
+from tests.api.test_composites import make
+from tests.support import unchanged
+
+PKGS = {"spec": spec, "impl": impl}
+
+
+def ints(xs):
+    return [int(x) for x in xs]
+
+
+@pytest.mark.parametrize("pkg", PKGS)
+@pytest.mark.parametrize("kind", ["hybrid", "mamba", "tri"])
+@pytest.mark.parametrize("ps", [1, 4])
+def test_agreeing_copies_change_nothing(pkg, kind, ps):
+    plain, copied = make(PKGS[pkg], kind, ps), make(PKGS[pkg], kind, ps)
+    first = plain.alloc_extend([0, 0], [5, 9], [-1, -1])
+    assert ints(
+        copied.alloc_extend([0, 0], [5, 9], [-1, -1], prefix_lens_cpu=[0, 0], seq_lens_cpu=[5, 9], extend_num_tokens=14)
+    ) == ints(first)
+    last = [int(first[4]), int(first[13])]
+    assert ints(copied.alloc_decode([6, 10], last, seq_lens_cpu=[6, 10])) == ints(plain.alloc_decode([6, 10], last))
+    assert copied.snapshot() == plain.snapshot()
+
+
+@pytest.mark.parametrize("pkg", PKGS)
+@pytest.mark.parametrize(
+    "call, words",
+    [
+        (lambda c: c.alloc_extend([0], [5], [-1], prefix_lens_cpu=[1]), "prefix_lens_cpu"),
+        (lambda c: c.alloc_extend([0], [5], [-1], seq_lens_cpu=[6]), "seq_lens_cpu"),
+        (lambda c: c.alloc_extend([0], [5], [-1], extend_num_tokens=4), "extend_num_tokens"),
+        (lambda c: c.alloc_decode([1], [-1], seq_lens_cpu=[2]), "seq_lens_cpu"),
+    ],
+)
+def test_a_disagreeing_copy_is_a_value_error_and_changes_nothing(pkg, call, words):
+    c = make(PKGS[pkg], "tri", 4)
+    with unchanged(c), pytest.raises(ValueError, match=words):
+        call(c)
+
+
+@pytest.mark.parametrize("kind", ["hybrid", "mamba", "tri"])
+@pytest.mark.parametrize("ps", [1, 4])
+def test_the_trusted_path_sized_by_host_copies_gives_the_checked_slots(kind, ps):
+    checked, trusted = make(impl, kind, ps), make(impl, kind, ps)
+    first = checked.alloc_extend([0, 0, 0], [5, 9, 2], [-1, -1, -1])
+    t = torch.tensor
+    got = trusted.alloc_extend(
+        t([0, 0, 0]),
+        t([5, 9, 2]),
+        t([-1, -1, -1]),
+        check=False,
+        prefix_lens_cpu=t([0, 0, 0]),
+        seq_lens_cpu=t([5, 9, 2]),
+        extend_num_tokens=16,
+    )
+    assert torch.equal(got, first)
+    last = first[[4, 13, 15]]
+    seq = t([6, 10, 3])
+    assert torch.equal(trusted.alloc_decode(seq, last, check=False, seq_lens_cpu=seq), checked.alloc_decode(seq, last))
+    assert trusted.snapshot() == checked.snapshot()
+
+
+def test_a_host_copy_on_the_device_is_refused():
+    """A copy must already be on the host: reading one back is the sync it saves."""
+    c = make(impl, "hybrid", 4)
+    meta = torch.tensor([5], device="meta")
+    with pytest.raises(ValueError, match="CPU tensor"):
+        c.alloc_extend(
+            torch.tensor([0]),
+            torch.tensor([5]),
+            torch.tensor([-1]),
+            check=False,
+            prefix_lens_cpu=torch.tensor([0]),
+            seq_lens_cpu=meta,
+        )
