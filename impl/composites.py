@@ -271,8 +271,9 @@ class _Composite:
         be ``<= tokens``; a composite without swa takes only None, 0 or
         ``tokens``.  Else ``ValueError`` (the spec's rule and words)."""
         tokens, state_slots = self._demand_args("fits", tokens, state_slots)
-        swa = self._swa_arg("fits", tokens, swa_tokens)
-        return self._fits(tokens, state_slots, swa)
+        if swa_tokens is None:  # the coupled demand: no further call on the hot path
+            return self._fits(tokens, state_slots)
+        return self._fits(tokens, state_slots, self._swa_arg("fits", tokens, swa_tokens))
 
     def _fits(self, tokens: int, state_slots: int, swa_tokens: int | None = None) -> bool:
         need = _cdiv(tokens, self.page_size)

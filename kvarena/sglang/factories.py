@@ -10,6 +10,7 @@ factory looks for SGLang's; nothing else of SGLang changes, and
 """
 
 import functools
+import logging
 import os
 
 from kvarena.anchor.loader import import_sglang
@@ -96,4 +97,11 @@ def install_from_env() -> str | None:
     policy = policy_from_env(os.environ.get(ENV))
     if policy is not None:
         install(policy)
+        # a warning, so SGLang's default log level shows it (tools/sglang_server_check.sh looks for it)
+        logging.getLogger(__name__).warning(
+            "kvarena.sglang: SGLang's unified-memory allocators are kvarena's (%s policy; %s=%s)",
+            policy,
+            ENV,
+            os.environ.get(ENV),
+        )
     return policy

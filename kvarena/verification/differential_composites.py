@@ -57,6 +57,9 @@ REQUIRED = (
     "uneven fits where the coupled demand does not",
     "uneven relief",
     "uneven bad input",
+    "extend with host copies",
+    "decode with a host copy",
+    "lent buffer",
 )
 # Counted, not required: since the ladder compacts only surplus holes, a fit part-way is rare in
 # a fixed-seed run and its count moved with Hypothesis's version and the test order (0 to 18);
@@ -76,6 +79,23 @@ def build(pkg, kind, total, full, swa, state, ps, lazy, device, policy="anchor")
     if kind == "mamba":
         return pkg.MambaHybrid(total, full, state, ps, lazy=lazy, policy=policy, **device)
     return pkg.TriPool(total, full, swa, state, ps, lazy=lazy, policy=policy, **device)
+
+
+class LentBuffer:
+    """An engine's buffer and page copy, lent to the implementation's arena
+    (``Arena(buffer=, mover=)``): the copy refuses overlapping sets, the
+    mover's contract, so a move the arena should have split is caught."""
+
+    def __init__(self, total, device):
+        self.buffer = torch.zeros(total, dtype=torch.uint8, device=device)
+        self.arena = None
+
+    def __call__(self, name, dst, src):
+        moving = dst != src
+        d, s = set(dst[moving].tolist()), set(src[moving].tolist())
+        assert not d & s, f"{name}: the mover was handed overlapping sets"
+        view = self.arena.page_view(name)
+        view[dst] = view[src]
 
 
 def host(x):
@@ -101,12 +121,19 @@ def setups(draw):
 class CompositeMachine(RuleBasedStateMachine):
     device = "cpu"
 
-    @initialize(setup=setups(), policy=st.sampled_from(spec.POLICIES))
-    def boot(self, setup, policy):
+    @initialize(setup=setups(), policy=st.sampled_from(spec.POLICIES), lent=st.booleans())
+    def boot(self, setup, policy, lent):
         kind, total, full, swa, state, ps, lazy, window = setup
         self.kind, self.ps, self.window = kind, ps, window
         self.S = build(spec, kind, total, full, swa, state, ps, lazy, {}, policy)
-        self.I = build(impl, kind, total, full, swa, state, ps, lazy, {"device": self.device}, policy)
+        extra = {"device": self.device}
+        if lent:  # the implementation over an engine's buffer and page copy
+            note("lent buffer")
+            mover = LentBuffer(total, self.device)
+            extra.update(buffer=mover.buffer, mover=mover)
+        self.I = build(impl, kind, total, full, swa, state, ps, lazy, extra, policy)
+        if lent:
+            mover.arena = self.I.arena
         note(f"policy {policy}")
         self.has_swa, self.has_state = kind != "mamba", kind != "hybrid"
         g = self.S.arena.geometry("full")
@@ -217,7 +244,23 @@ class CompositeMachine(RuleBasedStateMachine):
         k = min(self.most - seq, data.draw(st.integers(1, 4 * self.ps + 1)))
         if k <= 0:
             return
-        new = self.both(lambda c: c.alloc_extend([seq], [seq + k], [self.last(rid)]))
+        if data.draw(st.booleans()):  # the engine's host copies: checked on the spec, sizing the impl's trusted path
+            note("extend with host copies")
+            copies = {"prefix_lens_cpu": [seq], "seq_lens_cpu": [seq + k], "extend_num_tokens": k}
+            new = self.both(
+                lambda c: c.alloc_extend([seq], [seq + k], [self.last(rid)], **copies),
+                lambda c: c.alloc_extend(
+                    self.tensor([seq]),
+                    self.tensor([seq + k]),
+                    self.tensor([self.last(rid)]),
+                    check=False,
+                    prefix_lens_cpu=torch.tensor([seq]),
+                    seq_lens_cpu=torch.tensor([seq + k]),
+                    extend_num_tokens=k,
+                ),
+            )
+        else:
+            new = self.both(lambda c: c.alloc_extend([seq], [seq + k], [self.last(rid)]))
         if new is not None:
             if (seq - 1) // self.ps != (seq + k - 1) // self.ps:
                 note("extend crosses a page")
@@ -237,9 +280,13 @@ class CompositeMachine(RuleBasedStateMachine):
         trusted = data.draw(st.booleans())
         if trusted:
             note("trusted decode")
+        copy = data.draw(st.booleans())  # the engine's host copy of seq_lens
+        if copy:
+            note("decode with a host copy")
+        cpu = {"seq_lens_cpu": torch.tensor(seqs)} if copy else {}
         new = self.both(
-            lambda c: c.alloc_decode(seqs, lasts),
-            (lambda c: c.alloc_decode(self.tensor(seqs), self.tensor(lasts), check=False)) if trusted else None,
+            lambda c: c.alloc_decode(seqs, lasts, **({"seq_lens_cpu": seqs} if copy else {})),
+            (lambda c: c.alloc_decode(self.tensor(seqs), self.tensor(lasts), check=False, **cpu)) if trusted else None,
         )
         if new is None:
             return

@@ -109,8 +109,8 @@ MUTATIONS = [
         "impl/arena.py",
         [
             (
-                "view.index_copy_(0, dst, view.index_select(0, src))",
-                "view.index_copy_(0, src, view.index_select(0, dst))",
+                "view = self.page_view(b.name)\n            view.index_copy_(0, dst, view.index_select(0, src))",
+                "view = self.page_view(b.name)\n            view.index_copy_(0, src, view.index_select(0, dst))",
             )
         ],
     ),

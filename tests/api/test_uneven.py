@@ -16,6 +16,7 @@ import copy
 import random
 
 import pytest
+import torch
 
 from kvarena import impl, spec
 from kvarena.spec import contracts
@@ -264,3 +265,29 @@ def test_ps_rounding_of_the_swa_tail(pkg):
     assert c.fits(30 * ps, 0, 9 * ps) and not c.fits(30 * ps, 0, 9 * ps + 1)
     assert not c.fits(19 * ps + 3, 0, 19 * ps + 1) and not c.fits(19 * ps + 3)  # both 20 pages a side
     assert c.fits(19 * ps + 3, 0, 18 * ps) and c.arena.geometry("swa").epp == E * ps
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_impl_uneven_fits_reads_nothing_from_the_device(pkg, kind, monkeypatch):
+    """The implementation's uneven gate is host ints only (DESIGN section
+    11: admission asks it per request): every sync-forcing tensor method
+    raises while ``fits`` with ``swa_tokens`` runs."""
+    if pkg is not impl:
+        pytest.skip("the implementation's host counters")
+    ps = 4
+    c = make(pkg, kind, ps, pages=20, lazy=True)
+    t = ids_of(c.alloc_extend([0], [9], [-1]))
+    if kind != "mamba":
+        c.free_swa(t[:4], 0)
+    slot = 1 if kind != "hybrid" else 0
+    demands = ((8, 0, 8), (40, 0, 0), (60, slot, 60)) if kind == "mamba" else ((8, 0, 4), (40, 0, 0), (60, slot, 8))
+    want = [c.fits(n, s, w) for n, s, w in demands]
+
+    def sync(*a, **k):
+        raise AssertionError("a host sync in the uneven gate")
+
+    for attr in ("item", "tolist", "cpu", "numpy", "__bool__", "__int__", "__index__", "any", "all"):
+        monkeypatch.setattr(torch.Tensor, attr, sync)
+    got = [c.fits(n, s, w) for n, s, w in demands]
+    monkeypatch.undo()
+    assert got == want

@@ -125,6 +125,30 @@ def test_recording_a_composite():
     assert r.ok and r.compared > 20, r
 
 
+def test_recording_an_uneven_relieve():
+    """A ``relieve`` with ``swa_tokens`` (the uneven demand) records its
+    keyword and the uneven shortfall, and replays on the implementation:
+    9 free pages, (8, 4) keeps 6 full pages, so evict is asked for 2."""
+    from kvarena import spec
+
+    trace = fuzz.CallTrace()
+    c = spec.HybridSWA(8 * 40, 8, 8, 1)
+    rec = fuzz.Recording(c, trace, fuzz.COMPOSITE_RECORDED)
+    trace.config = fuzz.config_of(c)
+    toks = rec.alloc_extend([0], [15], [-1])
+
+    def evict(k):
+        rec.free(toks)
+        return len(toks)
+
+    assert rec.relieve(8, 0, evict, swa_tokens=4)
+    case = fuzz.trace_to_case(trace, "fuzz/unit-uneven")
+    step = case["ops"][-1]
+    assert step["args"] == {"tokens": 8, "state_slots": 0, "swa_tokens": 4} and step["shortfalls"] == [2]
+    r = vectors.replay_case(case, "impl")
+    assert r.ok and r.compared > 20, r
+
+
 @pytest.mark.parametrize("db", [None, "dir"])
 def test_open_database(tmp_path, db):
     got = fuzz.open_database(None if db is None else tmp_path)
