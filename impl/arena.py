@@ -571,7 +571,7 @@ class Arena:
         rank = (1 - dead if dead_first else dead) * (n + 1) + vacated
         src = vacated.index_select(0, torch.sort(rank).indices)
         dst = torch.sort(freed).values
-        self._move(b, dst, src, disjoint=True)
+        self._move(b, dst, src, True)  # disjoint
 
     def flush(self, name: str, max_moves: int | None = None) -> int:
         """Settle a band's backlog; pages moved.

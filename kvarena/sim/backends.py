@@ -47,11 +47,11 @@ def count_moves(arena):
     moved = [0]
     move = arena._move
 
-    def counted(band, dst, src):
+    def counted(band, dst, src, disjoint=False):
         if src.numel():
             alive = (band.p2v.index_select(0, src) >= 0) & (src != dst)
             moved[0] += int(alive.sum()) * band.geom.epp
-        return move(band, dst, src)
+        return move(band, dst, src, disjoint)
 
     arena._move = counted
     return moved

@@ -76,10 +76,10 @@ def test_bug4_move_contract_is_dst_first_for_every_kind(kind):
 def test_bug4_planted_reversed_order_for_state_is_caught(monkeypatch):
     real = arena_mod.Arena._move
 
-    def reversed_for_state(self, b, dst, src):
+    def reversed_for_state(self, b, dst, src, *rest):
         if b.pool.kind == "state":
             dst, src = src, dst
-        return real(self, b, dst, src)
+        return real(self, b, dst, src, *rest)
 
     monkeypatch.setattr(arena_mod.Arena, "_move", reversed_for_state)
     relocations_keep_bytes("kv")  # kv pools untouched by the plant

@@ -44,8 +44,8 @@ class MoveCounter:
         self.moved = 0
         orig = c.arena._move
 
-        def counting(b, dst, src):
-            k = orig(b, dst, src)
+        def counting(b, dst, src, *rest):
+            k = orig(b, dst, src, *rest)
             self.moved += k
             return k
 

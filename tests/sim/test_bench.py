@@ -215,6 +215,8 @@ def test_bench_command_writes_every_section(tmp_path, capsys):
         "spec oracle",
         "churn, tri-synthetic",
         "copy,",
+        "sglang decode step, batch 1:",
+        "sglang decode step, batch 32:",
     ):
         assert word in text
     data = json.loads(out.read_text())
@@ -226,6 +228,8 @@ def test_bench_command_writes_every_section(tmp_path, capsys):
     assert data["decode"]["eager"]["bytes_moved_per_step"] > 0
     assert set(data["memo"]) == {"2 pools", "3 pools", "4 pools", "5 pools"}
     assert data["copy"]["bytes"] == 1 << 20
+    assert set(data["sglang"]) == {"batch 1", "batch 32", "batch 64"}
+    assert all(r["kvarena_us"]["median"] > 0 and r["sglang_us"]["median"] > 0 for r in data["sglang"].values())
     churn = data["churn"]["gpt-oss-120b"]["anchor"]
     assert churn["moved_per_allocated"] == pytest.approx(churn["bytes_moved"] / churn["bytes_allocated"])
     assert cli.main(["bench", "--only", "nope"]) == 2

@@ -99,8 +99,8 @@ def test_planted_move_bug_fails_the_implementation(shipped, monkeypatch):
     """Anchor bug 4 planted in the implementation: a move that copies the
     destination onto the source leaves data behind; the vectors see it."""
 
-    def swapped(self, b, dst, src):
-        return real(self, b, src, dst)
+    def swapped(self, b, dst, src, *rest):
+        return real(self, b, src, dst, *rest)
 
     real = impl.arena.Arena._move
     monkeypatch.setattr(impl.arena.Arena, "_move", swapped)
