@@ -23,11 +23,14 @@ that compute move sets from the tables.
 """
 
 import itertools
+import math
 import operator
 from collections.abc import Callable, Collection, Iterable, Mapping
+from dataclasses import dataclass
 from typing import ClassVar, SupportsIndex
 
 import torch
+from torch.utils.dlpack import from_dlpack
 
 from kvarena.spec.geometry import AccountingError, Geometry, SubPool, borrowing, check_policy, lazy_ends, make_layout
 from kvarena.spec.planner import End, Float, move_order, plan_chain
@@ -48,6 +51,47 @@ Mover = Callable[[str, torch.Tensor, torch.Tensor], object]
 ``pool``'s grid, ``src_pages[i] -> dst_pages[i]`` (int64 physical pages).
 Apart from self-pairs ``(p, p)``, which a copy leaves as they are, the two
 sets are disjoint and no page repeats.  The arena updates its tables itself."""
+
+
+WORDS = {8: torch.int64, 4: torch.int32, 2: torch.int16, 1: torch.uint8}  # a move's element, by width
+TEMP_BYTES = {"cpu": 4 << 20, "cuda": 64 << 20}  # a gather's temporary, at most (others: cuda's)
+
+
+@dataclass(frozen=True)
+class SrcRun:
+    """``_move``'s ``disjoint`` when the caller knows, without reading the
+    device, that the sets are disjoint (but for self-pairs) and that the
+    sources are the ascending pages ``start, start + 1, ...``: the copy then
+    reads them as one slice, in one pass and sync-free.  Always truthy."""
+
+    start: int
+
+
+def _alias(rows: torch.Tensor) -> torch.Tensor:
+    """``rows``' memory through a storage torch does not tie to theirs.
+
+    torch refuses a gather or scatter whose source shares the written
+    tensor's storage even when the rows touched are disjoint (it compares
+    extents, not rows).  A move reads through this alias only where no row
+    it writes is a row another pair reads (``Arena._copy_pages``)."""
+    return from_dlpack(rows)
+
+
+def _copy_in_chunks(rows: torch.Tensor, dst: torch.Tensor, src: torch.Tensor, ascending: bool = True) -> None:
+    """``rows[dst[i]] = rows[src[i]]`` through a temporary of at most
+    ``TEMP_BYTES``, reused chunk after chunk: a temporary as large as the
+    move costs a fresh allocation's page faults on the CPU (it halved the
+    bandwidth) and a second move's worth of memory on a GPU.  Chunks run
+    in index order, or in reverse when ``ascending`` is False; each chunk's
+    sources are all read before any of its destinations is written."""
+    k = src.numel()
+    per = max(1, TEMP_BYTES.get(rows.device.type, TEMP_BYTES["cuda"]) // max(1, rows.shape[1] * rows.element_size()))
+    tmp = rows.new_empty((min(per, k), rows.shape[1]))
+    starts = range(0, k, per)
+    for i in starts if ascending else reversed(starts):  # chunks of TEMP_BYTES, not pages
+        n = min(per, k - i)
+        torch.index_select(rows, 0, src[i : i + n], out=tmp[:n])
+        rows.index_copy_(0, dst[i : i + n], tmp[:n])
 
 
 def _check_buffer(buffer: object, total_bytes: int, device: str | torch.device) -> None:
@@ -201,6 +245,16 @@ class Arena:
         g = self._band(name).geom
         return self.buffer[: g.num_pages * g.epp].view(g.num_pages, g.epp)
 
+    def _page_rows(self, name: str) -> torch.Tensor:
+        """``name``'s page envelopes as rows of the widest integer (8, 4, 2 or
+        1 bytes) dividing both the envelope and the buffer's address and
+        offset (a lent buffer may sit anywhere): what every move copies, so
+        it moves whole words, not bytes."""
+        g = self._band(name).geom
+        buf = self.buffer
+        w = math.gcd(8, g.epp, buf.data_ptr(), buf.storage_offset())
+        return buf[: g.num_pages * g.epp].view(WORDS[w]).view(g.num_pages, g.epp // w)
+
     def kv_view(self, name: str, dtype: torch.dtype = torch.uint8) -> torch.Tensor:
         """A KV pool's pages as ``[num_pages, page_size, entry_bytes/itemsize]``;
         a state pool's slots as ``[num_pages, entry_bytes/itemsize]``."""
@@ -227,14 +281,16 @@ class Arena:
         ids = self._bound_ids(b, ids)
         return self.page_view(name).index_select(0, b.v2p.index_select(0, ids))
 
-    def _move(self, b: Band, dst: torch.Tensor, src: torch.Tensor, disjoint: bool = False) -> int:
+    def _move(self, b: Band, dst: torch.Tensor, src: torch.Tensor, disjoint: bool | SrcRun = False) -> int:
         """Relocate pages ``src[i] -> dst[i]``: bytes and tables, one batch.
 
-        Without a mover, every source is gathered into a temporary before any
-        destination is written, so overlapping sets (compact_holes, leapfrog)
-        are safe.  With one, ``disjoint`` sets (eager compaction's: disjoint
-        but for dead self-pairs) go to it in one call, sync-free; others
-        through ``_move_bytes_with_mover``.
+        Without a mover, ``_copy_pages`` copies the bytes: sync-free when
+        the caller vouches the sets are ``disjoint`` (eager compaction's:
+        disjoint but for dead self-pairs, its sources a ``SrcRun``); else,
+        on the cold paths, after one host read of the sets' shape, so
+        overlapping sets (compact_holes) are safe.  With a mover, ``disjoint``
+        sets go to it in one call, sync-free; others through
+        ``_move_bytes_with_mover``.
         A pair whose source is dead (eager free's padding, always a
         self-copy) leaves the tables alone: its id indexes the ``-1``
         sentinel row.
@@ -243,8 +299,7 @@ class Arena:
         if k == 0:
             return 0
         if self.mover is None:
-            view = self.page_view(b.name)
-            view.index_copy_(0, dst, view.index_select(0, src))
+            self._copy_pages(b.name, dst, src, disjoint)
         elif disjoint:
             self.mover(b.name, dst, src)
         else:
@@ -255,6 +310,63 @@ class Arena:
         b.p2v.index_copy_(0, dst, v)
         b.v2p.index_copy_(0, torch.where(alive, v, b.id_end), torch.where(alive, dst, -1))
         return k
+
+    def _copy_pages(self, name: str, dst: torch.Tensor, src: torch.Tensor, disjoint: bool | SrcRun) -> None:
+        """Copy envelopes ``src[i] -> dst[i]`` of ``name``'s grid as whole
+        words (``_page_rows``).
+
+        Disjoint sets go in one pass where one side is a run of pages (a
+        leapfrog's target, make_room's gap, eager compaction's vacated
+        pages): a slice copy when both are, a gather straight into the
+        destination run, a scatter from the source run.  Otherwise through a
+        small temporary (``_copy_in_chunks``): in any chunk order when the
+        sets are disjoint; when they share pages (compact_holes' shift), in
+        the order that reads each source before it is overwritten, or, for
+        a pattern with no such order, whole.
+        """
+        rows = self._page_rows(name)
+        k = src.numel()
+        if isinstance(disjoint, SrcRun):  # sync-free, one pass
+            rows.index_copy_(0, dst, _alias(rows)[disjoint.start : disjoint.start + k])
+            return
+        if disjoint:  # sync-free, shape unknown
+            _copy_in_chunks(rows, dst, src)
+            return
+        shared, rising, falling, s0, d0 = self._move_shape(dst, src)
+        if not shared:
+            if s0 is not None and d0 is not None:
+                rows[d0 : d0 + k].copy_(rows[s0 : s0 + k])  # disjoint runs: disjoint slices
+            elif d0 is not None:
+                torch.index_select(_alias(rows), 0, src, out=rows[d0 : d0 + k])
+            elif s0 is not None:
+                rows.index_copy_(0, dst, _alias(rows)[s0 : s0 + k])
+            else:
+                _copy_in_chunks(rows, dst, src)
+        elif rising or falling:  # every pair moves one way: chunks from the far end first
+            _copy_in_chunks(rows, dst, src, ascending=falling)
+        else:
+            rows.index_copy_(0, dst, rows.index_select(0, src))
+
+    def _move_shape(self, dst: torch.Tensor, src: torch.Tensor) -> tuple[bool, bool, bool, int | None, int | None]:
+        """A cold move's shape, in one host read (SYNC: flush, make_room,
+        compact_holes and the planner's repack read the live pages already):
+        whether a destination is some source, whether both sets ascend with
+        every page moving up (``rising``) or every page down (``falling``),
+        and the first page of each set that is a run of pages (else None)."""
+
+        def run(t: torch.Tensor) -> torch.Tensor:
+            return (t[1:] - t[:-1] == 1).all()
+
+        def up(t: torch.Tensor) -> torch.Tensor:
+            return (t[1:] > t[:-1]).all()
+
+        ordered = torch.sort(src).values  # a binary search, not isin's sorts of both sets
+        found = ordered.index_select(0, torch.searchsorted(ordered, dst).clamp_max(src.numel() - 1))
+        both = up(src) & up(dst)
+        flags = [(found == dst).any(), both & (dst >= src).all(), both & (dst <= src).all(), run(src), run(dst)]
+        read = torch.cat([torch.stack(flags).to(I64), src[:1], dst[:1]]).tolist()
+        shared, rising, falling, s_run, d_run, s0, d0 = read
+        return bool(shared), bool(rising), bool(falling), s0 if s_run else None, d0 if d_run else None
 
     def _move_bytes_with_mover(self, name: str, dst: torch.Tensor, src: torch.Tensor) -> None:
         """Hand the move to the mover as disjoint waves.
@@ -272,8 +384,8 @@ class Arena:
         while dst.numel():  # SYNC: numel after a mask (relocation is a cold path)
             ready = ~torch.isin(dst, src)
             if not bool(ready.any()):  # SYNC: a cycle: gather every source first
-                view = self.page_view(name)
-                view.index_copy_(0, dst, view.index_select(0, src))
+                rows = self._page_rows(name)
+                rows.index_copy_(0, dst, rows.index_select(0, src))
                 return
             self.mover(name, dst[ready], src[ready])
             dst, src = dst[~ready], src[~ready]
@@ -485,11 +597,13 @@ class Arena:
         unbound ids, or None: the queue's oldest).  No check, no sync: the
         tail of ``alloc`` and of ``bind_with_borrowers``.  Returns the ids."""
         k = min(n, b.n_holes)
-        pages = b.holes[:k]
-        b.holes = b.holes[k:]
-        if n > k:  # only holes: no extension; no hole: the extension alone
-            ext = self._extend(b, n - k)
-            pages = torch.cat([pages, ext]) if k else ext
+        if k == 0:  # no hole: the extension alone (no slice, no rebind)
+            pages = self._extend(b, n)
+        else:
+            pages = b.holes[:k]
+            b.holes = b.holes[k:]
+            if n > k:  # holes first, then the extension
+                pages = torch.cat([pages, self._extend(b, n - k)])
         if ids is None:
             assert b.free_ids is not None  # only a band that mints its ids binds without them
             ids = b.free_ids.take(n)
@@ -556,22 +670,24 @@ class Arena:
         band.  Sorting vacated pages survivors-first (up END; last for the
         down END) against the ascending freed pages pairs the survivors with
         those holes in ascending order, and every other pair is a dead page
-        paired with itself: a harmless self-copy.
+        paired with itself: a harmless self-copy.  The pairs are listed by
+        vacated page, so the sources are one run (``SrcRun``): one pass.
         """
         n = b.geom.num_pages
         if b.grow == "up":
             b.hi = b.hi - k
-            vacated = b.pages(b.hi, b.hi + k)
+            start = b.hi
             dead_first = False
         else:
             b.lo = b.lo + k
-            vacated = b.pages(b.lo - k, b.lo)
+            start = b.lo - k
             dead_first = True
+        vacated = b.pages(start, start + k)
         dead = (b.p2v.index_select(0, vacated) < 0).to(I64)
         rank = (1 - dead if dead_first else dead) * (n + 1) + vacated
-        src = vacated.index_select(0, torch.sort(rank).indices)
-        dst = torch.sort(freed).values
-        self._move(b, dst, src, True)  # disjoint
+        # pair i: vacated[order[i]] -> i-th freed page; listed by vacated page instead
+        dst = torch.empty_like(freed).index_copy_(0, torch.sort(rank).indices, torch.sort(freed).values)
+        self._move(b, dst, vacated, SrcRun(start))  # disjoint
 
     def flush(self, name: str, max_moves: int | None = None) -> int:
         """Settle a band's backlog; pages moved.
@@ -651,9 +767,11 @@ class Arena:
         live = b.occupied_pages()  # SYNC: move sets depend on the live pages
         holes = b.holes
         if edge_pages >= b.live:  # leapfrog: pack everything against the far edge
-            target = b.pages(region_hi - b.live, region_hi) if side == "low" else b.pages(region_lo, region_lo + b.live)
-            src = live[~torch.isin(live, target)]
-            dst = target[~torch.isin(target, live)]
+            first = region_hi - b.live if side == "low" else region_lo
+            target = b.pages(first, first + b.live)
+            # the target is a run: range tests, not isin's sorts (most of a 4 KiB-page leapfrog's time)
+            src = live[(live < first) | (live >= first + b.live)]
+            dst = target[b.p2v.index_select(0, target) < 0]
         elif side == "low":
             edge = b.lo + edge_pages  # clear [b.lo, edge): into holes past it, then the high gap
             src = live[live < edge]

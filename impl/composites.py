@@ -205,6 +205,9 @@ class _Composite:
         self.device = self.arena.device
         self._memo = self.arena.new_memo()  # the arena's clock: any band's change empties it
         self._joint_key = ("joint_pages", type(self).__name__)
+        self._zero = torch.zeros((), dtype=I64, device=self.device)  # where()'s 0, made once, not per call
+        self._owner: torch.Tensor | None = None  # the checked decode's scratch (_owner_table)
+        self._end_t = torch.tensor(self.arena.id_end(FULL), dtype=I64, device=self.device)  # full's sentinel row
         self.verify()
 
     def _has(self, name: str) -> bool:
@@ -550,21 +553,52 @@ class _Composite:
         what = "alloc_decode"
         seq = self._vec(f"{what}: seq_lens", seq_lens)
         loc = self._vec(f"{what}: last_loc", last_loc)
-        prefix = seq - 1
-        self._same_length(what, prefix, seq, loc)
+        self._same_length(what, seq, seq, loc)
         opens = self._opens_page(seq)
-        bad = self._request_flags(prefix, seq, loc) + (seq < 1).to(I64).sum()
-        copies = self._copy_flags(what, {"seq_lens": (seq, seq_lens_cpu)})
-        # SYNC: the one documented read: pages to bind, bad requests, a disagreeing host copy.
-        n, n_bad, n_off = _host_read(torch.stack([opens.sum(), bad, copies]))
-        if n_bad:
-            self._explain(what, prefix, seq, loc)
-        if n_off:
+        good, dup = self._decode_flags(seq, loc, opens)
+        if seq_lens_cpu is not None:  # a disagreeing host copy makes its request bad
+            h = self._vec(f"{what}: seq_lens_cpu", seq_lens_cpu)
+            if h.numel() != seq.numel():
+                raise ValueError(f"{what}: seq_lens_cpu has {h.numel()} entries, seq_lens {seq.numel()}")
+            good = good & (h == seq)
+        # SYNC: the one documented read: pages to bind, good requests, requests sharing a page.
+        n, n_good, n_dup = _host_read(torch.stack([opens, good, dup]).sum(1))
+        if n_good != seq.numel() or n_dup:
             self._explain_copies(what, {"seq_lens": (seq, seq_lens_cpu)})
+            self._explain(what, seq - 1, seq, loc)
         ids = self._take_pages(n)
         if ids is None:
             return None
         return self._decode_slots(opens, ids, loc)
+
+    def _decode_flags(
+        self, seq: torch.Tensor, loc: torch.Tensor, opens: torch.Tensor
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """``_request_flags`` for a decode batch (``prefix = seq - 1``), in
+        fewer operations: which requests are good, and which continue a page
+        another request also continues (bool tensors, sync-free)."""
+        ps, end = self.page_size, self.arena.id_end(FULL)
+        g = self.arena.geometry(FULL)
+        page = torch.clamp(torch.div(loc, ps, rounding_mode="floor"), -1, end)
+        live = self.arena.v2p_at(FULL, torch.remainder(page, end + 1)) > 0  # the sink row holds 0
+        aligned = torch.remainder(loc - seq, ps) == (ps - 2) % ps  # last_loc at position seq - 2
+        in_range = torch.clamp(seq, 1, (g.num_pages - g.min_page) * ps) == seq
+        good = torch.where(seq == 1, loc == -1, live & aligned) & in_range
+        # Continuing requests write their index into their page's row of a
+        # scratch table: of two on one page, one reads the other's index back.
+        cont = torch.gt(live, opens)  # live and not opening a page
+        target = torch.where(cont, page, self._end_t)
+        idx = torch.arange(seq.numel(), dtype=I64, device=self.device)
+        owner = self._owner_table()
+        owner.index_copy_(0, target, idx)
+        return good, cont & (owner.index_select(0, target) != idx)
+
+    def _owner_table(self) -> torch.Tensor:
+        """Scratch rows, one per full id and a sentinel: only rows written in
+        the same call are read, so it is never cleared (made on first use)."""
+        if self._owner is None:
+            self._owner = torch.empty(self.arena.id_end(FULL) + 1, dtype=I64, device=self.device)
+        return self._owner
 
     def _decode_trusted(
         self, seq: torch.Tensor, loc: torch.Tensor, seq_lens_cpu: IntsLike | None = None
@@ -590,8 +624,10 @@ class _Composite:
     def _decode_slots(self, opens: torch.Tensor, ids: torch.Tensor, loc: torch.Tensor) -> torch.Tensor:
         """Each request's slot for position ``seq - 1``: the ``k``-th opener
         takes the first slot of ``ids[k - 1]``, the others ``last_loc + 1``."""
-        # the others index a leading 0 row, so no index is out of range
-        pages = torch.cat([ids.new_zeros(1), ids]).index_select(0, torch.cumsum(opens, 0) * opens)
+        if ids.numel() == 0:  # a shape: nobody opens a page
+            return loc + 1
+        # a request before the first opener indexes ids[0]; where() drops it
+        pages = ids.index_select(0, torch.cumsum(opens, 0).sub_(1).clamp_(min=0))
         return torch.where(opens, pages * self.page_size, loc + 1)
 
     # ------------------------------------------------------------ free
@@ -749,19 +785,20 @@ class _Composite:
             for t in token_ids:
                 if t < -1 or t // ps >= n_ids:
                     raise ValueError(f"translate: pool {pool!r}: token {t} out of range [-1, {n_ids * ps})")
-        page = torch.div(toks, ps, rounding_mode="floor")
-        idx = torch.where((toks >= 0) & (page < n_ids), page, n_ids)
-        phys = self.arena.v2p_at(pool, idx)
-        return torch.where(phys > 0, phys * ps + torch.remainder(toks, ps), torch.zeros_like(phys))
+        # Out of range: below -1 clamps to -1, past the ids to the sentinel row; both give slot 0.
+        return self._slots_of(toks, torch.clamp(torch.div(toks, ps, rounding_mode="floor"), -1, n_ids), pool, ps)
 
     def _translate(self, toks: torch.Tensor, pool: str, ps: int) -> torch.Tensor:
         """``translate(check=False)``: every id is in ``[-1, id end)``, so a
-        page is in ``[-1, id end)`` and ``page mod (id end + 1)`` sends only
-        ``-1`` to the sentinel row (``-1``: slot 0), one operation where the
-        checked path's range mask takes four."""
-        page = torch.div(toks, ps, rounding_mode="floor")
+        page is in ``[-1, id end)``: no clamp."""
+        return self._slots_of(toks, torch.div(toks, ps, rounding_mode="floor"), pool, ps)
+
+    def _slots_of(self, toks: torch.Tensor, page: torch.Tensor, pool: str, ps: int) -> torch.Tensor:
+        """Slots of ``toks`` whose pages ``page`` are in ``[-1, id end]``:
+        ``page mod (id end + 1)`` sends ``-1`` to the sentinel row, which
+        holds ``-1``; a dead row and the sink give slot 0."""
         phys = self.arena.v2p_at(pool, torch.remainder(page, self.arena.id_end(pool) + 1))
-        return torch.where(phys > 0, phys * ps + torch.remainder(toks, ps), 0)
+        return torch.where(phys > 0, torch.add(torch.remainder(toks, ps), phys, alpha=ps), self._zero)
 
     # ---------------------------------------------------------- checks
 
@@ -816,10 +853,7 @@ class _WithSWA(_Composite):
         end = self.arena.id_end(SWA)
         if not check:
             page = torch.div(cast(torch.Tensor, token_ids)[::ps], ps, rounding_mode="floor")
-            # every page is in [-1, end): mod (end + 1) sends -1 alone to the sentinel row;
-            # v2p > 0 also skips the sink (row 0 holds 0) and freed entries
-            live = self.arena.v2p_at(SWA, torch.remainder(page, end + 1)) > 0
-            key, count_t = self._live_once(page, live, end)
+            key, count_t = self._live_pages(page, end)
             # SYNC: the one documented read: entries to free.
             (count,) = _host_read(count_t.reshape(1))
         else:
@@ -827,19 +861,22 @@ class _WithSWA(_Composite):
             if start < 0 or start % ps:
                 raise ValueError(f"free_swa: start_pos {start} must be a non-negative multiple of page_size {ps}")
             reps = self._vec("free_swa: token_ids", token_ids)[::ps]
-            page = torch.div(reps, ps, rounding_mode="floor")
-            inside = (page >= 1) & (page < end)
-            rows = self.arena.v2p_at(SWA, torch.where(inside, page, end))
-            live = inside & (rows > 0)
-            key, count_t = self._live_once(page, live, end)
-            bad = ((reps < -1) | (page >= end)).sum()
+            inside = torch.clamp(reps, -1, end * ps - 1)  # an out-of-range representative changes
+            key, count_t = self._live_pages(torch.div(inside, ps, rounding_mode="floor"), end)
             # SYNC: the one documented read: entries to free, and bad representatives.
-            count, n_bad = _host_read(torch.stack([count_t, bad]))
+            count, n_bad = _host_read(torch.stack([count_t, (inside != reps).sum()]))
             if n_bad:
                 self._explain_reps(reps, end)
         if count:
             self.arena.free(SWA, key[:count], check=False)
         return None
+
+    def _live_pages(self, page: torch.Tensor, end: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """``_live_once`` of the pages in ``[-1, end)`` whose swa entries are
+        live: ``mod (end + 1)`` sends ``-1`` alone to the sentinel row, and
+        ``v2p > 0`` also skips the sink (row 0 holds 0) and freed entries."""
+        live = self.arena.v2p_at(SWA, torch.remainder(page, end + 1)) > 0
+        return self._live_once(page, live, end)
 
     @staticmethod
     def _live_once(page: torch.Tensor, live: torch.Tensor, end: int) -> tuple[torch.Tensor, torch.Tensor]:

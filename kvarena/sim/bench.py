@@ -5,14 +5,20 @@ goes first, after warm-up, over ``--repeats`` repeats; it prints the
 minimum, the median and the spread (max - min) of the ratio, never a
 threshold test.  Sections (``--only``):
 
-- ``decode``: one decode step for ``--batch`` requests (``alloc_decode`` +
-  ``free_swa`` + ``translate`` of both pools) on ``HybridSWA`` against
-  ``StaticFreeList``, a plain static free-list allocator doing the same page
-  work with the same one host read per call, which trusts its input: lazy on
-  the composite's trusted decode path (``check=False``, the row the target
-  is for), lazy on the checked default path, and eager on the trusted path;
-  eager also reports the bytes it moves (compaction on every free, by
-  design);
+- ``decode``: one decode step (``alloc_decode`` + ``free_swa`` +
+  ``translate`` of both pools) at every batch of ``--decode-batches``, on
+  ``HybridSWA`` against ``StaticFreeList``, a plain static free-list
+  allocator doing the same page work with the same host reads, which
+  trusts its input; both are given the engine's host copy of the lengths
+  (``seq_lens_cpu``).  Rows: lazy on the composite's trusted decode path
+  (``check=False``), lazy on the checked default path, and eager on the
+  trusted path; eager also reports the bytes it moves (compaction on every
+  free, by design);
+- ``ops``: the torch operations and host reads one decode step makes, at
+  every batch of ``--ops-batches``, with and without the host copy, on
+  both composite paths and the static twin: the CPU stand-in for kernel
+  launches (flat in the batch is the goal; the anchor's design fuses one
+  kernel a call);
 - ``memo``: memoised capacity reads against fresh recomputation, 2 to 5
   pools, and the memoised read's cost per pool count (flat is the goal);
   only the reads are timed, not the step that invalidates the memo between
@@ -22,7 +28,9 @@ threshold test.  Sections (``--only``):
   on a balanced trace at full memory), bytes moved per byte allocated, both
   policies;
 - ``copy``: ``make_room``'s copy bandwidth against a plain device-to-device
-  copy of the same bytes (the target is for CUDA; CPU is reported too);
+  copy of the same bytes, at every page envelope of ``--copy-page-kib``
+  (4, 64 and 1024 KiB by default) in one run (targets: 0.5 on CPU, 0.8 on
+  CUDA);
 - ``sglang``: one decode step on SGLang's own SWA stack (sglang 0.5.23,
   installed on first use) with kvarena's allocator against SGLang's
   (``kvarena.sglang.bench``), batch 1, 64 and ``--batch``.
@@ -34,7 +42,7 @@ import random
 import statistics
 import time
 
-SECTIONS = ("decode", "memo", "oracle", "churn", "copy", "sglang")
+SECTIONS = ("decode", "ops", "memo", "oracle", "churn", "copy", "sglang")
 
 
 # ------------------------------------------------------------------ timing
@@ -61,8 +69,9 @@ def _fmt_ratio(s, unit="x"):
 class StaticFreeList:
     """The textbook static SWA + full allocator on the device (ANCHOR
     section 2): a free-id ring per pool, a full-to-SWA page map, the
-    anchor's slot rules, and one host read per ``alloc_decode`` and
-    ``free_swa`` (the count that sizes the call), as the composite makes."""
+    anchor's slot rules, and the composite's host reads: one per
+    ``free_swa`` (the count that sizes the call), and one per
+    ``alloc_decode`` unless it is given the engine's ``seq_lens_cpu``."""
 
     def __init__(self, full_pages, swa_pages, page_size, device):
         import torch
@@ -72,6 +81,13 @@ class StaticFreeList:
         self.swa = _Ring(swa_pages, device)
         self.full_to_swa = torch.zeros(full_pages + 2, dtype=torch.int64, device=device)
         self.full_to_swa[-1] = -1  # the -1 sentinel row: an empty prefix's last_loc
+        self.counter = None  # bench ops: counts the reads
+
+    def _read(self, t):
+        """A host read of a 0-dim tensor, counted when a counter is set."""
+        if self.counter is not None:
+            self.counter.reads += 1
+        return int(t)  # SYNC: the twin's documented reads
 
     def _bind(self, n):
         if n > min(self.full.count, self.swa.count):
@@ -93,12 +109,15 @@ class StaticFreeList:
         base = torch.cumsum(new, 0) - new
         return pages[base[req] + pos // ps] * ps + pos % ps
 
-    def alloc_decode(self, seq, last):
+    def alloc_decode(self, seq, last, seq_lens_cpu=None):
         import torch
 
         ps = self.ps
         new = (seq % ps == 1) if ps > 1 else torch.ones_like(seq, dtype=torch.bool)
-        n = int(new.sum())  # SYNC: the one read, as the composite's
+        if seq_lens_cpu is not None:  # the engine's host copy: no read, as the composite's
+            n = int((seq_lens_cpu % ps == 1 % ps).sum())
+        else:
+            n = self._read(new.sum())  # SYNC: the one read, as the composite's
         pages = self._bind(n)
         if pages is None:
             return None
@@ -113,7 +132,7 @@ class StaticFreeList:
         page = torch.where(reps >= 0, reps // self.ps, 0)  # -1 reads (and refills) the sink row: 0
         swa = self.full_to_swa.index_select(0, page)
         live = swa > 0
-        count = int(live.sum())  # SYNC: the one read, as the composite's
+        count = self._read(live.sum())  # SYNC: the one read, as the composite's
         self.swa.put(torch.sort(torch.where(live, swa, swa.new_full((), 1 << 62))).values[:count])
         self.full_to_swa.index_fill_(0, page, 0)
 
@@ -159,36 +178,43 @@ class _Ring:
 
 class DecodeLoop:
     """``batch`` requests decoding in lock step, as an engine drives them:
-    a ``req_to_token`` table on the device, lengths staggered so that every
+    a ``req_to_token`` table on the device, lengths staggered (request
+    ``i`` starts at ``start + i % M``, ``M`` a multiple of the page size up
+    to 256, so memory grows with the batch, not its square) so that every
     step some requests open a page and some free an SWA page (the anchor's
     window rule, ``window`` tokens).  Everything the loop computes on the
-    host is host ints: it adds no device read of its own."""
+    host is host ints, and it passes the allocator the host copy of the
+    lengths an engine keeps (``seq_lens_cpu``; ``host_copies=False``
+    leaves it out): it adds no device read of its own."""
 
-    def __init__(self, alloc, batch, page_size, window, start, steps, device):
+    def __init__(self, alloc, batch, page_size, window, start, steps, device, host_copies=True):
         import torch
 
         self.a, self.ps, self.window, self.device = alloc, page_size, window, device
-        self.batch = batch
+        self.batch, self.host_copies = batch, host_copies
         self.seq0 = start
-        lens = torch.arange(start, start + batch, dtype=torch.int64, device=device)
-        self.r2t = torch.zeros(batch, start + batch + steps + 1, dtype=torch.int64, device=device)
+        span = -(-min(batch, 256) // page_size) * page_size
+        self.stagger = torch.arange(batch, dtype=torch.int64, device=device) % span
+        lens = start + self.stagger
+        self.r2t = torch.zeros(batch, start + span + steps + 1, dtype=torch.int64, device=device)
         toks = alloc.alloc_extend(torch.zeros_like(lens), lens, torch.full_like(lens, -1))
         rows = torch.repeat_interleave(torch.arange(batch, device=device), lens)
         cols = torch.arange(toks.numel(), device=device) - (torch.cumsum(lens, 0) - lens)[rows]
         self.r2t[rows, cols] = toks
         self.seq = lens
+        self.seq_cpu = lens.cpu()  # the engine's host copy (setup: one copy, untimed)
         self.last = self.r2t[torch.arange(batch, device=device), lens - 1]
         self.rows = torch.arange(batch, device=device)
         self.t = 0
         self.offsets = torch.arange(page_size, device=device)
         # Requests whose window edge crosses a page at step t: i = c (mod ps).
-        self.by_residue = [torch.arange(c, batch, page_size, device=device) for c in range(page_size)]
+        self.by_residue = [torch.arange(c, max(c, batch), page_size, device=device) for c in range(page_size)]
         self.free_all_behind()
 
     def free_all_behind(self):
         """Setup: free every SWA page already out of the window (untimed)."""
-        for i in range(self.batch):
-            end = max(0, (self.seq0 + i - self.window - self.ps) // self.ps * self.ps)
+        for i, off in enumerate(self.stagger.tolist()):
+            end = max(0, (self.seq0 + off - self.window - self.ps) // self.ps * self.ps)
             if end:
                 self.a.free_swa(self.r2t[i, :end].contiguous(), 0)
 
@@ -197,17 +223,22 @@ class DecodeLoop:
 
         self.t += 1
         self.seq = self.seq + 1
-        out = self.a.alloc_decode(self.seq, self.last)
+        self.seq_cpu = self.seq_cpu + 1
+        if self.host_copies:
+            out = self.a.alloc_decode(self.seq, self.last, seq_lens_cpu=self.seq_cpu)
+        else:
+            out = self.a.alloc_decode(self.seq, self.last)
         if out is None:
             raise RuntimeError("bench: decode ran out of memory; raise the buffer")
         self.r2t[self.rows, self.seq - 1] = out
         self.last = out
-        # seq_i = seq0 + i + t: request i's window end crosses a page when
-        # (seq_i - window - ps) % ps == 0; its page [end - ps, end) leaves.
+        # seq_i = seq0 + (i % M) + t, and M is a multiple of ps: request i's
+        # window end crosses a page when (seq_i - window - ps) % ps == 0,
+        # the same residue of i for every row; its page [end - ps, end) leaves.
         c = (self.window + self.ps - self.seq0 - self.t) % self.ps
         rows = self.by_residue[c]
         if rows.numel():
-            end = (self.seq0 + self.t - self.window - self.ps) + rows  # a multiple of ps for these rows
+            end = (self.seq0 + self.t - self.window - self.ps) + self.stagger.index_select(0, rows)
             ok = end >= self.ps
             start = torch.where(ok, end - self.ps, 0)
             toks = self.r2t[rows.unsqueeze(1), start.unsqueeze(1) + self.offsets]
@@ -227,8 +258,8 @@ class Trusted:
     def alloc_extend(self, prefix, seq, last):
         return self.c.alloc_extend(prefix, seq, last)
 
-    def alloc_decode(self, seq, last):
-        return self.c.alloc_decode(seq, last, check=False)
+    def alloc_decode(self, seq, last, **host):
+        return self.c.alloc_decode(seq, last, check=False, **host)
 
     def free_swa(self, tokens, start_pos):
         return self.c.free_swa(tokens, start_pos, check=False)
@@ -245,13 +276,17 @@ DECODE_ROWS = (("lazy", True, True), ("lazy_checked", True, False), ("eager", Fa
 DECODE_LABELS = {"lazy": "lazy (check=False)", "lazy_checked": "lazy (checked)", "eager": "eager (check=False)"}
 
 
-def _decode_pair(mode, args, device):
+def _decode_pair(mode, args, device, batch=None):
+    """Makers of the two sides of one decode row at ``batch`` (default
+    ``args.batch``), on buffers sized for the loop's steps."""
     from kvarena.impl import HybridSWA
 
     _, lazy, trusted = next(r for r in DECODE_ROWS if r[0] == mode)
-    ps, batch, e = 16, args.batch, 64  # 64 bytes a token in each pool
+    ps, e = 16, 64  # 64 bytes a token in each pool
+    batch = args.batch if batch is None else batch
+    span = -(-min(batch, 256) // ps) * ps  # DecodeLoop's stagger
     steps_total = args.warmup + args.steps
-    pages = batch * (args.start + batch + steps_total + ps) // ps + batch + 8
+    pages = batch * (-(-(args.start + span + steps_total) // ps) + 1) + 8
     total = pages * ps * e * 2 + (1 << 16)
 
     def ours():
@@ -264,51 +299,152 @@ def _decode_pair(mode, args, device):
     return ours, static, ps
 
 
-def bench_decode(args, device):
-    out = {}
-    for mode, _, _ in DECODE_ROWS:
-        ours_mk, static_mk, ps = _decode_pair(mode, args, device)
-        ratios, t_ours, t_static = [], [], []
-        for rep in range(args.repeats):
-            times = {}
-            order = ("ours", "static") if rep % 2 == 0 else ("static", "ours")
-            for side in order:
-                alloc = ours_mk() if side == "ours" else static_mk()
-                loop = DecodeLoop(alloc, args.batch, ps, 127, args.start, args.warmup + args.steps, device)
-                for _ in range(args.warmup):
-                    loop.step()
-                _sync(device)
-                t = time.perf_counter()
-                for _ in range(args.steps):
-                    loop.step()
-                _sync(device)
-                times[side] = (time.perf_counter() - t) / args.steps
-            ratios.append(times["ours"] / times["static"])
-            t_ours.append(times["ours"] * 1e6)
-            t_static.append(times["static"] * 1e6)
-        row = {"ratio": _summary(ratios), "ours_us": _summary(t_ours), "static_us": _summary(t_static)}
-        if mode == "eager":
-            row.update(_eager_moves(ours_mk, args, ps, device))
-        out[mode] = row
+def _batches(text):
+    try:
+        out = [int(x) for x in str(text).split(",") if x.strip()]
+    except ValueError:
+        out = []
+    if not out or min(out) < 1:
+        raise ValueError(f"bench: --decode-batches {text!r}: give positive batch sizes, comma-separated")
     return out
 
 
-def _eager_moves(ours_mk, args, ps, device):
+def bench_decode(args, device):
+    """Every decode row at every batch of ``--decode-batches``, the two
+    sides alternating which runs first."""
+    out = {}
+    for batch in _batches(args.decode_batches):
+        rows = {}
+        for mode, _, _ in DECODE_ROWS:
+            ours_mk, static_mk, ps = _decode_pair(mode, args, device, batch)
+            ratios, t_ours, t_static = [], [], []
+            for rep in range(args.repeats):
+                times = {}
+                order = ("ours", "static") if rep % 2 == 0 else ("static", "ours")
+                for side in order:
+                    alloc = ours_mk() if side == "ours" else static_mk()
+                    loop = DecodeLoop(alloc, batch, ps, 127, args.start, args.warmup + args.steps, device)
+                    for _ in range(args.warmup):
+                        loop.step()
+                    _sync(device)
+                    t = time.perf_counter()
+                    for _ in range(args.steps):
+                        loop.step()
+                    _sync(device)
+                    times[side] = (time.perf_counter() - t) / args.steps
+                ratios.append(times["ours"] / times["static"])
+                t_ours.append(times["ours"] * 1e6)
+                t_static.append(times["static"] * 1e6)
+            row = {"ratio": _summary(ratios), "ours_us": _summary(t_ours), "static_us": _summary(t_static)}
+            if mode == "eager":
+                row.update(_eager_moves(ours_mk, args, ps, device, batch))
+            rows[mode] = row
+        out[str(batch)] = rows
+    return out
+
+
+def _eager_moves(ours_mk, args, ps, device, batch=None):
     """Bytes an eager arena moves over the same steps (an untimed pass)."""
     from kvarena.sim.backends import count_moves
 
+    batch = args.batch if batch is None else batch
     alloc = ours_mk()
     moved = count_moves(alloc.arena)
-    loop = DecodeLoop(alloc, args.batch, ps, 127, args.start, args.warmup + args.steps, device)
+    loop = DecodeLoop(alloc, batch, ps, 127, args.start, args.warmup + args.steps, device)
     before = moved[0]
     epp = alloc.arena.geometry("full").epp + alloc.arena.geometry("swa").epp
     for _ in range(args.steps):
         loop.step()
-    new_pages = args.batch * args.steps // ps
+    new_pages = batch * args.steps // ps
     return {
         "bytes_moved_per_step": (moved[0] - before) / args.steps,
         "moved_per_allocated": (moved[0] - before) / max(1, new_pages * epp),
     }
+
+
+# --------------------------------------------------------------------- ops
+
+OPS_SIDES = ("trusted", "checked", "static")
+OPS_LABELS = {"trusted": "ours (check=False)", "checked": "ours (checked)", "static": "static free list"}
+
+
+class _OpCounter:
+    """Counts the torch operations an allocator's calls dispatch (a
+    ``TorchDispatchMode`` around each call, so the loop's own tensor work
+    is not counted) and its host reads: calls of the composites' one read
+    (``impl.composites._host_read``; ``tests/impl/test_host_sync.py`` shows
+    the decode path reads nothing else) and of the static twin's."""
+
+    def __init__(self, alloc):
+        from torch.utils._python_dispatch import TorchDispatchMode
+
+        counter = self
+
+        class Mode(TorchDispatchMode):
+            def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+                counter.ops += 1
+                return func(*args, **(kwargs or {}))
+
+        self.a, self.mode, self.ops, self.reads = alloc, Mode, 0, 0
+
+    def __getattr__(self, name):
+        fn = getattr(self.a, name)
+
+        def call(*args, **kwargs):
+            with self.mode():
+                return fn(*args, **kwargs)
+
+        return call
+
+
+def _count_step(loop, counter):
+    """One decode step's operations and host reads."""
+    from kvarena.impl import composites
+
+    real = composites._host_read
+
+    def read(t):
+        counter.reads += 1
+        return real(t)
+
+    counter.ops = counter.reads = 0
+    composites._host_read = read
+    try:
+        loop.step()
+    finally:
+        composites._host_read = real
+    return counter.ops, counter.reads
+
+
+def bench_ops(args, device):
+    """Torch operations and host reads of one decode step (``alloc_decode``
+    + ``free_swa`` + ``translate`` of both pools) at every batch of
+    ``--ops-batches``, with and without the engine's host copy of the
+    lengths: the worst step of a page's worth (every step frees
+    some window pages once the batch reaches the page size)."""
+    out = {}
+    for copies in ("with seq_lens_cpu", "without"):
+        by_batch = {}
+        for batch in _batches(args.ops_batches):
+            row = {}
+            for side, mode in (("trusted", "lazy"), ("checked", "lazy_checked"), ("static", "lazy")):
+                ours_mk, static_mk, ps = _decode_pair(mode, args, device, batch)
+                alloc = static_mk() if side == "static" else ours_mk()
+                loop = DecodeLoop(alloc, batch, ps, 127, args.start, 3 * ps, device, host_copies=copies != "without")
+                loop.step()  # warm
+                counter = _OpCounter(alloc)
+                if side == "static":
+                    alloc.counter = counter  # the twin counts its own reads into it
+                loop.a = counter
+                steps = [_count_step(loop, counter) for _ in range(ps)]
+                row[side] = {
+                    "ops_max": max(o for o, _ in steps),
+                    "ops_min": min(o for o, _ in steps),
+                    "reads_max": max(r for _, r in steps),
+                }
+            by_batch[str(batch)] = row
+        out[copies] = by_batch
+    return out
 
 
 # -------------------------------------------------------------------- memo
@@ -435,57 +571,70 @@ def bench_churn(args, device):
 # -------------------------------------------------------------------- copy
 
 
+def copy_envelopes(spec):
+    """``--copy-page-kib``: envelope sizes in KiB, comma-separated."""
+    try:
+        kib = [int(x) for x in str(spec).split(",") if x.strip()]
+    except ValueError:
+        kib = []
+    if not kib or min(kib) < 1:
+        raise ValueError(f"bench: --copy-page-kib must be positive KiB counts, comma-separated, got {spec!r}")
+    return list(dict.fromkeys(kib))
+
+
 def bench_copy(args, device):
     """A float of ``L`` live pages leapfrogs across its region
-    (``make_room``): every page moves once, ``L * epp`` bytes, gathered
-    and scattered in one batch.  Against ``dst.copy_(src)`` of as many
-    bytes in the same buffer."""
+    (``make_room``): every page moves once, ``L * epp`` bytes.  Against
+    ``dst.copy_(src)`` of as many bytes in the same buffer, at every
+    envelope size of ``--copy-page-kib`` in the same run: each repeat
+    visits every size, in turn, and alternates which side goes first."""
     from kvarena.impl import Arena, SubPool
 
-    epp = args.copy_page_kib * 1024
-    live = max(1, args.copy_mb * (1 << 20) // epp)
-    total = epp * (3 * live + 8)
-    ratios, ours_gbs, copy_gbs = [], [], []
+    sizes = [k * 1024 for k in copy_envelopes(args.copy_page_kib)]
+    times = {epp: {"ours": [], "plain": []} for epp in sizes}
     for rep in range(args.repeats + 1):  # the first is warm-up
-        a = Arena(
-            total,
-            [SubPool("lo", epp, 1, "up"), SubPool("f", epp, 1, "float"), SubPool("hi", epp, 1, "down")],
-            device=device,
-        )
-        a.alloc("f", live)  # parks mid-region
-        lo, hi = a.region("f")
-        target = (hi - lo - live) * epp  # the low band the whole region less the float: a leapfrog
-        nbytes = live * epp
-        buf = a.buffer
-        src, dst = buf[:nbytes], buf[nbytes : 2 * nbytes]
+        for epp in sizes[rep % len(sizes) :] + sizes[: rep % len(sizes)]:
+            live = max(1, args.copy_mb * (1 << 20) // epp)
+            a = Arena(
+                epp * (3 * live + 8),
+                [SubPool("lo", epp, 1, "up"), SubPool("f", epp, 1, "float"), SubPool("hi", epp, 1, "down")],
+                device=device,
+            )
+            a.alloc("f", live)  # parks mid-region
+            lo, hi = a.region("f")
+            target = (hi - lo - live) * epp  # the low band the whole region less the float: a leapfrog
+            nbytes = live * epp
+            src, dst = a.buffer[:nbytes], a.buffer[nbytes : 2 * nbytes]
 
-        def ours(a=a, target=target):
-            moved = a.make_room("f", "low", target)
-            if moved != live:
-                raise AssertionError(f"bench copy: make_room moved {moved} pages, expected {live}")
+            def ours(a=a, target=target, live=live):
+                moved = a.make_room("f", "low", target)
+                if moved != live:
+                    raise AssertionError(f"bench copy: make_room moved {moved} pages, expected {live}")
 
-        def plain(dst=dst, src=src):
-            dst.copy_(src)
+            def plain(dst=dst, src=src):
+                dst.copy_(src)
 
-        times = {}
-        for side, fn in (("ours", ours), ("plain", plain)) if rep % 2 == 0 else (("plain", plain), ("ours", ours)):
-            _sync(device)
-            t = time.perf_counter()
-            fn()
-            _sync(device)
-            times[side] = time.perf_counter() - t
-        if rep == 0:
-            continue
-        ratios.append(times["plain"] / times["ours"])  # ours' bandwidth as a share of the plain copy's
-        ours_gbs.append(nbytes / times["ours"] / 1e9)
-        copy_gbs.append(nbytes / times["plain"] / 1e9)
-    return {
-        "bytes": live * epp,
-        "page_bytes": epp,
-        "share_of_copy_bandwidth": _summary(ratios),
-        "ours_GBps": _summary(ours_gbs),
-        "copy_GBps": _summary(copy_gbs),
-    }
+            for side, fn in (("ours", ours), ("plain", plain)) if rep % 2 == 0 else (("plain", plain), ("ours", ours)):
+                _sync(device)
+                t = time.perf_counter()
+                fn()
+                _sync(device)
+                if rep:
+                    times[epp][side].append(time.perf_counter() - t)
+            del a, src, dst
+    out = {"bytes": max(1, args.copy_mb * (1 << 20) // sizes[0]) * sizes[0], "envelopes": {}}
+    for epp in sizes:
+        nbytes = max(1, args.copy_mb * (1 << 20) // epp) * epp
+        ours_t, plain_t = times[epp]["ours"], times[epp]["plain"]
+        out["envelopes"][f"{epp // 1024} KiB"] = {
+            "page_bytes": epp,
+            "bytes": nbytes,
+            # ours' bandwidth as a share of the plain copy's, repeat by repeat
+            "share_of_copy_bandwidth": _summary([p / o for o, p in zip(ours_t, plain_t)]),
+            "ours_GBps": _summary([nbytes / o / 1e9 for o in ours_t]),
+            "copy_GBps": _summary([nbytes / p / 1e9 for p in plain_t]),
+        }
+    return out
 
 
 def bench_sglang(args, device):
@@ -514,7 +663,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--device", default="cpu", help="cpu or cuda")
     p.add_argument("--only", default=",".join(SECTIONS), help="sections, comma-separated")
     p.add_argument("--repeats", type=int, default=7)
-    p.add_argument("--batch", type=int, default=256, help="decode: requests a step")
+    p.add_argument("--batch", type=int, default=256, help="sglang: requests a step (with 1 and 64)")
+    p.add_argument("--decode-batches", default="16,256,1024,4096", help="decode: requests a step, comma-separated")
+    p.add_argument("--ops-batches", default="1,64,256,4096", help="ops: requests a step, comma-separated")
     p.add_argument("--steps", type=int, default=64, help="decode: timed steps a repeat")
     p.add_argument("--warmup", type=int, default=16, help="decode: untimed steps first")
     p.add_argument("--start", type=int, default=512, help="decode: prompt length of the first request")
@@ -523,24 +674,45 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--oracle-ops", type=int, default=20_000)
     p.add_argument("--churn-requests", type=int, default=1500)
     p.add_argument("--copy-mb", type=int, default=64, help="copy: bytes a leapfrog moves (MiB)")
-    p.add_argument("--copy-page-kib", type=int, default=64, help="copy: page envelope (KiB)")
+    p.add_argument(
+        "--copy-page-kib", default="4,64,1024", help="copy: page envelopes (KiB, comma-separated), all in one run"
+    )
     p.add_argument("--threads", type=int, default=1, help="torch CPU threads (both sides alike)")
     p.add_argument("--json", metavar="PATH", help="write every number as JSON")
 
 
+def _print_decode_row(batch, mode, r):
+    line = (
+        f"decode step, batch {int(batch):,}, {DECODE_LABELS[mode]}: ours / static free list "
+        f"{_fmt_ratio(r['ratio'])}; {r['ours_us']['median']:,.0f} us against {r['static_us']['median']:,.0f} us a step"
+    )
+    if "bytes_moved_per_step" in r:
+        line += f"; moves {r['bytes_moved_per_step']:,.0f} B a step ({r['moved_per_allocated']:.2f} per byte allocated)"
+    print(line)
+
+
+def _print_ops(res):
+    for copies, by_batch in res.items():
+        for side in OPS_SIDES:
+            ops = ", ".join(f"{by_batch[b][side]['ops_max']}" for b in by_batch)
+            reads = ", ".join(f"{by_batch[b][side]['reads_max']}" for b in by_batch)
+            print(
+                f"ops a decode step, {copies}, {OPS_LABELS[side]}, batch {', '.join(by_batch)}: "
+                f"torch operations {ops}; host reads {reads}"
+            )
+    print(
+        "ops a decode step: the anchor's design is one fused kernel a call, "
+        "4 a step (alloc_decode, free_swa, 2 translate)"
+    )
+
+
 def _print(section, res):
     if section == "decode":
-        for mode, r in res.items():
-            line = (
-                f"decode step, {DECODE_LABELS[mode]}: ours / static free list {_fmt_ratio(r['ratio'])}; "
-                f"{r['ours_us']['median']:,.0f} us against {r['static_us']['median']:,.0f} us a step"
-            )
-            if "bytes_moved_per_step" in r:
-                line += (
-                    f"; moves {r['bytes_moved_per_step']:,.0f} B a step "
-                    f"({r['moved_per_allocated']:.2f} per byte allocated)"
-                )
-            print(line)
+        for batch, rows in res.items():
+            for mode, r in rows.items():
+                _print_decode_row(batch, mode, r)
+    elif section == "ops":
+        _print_ops(res)
     elif section == "memo":
         for k, r in res.items():
             print(
@@ -564,11 +736,12 @@ def _print(section, res):
                 f"{r['kvarena_us']['median']:,.0f} us against {r['sglang_us']['median']:,.0f} us a step"
             )
     elif section == "copy":
-        print(
-            f"copy, {res['bytes'] / (1 << 20):,.0f} MiB in {res['page_bytes'] // 1024} KiB pages: make_room at "
-            f"{_fmt_ratio(res['share_of_copy_bandwidth'], '')} of a plain copy's bandwidth "
-            f"({res['ours_GBps']['median']:.2f} against {res['copy_GBps']['median']:.2f} GB/s)"
-        )
+        for r in res["envelopes"].values():
+            print(
+                f"copy, {r['bytes'] / (1 << 20):,.0f} MiB in {r['page_bytes'] // 1024} KiB pages: make_room at "
+                f"{_fmt_ratio(r['share_of_copy_bandwidth'], '')} of a plain copy's bandwidth "
+                f"({r['ours_GBps']['median']:.2f} against {r['copy_GBps']['median']:.2f} GB/s)"
+            )
 
 
 def run(args: argparse.Namespace) -> int:
@@ -579,6 +752,8 @@ def run(args: argparse.Namespace) -> int:
     for s in sections:
         if s not in SECTIONS:
             raise ValueError(f"bench: unknown section {s!r}; sections: {', '.join(SECTIONS)}")
+    if "copy" in sections:
+        copy_envelopes(args.copy_page_kib)  # a bad list fails before any section runs
     if args.device.startswith("cuda") and not torch.cuda.is_available():
         raise ValueError("bench: --device cuda, but torch sees no CUDA device")
     torch.set_num_threads(args.threads)
@@ -586,6 +761,7 @@ def run(args: argparse.Namespace) -> int:
     print(f"kvarena bench on {where}, torch {torch.__version__}, {args.repeats} repeats")
     runners = {
         "decode": bench_decode,
+        "ops": bench_ops,
         "memo": bench_memo,
         "oracle": bench_oracle,
         "churn": bench_churn,

@@ -109,8 +109,8 @@ MUTATIONS = [
         "impl/arena.py",
         [
             (
-                "view = self.page_view(b.name)\n            view.index_copy_(0, dst, view.index_select(0, src))",
-                "view = self.page_view(b.name)\n            view.index_copy_(0, src, view.index_select(0, dst))",
+                "self._copy_pages(b.name, dst, src, disjoint)",
+                "self._copy_pages(b.name, src, dst, disjoint)",
             )
         ],
     ),
@@ -119,7 +119,7 @@ MUTATIONS = [
         "alloc writes holes and live around their epoch descriptors: an alloc served from holes leaves a stale memo",
         "impl/arena.py",
         [
-            ("        b.holes = b.holes[k:]\n", '        b.__dict__["holes"] = b.holes[k:]\n'),
+            ("            b.holes = b.holes[k:]\n", '            b.__dict__["holes"] = b.holes[k:]\n'),
             ("        b.live = b.live + n\n", '        b.__dict__["live"] += n\n'),
         ],
         unit=("tests/impl/test_memo.py", "tests/impl/test_arena.py"),
@@ -152,8 +152,10 @@ MUTATIONS = [
         "anchor bug 10: the window free takes page 0 (the sink) as a live entry",
         "impl/composites.py",
         [
-            ("inside = (page >= 1) & (page < end)", "inside = (page >= 0) & (page < end)"),
-            ("live = inside & (rows > 0)", "live = inside & (rows >= 0)"),
+            (
+                "live = self.arena.v2p_at(SWA, torch.remainder(page, end + 1)) > 0",
+                "live = self.arena.v2p_at(SWA, torch.remainder(page, end + 1)) >= 0",
+            )
         ],
         unit=("tests/api/test_composites.py", "tests/impl/test_composites.py"),
     ),

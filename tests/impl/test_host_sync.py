@@ -43,6 +43,8 @@ EXEMPT = {
     "_host_ids": "ids given as a host sequence are on the host already; a tensor never takes this path",
     "_move_bytes_with_mover": "a lent arena's overlapping moves (flush, make_room, compact_holes: cold paths); "
     "eager compaction on the decode path passes disjoint=True and never calls it",
+    "_move_shape": "a cold move's shape (flush, make_room, compact_holes, repack), read once; "
+    "eager compaction on the decode path passes a SrcRun and never calls it",
 }
 SYNC_ATTRS = {
     "item",
@@ -490,7 +492,11 @@ HOT = [
     "_joint_pages",
     "_decode_trusted",
     "_translate",
+    "_slots_of",
     "_live_once",
+    "_live_pages",
+    "_decode_flags",
+    "_owner_table",
 ]
 
 
@@ -521,7 +527,7 @@ def test_hot_path_source_has_no_sync_but_the_documented_read():
         assert scan_source(src, where)[0] == [], where
     body = ast.parse(inspect.getsource(composites._host_read)).body[0].body  # not the annotations
     assert [c.attr for stmt in body for c in ast.walk(stmt) if isinstance(c, ast.Attribute)] == ["tolist"]
-    planted = srcs["_WithSWA.free_swa"].replace("live = inside & (rows > 0)", "live = (rows > 0); live.any()")
+    planted = srcs["_WithSWA.free_swa"].replace("if count:", "if count and key.any():")
     assert scan_source(planted)[0]  # the scan can fail
 
 

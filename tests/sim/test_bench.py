@@ -124,6 +124,52 @@ def test_count_moves_counts_live_pages_moved_only():
     assert moved[0] == 8
 
 
+# ------------------------------------------------------------------- ops
+
+
+def test_ops_per_decode_step_do_not_grow_with_the_batch():
+    """The operation count of a decode step is the same at 16 and 512
+    requests on every side; with the host copy the trusted step's one read
+    is free_swa's count, without it alloc_decode reads too."""
+    args = types.SimpleNamespace(start=200, warmup=0, steps=0, ops_batches="16,512", batch=16)
+    res = bench.bench_ops(args, "cpu")
+    for copies in ("with seq_lens_cpu", "without"):
+        for side in bench.OPS_SIDES:
+            small, large = (res[copies][b][side] for b in ("16", "512"))
+            assert small["ops_max"] == large["ops_max"] > 0, (copies, side)
+    assert res["with seq_lens_cpu"]["512"]["trusted"]["reads_max"] == 1
+    assert res["without"]["512"]["trusted"]["reads_max"] == 2
+    assert res["without"]["512"]["static"]["reads_max"] == 2
+
+
+def test_op_count_sees_a_per_request_loop(monkeypatch):
+    """Planted: a decode step that loops over its requests in Python is
+    counted as growing with the batch."""
+    from kvarena.impl import composites
+
+    real = composites._Composite._decode_slots
+
+    def looping(self, opens, ids, loc):
+        out = real(self, opens, ids, loc)
+        return torch.stack([x + 0 for x in out])  # one operation a request
+
+    monkeypatch.setattr(composites._Composite, "_decode_slots", looping)
+    args = types.SimpleNamespace(start=200, warmup=0, steps=0, ops_batches="16,64", batch=16)
+    res = bench.bench_ops(args, "cpu")["with seq_lens_cpu"]
+    assert res["64"]["trusted"]["ops_max"] > res["16"]["trusted"]["ops_max"]
+
+
+def test_op_counter_counts_the_allocator_only():
+    """The loop's own tensor work is not counted: a do-nothing allocator
+    call dispatches nothing."""
+    s = bench.StaticFreeList(64, 64, 4, "cpu")
+    counter = bench._OpCounter(s)
+    counter.translate(torch.tensor([4]), "full")  # one clone
+    assert counter.ops == 1
+    torch.arange(5) + 1  # outside the allocator: not counted
+    assert counter.ops == 1
+
+
 # ------------------------------------------------------------------ memo
 
 
@@ -202,34 +248,67 @@ def test_memo_stays_exact_under_operations():
 def test_bench_command_writes_every_section(tmp_path, capsys):
     out = tmp_path / "b.json"
     args = "bench --repeats 1 --batch 32 --steps 3 --warmup 1 --start 200 --reads 20 --oracle-ops 300"
-    args += " --churn-requests 40 --copy-mb 1 --copy-page-kib 16"  # every section, each as small as it goes
+    args += " --decode-batches 8,32 --ops-batches 1,32"
+    args += " --churn-requests 40 --copy-mb 1 --copy-page-kib 4,16"  # every section, each as small as it goes
     rc = cli.main([*args.split(), "--json", str(out)])
     assert rc == 0
     text = capsys.readouterr().out
     for word in (
-        "decode step, lazy (check=False)",
-        "decode step, lazy (checked)",
-        "decode step, eager",
+        "decode step, batch 8, lazy (check=False)",
+        "decode step, batch 32, lazy (checked)",
+        "decode step, batch 32, eager",
+        "ops a decode step, with seq_lens_cpu, ours (check=False), batch 1, 32",
         "memo, 2 pools",
         "memo, 5 pools",
         "spec oracle",
         "churn, tri-synthetic",
-        "copy,",
+        "copy, 1 MiB in 4 KiB pages: make_room at",
+        "copy, 1 MiB in 16 KiB pages: make_room at",
         "sglang decode step, batch 1:",
         "sglang decode step, batch 32:",
     ):
         assert word in text
     data = json.loads(out.read_text())
-    assert list(data["decode"]) == ["lazy", "lazy_checked", "eager"]
-    for mode in ("lazy", "lazy_checked", "eager"):
-        r = data["decode"][mode]
-        assert r["ratio"]["min"] <= r["ratio"]["median"] <= r["ratio"]["max"]
-        assert r["ours_us"]["median"] > 0 and r["static_us"]["median"] > 0
-    assert data["decode"]["eager"]["bytes_moved_per_step"] > 0
+    assert list(data["decode"]) == ["8", "32"]
+    for batch in ("8", "32"):
+        assert list(data["decode"][batch]) == ["lazy", "lazy_checked", "eager"]
+        for mode in ("lazy", "lazy_checked", "eager"):
+            r = data["decode"][batch][mode]
+            assert r["ratio"]["min"] <= r["ratio"]["median"] <= r["ratio"]["max"]
+            assert r["ours_us"]["median"] > 0 and r["static_us"]["median"] > 0
+        assert data["decode"][batch]["eager"]["bytes_moved_per_step"] > 0
+    assert list(data["ops"]) == ["with seq_lens_cpu", "without"]
+    assert data["ops"]["with seq_lens_cpu"]["32"]["static"]["reads_max"] == 1  # free_swa's count alone
     assert set(data["memo"]) == {"2 pools", "3 pools", "4 pools", "5 pools"}
     assert data["copy"]["bytes"] == 1 << 20
+    assert list(data["copy"]["envelopes"]) == ["4 KiB", "16 KiB"]
     assert set(data["sglang"]) == {"batch 1", "batch 32", "batch 64"}
     assert all(r["kvarena_us"]["median"] > 0 and r["sglang_us"]["median"] > 0 for r in data["sglang"].values())
     churn = data["churn"]["gpt-oss-120b"]["anchor"]
     assert churn["moved_per_allocated"] == pytest.approx(churn["bytes_moved"] / churn["bytes_allocated"])
     assert cli.main(["bench", "--only", "nope"]) == 2
+    assert cli.main(["bench", "--only", "copy", "--copy-page-kib", "4,0"]) == 2
+
+
+def test_copy_measures_every_envelope_side_by_side(monkeypatch):
+    """One run times every envelope size, each repeat visiting all of them;
+    each ratio is the plain copy's time over the leapfrog's, repeat by repeat."""
+    built = []
+    args = types.SimpleNamespace(copy_page_kib="4,64,1024", copy_mb=1, repeats=2)
+    orig_init = Arena.__init__
+
+    def spy(self, total, pools, *a, **k):
+        built.append(pools[1].entry_bytes)
+        orig_init(self, total, pools, *a, **k)
+
+    monkeypatch.setattr(Arena, "__init__", spy)
+    res = bench.bench_copy(args, "cpu")
+    assert list(res["envelopes"]) == ["4 KiB", "64 KiB", "1024 KiB"]
+    assert built == [4096, 65536, 1 << 20, 65536, 1 << 20, 4096, 1 << 20, 4096, 65536]  # warm-up, then 2 repeats
+    for name, r in res["envelopes"].items():
+        assert r["bytes"] == 1 << 20 and r["page_bytes"] == int(name.split()[0]) * 1024
+        for key in ("share_of_copy_bandwidth", "ours_GBps", "copy_GBps"):
+            assert 0 < r[key]["min"] <= r[key]["median"] <= r[key]["max"]
+    with pytest.raises(ValueError, match="copy-page-kib"):
+        bench.copy_envelopes("4,-1")
+    assert bench.copy_envelopes("4, 64,4") == [4, 64]
