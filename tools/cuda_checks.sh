@@ -41,7 +41,7 @@ if grep -qiE '[0-9]+ skipped' "$log"; then
   echo "cuda_checks: some CUDA tests were skipped" >&2
   exit 1
 fi
-"$PY" -m kvarena.cli bench --device cuda --only decode,memo,copy --copy-mb 1024 \
+"$PY" -m kvarena.cli bench --device cuda --only decode,ops,memo,copy --copy-mb 1024 \
   --json "${BENCH_JSON:-bench-cuda.json}"
 # 5. the anchor's Triton paths (alloc_extend/alloc_decode of its composites)
 #    against kvarena's composites, when the anchor is installed here (README

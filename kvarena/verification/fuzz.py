@@ -9,10 +9,11 @@ is replayed first by every later run.
 
 A failure is shrunk by Hypothesis, then saved as a conformance vector
 (``kvarena.verification.vectors``): the machine's spec object is wrapped in a recorder
-that logs every call the machine made on it in the final, shrunk run; the
-spec replays that trace to write the expectations, with the observation
-after every step, and the vector is replayed on the implementation to
-confirm it reproduces.  The report prints Hypothesis's own step listing and
+that logs every call that changes it in Hypothesis's final run of the
+failing example (its replay, shrunk or not, always the last run); the spec
+replays that trace to write the expectations, with the observation after
+every step, the trace must rebuild the spec object's final state, and the
+vector is replayed on the implementation to confirm it reproduces.  The report prints Hypothesis's own step listing and
 a pytest test that replays the vector.
 
 Beyond one machine, the same machines run under HypoFuzz
@@ -38,7 +39,9 @@ from kvarena import spec
 from kvarena.spec.contracts import checking
 from kvarena.verification import differential, differential_composites, vectors
 
-ARENA_RECORDED = ("alloc", "free", "flush", "make_room", "compact_holes", "open_short_side", "relieve")
+# Every call that changes the spec object: a trace without one replays to
+# another state, where the failure may not show (``save_failure`` checks).
+ARENA_RECORDED = ("alloc", "free", "flush", "make_room", "compact_holes", "open_short_side", "plan_floats", "relieve")
 COMPOSITE_RECORDED = ("alloc_extend", "alloc_decode", "free", "free_swa", "alloc_state", "free_state", "relieve")
 MACHINES = {"core": differential, "composites": differential_composites}
 ALL_PHASES = [Phase.explicit, Phase.reuse, Phase.generate, Phase.target, Phase.shrink]
@@ -67,6 +70,7 @@ class CallTrace:
 
     def __init__(self):
         self.config = None
+        self.spec = None  # the object recorded: its final state checks the trace
         self.steps = []
         self._stack = [self.steps]  # where the next call goes
 
@@ -81,6 +85,7 @@ class Recording:
     the calls in ``recorded`` (names, arguments by keyword) to ``trace``."""
 
     def __init__(self, obj, trace, recorded):
+        trace.spec = obj
         object.__setattr__(self, "_obj", obj)
         object.__setattr__(self, "_trace", trace)
         object.__setattr__(self, "_recorded", recorded)
@@ -168,6 +173,7 @@ def traced(machine_cls, sink):
 
     class Traced(machine_cls):
         def __init__(self):
+            sink["trace"] = None  # a failure before boot must not save the previous example's trace
             super().__init__()
             sink["examples"] += 1
 
@@ -192,6 +198,14 @@ def traced(machine_cls, sink):
 
     Traced.__name__ = Traced.__qualname__ = machine_cls.__name__
     return Traced
+
+
+def observe_spec(obj):
+    """The vector observation (``vectors.SpecTarget.observe``) of spec object ``obj``."""
+    target = vectors.SpecTarget()
+    target.allocator = config_of(obj)[0]
+    target.obj, target.arena = obj, obj if isinstance(obj, spec.Arena) else obj.arena
+    return target.observe()
 
 
 def trace_to_case(trace, name):
@@ -304,6 +318,13 @@ def save_failure(failure, label, out_dir, device="cpu"):
         failure["pytest"] = f"(the spec itself fails on the recorded calls: {type(e).__name__}: {e})"
         failure["calls"] = json.dumps({"pre": trace.config, "steps": trace.steps}, default=str)[:4000]
         return failure
+    if trace.spec is not None and not _rebuilds(trace.spec, case):
+        # the machine changed the spec through a call the trace lacks: the
+        # vector would be of another run, and pass where the failure does not
+        failure.update(vector=None, reproduces=False)
+        failure["pytest"] = "(the recorded calls do not rebuild the spec's final state: a call is not recorded)"
+        failure["calls"] = json.dumps({"pre": trace.config, "steps": trace.steps}, default=str)[:4000]
+        return failure
     path = vectors.case_path(out_dir, name)
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(vectors.dump(case))
@@ -313,6 +334,15 @@ def save_failure(failure, label, out_dir, device="cpu"):
     failure["replay"] = res.detail
     failure["pytest"] = pytest_repro(path, digest, device)
     return failure
+
+
+def _rebuilds(obj, case):
+    """Does ``case`` end in spec object ``obj``'s state?  (A state its own
+    ``verify()`` refuses no replayed trace ends in.)"""
+    try:
+        return observe_spec(obj) == case["post"]
+    except Exception:
+        return False
 
 
 def pytest_repro(path, digest, device="cpu"):

@@ -51,10 +51,7 @@ def test_two_workers_share_one_database_and_save_the_failure(tmp_path, monkeypat
     (case,) = vectors.load_cases(s["failures"][0]["vector"])
     assert vectors.replay_case(case, "impl").ok  # here, without the bug, the same case passes
 
-    real = impl.arena.Arena._FRESH["available_pages"]
-    monkeypatch.setitem(
-        impl.arena.Arena._FRESH, "available_pages", lambda self, b: real(self, b) - (b.n_holes if b.is_end else 0)
-    )
+    plant_holes_not_credited(monkeypatch)
     machine = s["failures"][0]["machine"]
     again = fuzz.run_round(machine, examples=1, database=fuzz.open_database(db), shrink=False)
     assert again["failure"] is not None and again["examples"] <= 3
@@ -96,6 +93,65 @@ def test_recording_keeps_evict_rounds_nested():
     case = fuzz.trace_to_case(trace, "fuzz/unit")
     assert vectors.replay_case(case, "impl").ok
     assert case["ops"][1]["shortfalls"] == [3]
+
+
+def plant_holes_not_credited(monkeypatch):
+    """``planted``'s holes-not-credited, in this process: an END's available
+    pages forget its lazy holes."""
+    real = impl.arena.Arena._FRESH["available_pages"]
+    monkeypatch.setitem(
+        impl.arena.Arena._FRESH, "available_pages", lambda self, b: real(self, b) - (b.n_holes if b.is_end else 0)
+    )
+
+
+def up_float_down(lazy=False):
+    """A spec arena of an up END, one float and a down END, 255 pages each."""
+    from kvarena import spec
+
+    pools = [spec.SubPool("u", 16, 1, "up"), spec.SubPool("f", 16, 1, "float"), spec.SubPool("d", 16, 1, "down")]
+    return spec.Arena(4096, pools, lazy=lazy)
+
+
+def test_saved_vector_keeps_the_planners_moves(tmp_path, monkeypatch):
+    """The planner's rung (``plan_floats``, a rule of the core machine) moves
+    pages: left out of the trace, the replay refuses the big ``alloc`` that
+    the moved float made room for, never punches the holes, and the saved
+    vector of a real failure passes (the flaky two-worker test)."""
+    trace = fuzz.CallTrace()
+    a = up_float_down(lazy={"u"})
+    rec = fuzz.Recording(a, trace, fuzz.ARENA_RECORDED)
+    trace.config = fuzz.config_of(a)
+    rec.alloc("f", 4)
+    assert rec.available_pages("u") < 200 and rec.plan_floats({"u": 200}) == 4
+    ids = rec.alloc("u", 200)  # fits only where the planner put the float
+    rec.free("u", ids[10:20])  # lazy: holes behind the frontier
+    assert rec.holes("u")
+    case = fuzz.trace_to_case(trace, "fuzz/unit-plan")
+    assert case["post"] == fuzz.observe_spec(a)  # the trace rebuilds the spec's own state
+    plant_holes_not_credited(monkeypatch)
+    f = fuzz.save_failure({"trace": trace}, "core", tmp_path)
+    assert f["reproduces"] is True and "available_pages" in f["replay"], f
+
+
+def test_a_trace_that_misses_a_call_is_not_saved(tmp_path):
+    """A state change the trace did not record (a call missing from
+    ``ARENA_RECORDED``) is reported, not saved as a vector of another run."""
+    trace = fuzz.CallTrace()
+    a = up_float_down()
+    rec = fuzz.Recording(a, trace, tuple(c for c in fuzz.ARENA_RECORDED if c != "plan_floats"))
+    trace.config = fuzz.config_of(a)
+    rec.alloc("f", 4)
+    assert rec.plan_floats({"u": 200}) == 4
+    f = fuzz.save_failure({"trace": trace}, "core", tmp_path)
+    assert f["vector"] is None and f["reproduces"] is False and "do not rebuild" in f["pytest"], f
+    assert not list(tmp_path.rglob("*.json"))
+
+
+def test_each_example_starts_without_a_trace():
+    """A failure before the machine boots saves no trace, not the previous example's."""
+    sink = {"examples": 0, "checks": 0, "trace": fuzz.CallTrace()}
+    fuzz.traced(fuzz.MACHINES["core"].machine_for("cpu"), sink)()
+    assert sink["trace"] is None and sink["examples"] == 1
 
 
 def test_recording_a_composite():
