@@ -364,6 +364,7 @@ class Arena:
         found = ordered.index_select(0, torch.searchsorted(ordered, dst).clamp_max(src.numel() - 1))
         both = up(src) & up(dst)
         flags = [(found == dst).any(), both & (dst >= src).all(), both & (dst <= src).all(), run(src), run(dst)]
+        # SYNC: a cold path's one read (flush, make_room, compact_holes): the move's shape
         read = torch.cat([torch.stack(flags).to(I64), src[:1], dst[:1]]).tolist()
         shared, rising, falling, s_run, d_run, s0, d0 = read
         return bool(shared), bool(rising), bool(falling), s0 if s_run else None, d0 if d_run else None
