@@ -12,17 +12,20 @@ May import: ``kvarena.spec``.
 
 Imports from ``kvarena.spec``: ``geometry`` (``AccountingError``, ``Geometry``,
 ``SubPool``, ``borrowing``, ``check_policy``, ``lazy_ends``, ``make_layout``),
-``planner`` (``End``, ``Float``, ``move_order``, ``plan_chain``).
+``planner`` (``End``, ``Float``, ``move_order``, ``plan_chain``), ``evict``
+(``MAX_EVICT_ROUNDS``, ``evicted``).
 
 The first is the boot-time layout, its validation and its types; the
 second is the chain planner's decision, which ``Arena.plan_floats`` calls
-on the arena's host counters every time it runs.  Nothing else: every
-other per-operation step is written here.
+on the arena's host counters every time it runs; the third is the eviction
+callback's contract (its rounds, and the check of the count it returns).
+Nothing else: every other per-operation step is written here.
 """
 
+from kvarena.spec.evict import MAX_EVICT_ROUNDS
 from kvarena.spec.geometry import AccountingError, SubPool
 
-from .arena import MAX_EVICT_ROUNDS, Arena, Mover
+from .arena import Arena, Mover
 from .composites import HybridSWA, MambaHybrid, TriPool, swa_window_end
 
 __all__ = [

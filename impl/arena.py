@@ -32,6 +32,7 @@ from typing import ClassVar, SupportsIndex
 import torch
 from torch.utils.dlpack import from_dlpack
 
+from kvarena.spec.evict import MAX_EVICT_ROUNDS, evicted
 from kvarena.spec.geometry import AccountingError, Geometry, SubPool, borrowing, check_policy, lazy_ends, make_layout
 from kvarena.spec.planner import End, Float, move_order, plan_chain
 
@@ -42,7 +43,6 @@ from .memo import Memo
 Ids = torch.Tensor | Iterable[int]  # virtual ids: a tensor, or a host sequence of ints
 
 SIDES = ("low", "high")
-MAX_EVICT_ROUNDS = 4
 VIEWS = ("available_pages", "schedulable_pages", "gap_bytes")
 
 
@@ -912,12 +912,15 @@ class Arena:
         still short, runs the policy's slide: ``"anchor"`` offers ``{name:
         need_pages}`` to the floats in chain order, ``"planner"`` runs one
         ``plan_floats``; attempts after the first are eviction rounds (at most 4),
-        each opened by ``evict(shortfall)``, and a falsy return ends them.
+        each opened by ``evict(shortfall)``, and a return of 0 ends them
+        (``spec.evict``: the callback's contract).
         The verdict is read after the last step.  Never raises on a
         shortfall.
         """
         self._band(name)
         need = self._count(name, need_pages, "need_pages")
+        if evict is not None and not callable(evict):
+            raise ValueError(f"pool {name!r}: relieve: evict must be callable or None, got {evict!r}")
 
         def short() -> int:
             return need - self.available_pages(name)
@@ -927,7 +930,7 @@ class Arena:
             if attempt == 0:
                 if short() <= 0:
                     return True
-            elif evict is None or not evict(short()):
+            elif evict is None or not evicted(evict(short()), f"pool {name!r}: relieve"):
                 break
             for t in self.flush_targets(name):
                 self.flush(t)

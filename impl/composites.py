@@ -73,10 +73,11 @@ from typing import ClassVar, NoReturn, SupportsIndex, cast
 
 import torch
 
+from kvarena.spec.evict import MAX_EVICT_ROUNDS, evicted
 from kvarena.spec.geometry import AccountingError, SubPool
 
 from . import capacity as cap
-from .arena import MAX_EVICT_ROUNDS, Arena, Mover
+from .arena import Arena, Mover
 from .band import I64
 
 # What a batch argument may be: a tensor, or an ordered sequence of ints.
@@ -757,7 +758,9 @@ class _Composite:
             if attempt == 0:
                 if fits():
                     return True
-            elif evict is None or not evict(self._shortfall(tokens, state_slots, swa)):
+            elif evict is None or not evicted(
+                evict(self._shortfall(tokens, state_slots, swa)), f"{type(self).__name__}.relieve"
+            ):
                 break
             if rungs():
                 return True

@@ -53,22 +53,30 @@ def detail(r):
     return "; ".join(bits)
 
 
+def solver_pool(jobs):
+    """``jobs`` solver processes, a fresh one for each obligation, none forked
+    from this process.
+
+    z3's search depends on the terms a process built before (``proofs.core``
+    says how much), so each obligation starts in a clean interpreter: from a
+    fork server where the platform has one (it imports the obligations once,
+    building no z3 term, so a worker starts in milliseconds), else spawned."""
+    if "forkserver" not in multiprocessing.get_all_start_methods():
+        return multiprocessing.get_context("spawn").Pool(jobs, maxtasksperchild=1)
+    ctx = multiprocessing.get_context("forkserver")
+    ctx.set_forkserver_preload([__name__.rpartition(".")[0] + ".obligations"])
+    return ctx.Pool(jobs, maxtasksperchild=1)
+
+
 def run_z3(only=None, jobs=2):
     names = selected(only)
-    if jobs > 1 and len(names) > 1:
-        ctx = multiprocessing.get_context("fork" if sys.platform != "win32" else "spawn")
-        # the largest limits (the slowest obligations) first, so that no long one
-        # is left running alone at the end; rows come back in registry order
-        limits = {n: ob.timeout_s for n, ob in registry().items()}
-        order = sorted(names, key=lambda n: -limits[n])
-        # a fresh process per obligation: z3 terms built by one obligation change
-        # the search of the next in the same context, which made run times vary
-        with ctx.Pool(jobs, maxtasksperchild=1) as pool:
-            rows = dict(zip(order, pool.map(run_one, order, chunksize=1)))
-        results = [rows[n] for n in names]
-    else:
-        results = [run_one(n) for n in names]
-    return results
+    # the largest limits (the slowest obligations) first, so that no long one
+    # is left running alone at the end; rows come back in registry order
+    limits = {n: ob.timeout_s for n, ob in registry().items()}
+    order = sorted(names, key=lambda n: -limits[n])
+    with solver_pool(max(1, jobs)) as pool:
+        rows = dict(zip(order, pool.map(run_one, order, chunksize=1)))
+    return [rows[n] for n in names]
 
 
 def run_all(only=None, crosshair=True, jobs=2):
@@ -106,6 +114,7 @@ def _print(results, wall):
     t.add_column("taut")
     t.add_column("s", justify="right")
     t.add_column("limit", justify="right")
+    t.add_column("z3 units (M)", justify="right")
     t.add_column("statement / detail", overflow="fold")
     for k, r in enumerate(results, 1):
         colour = "green" if r["ok"] else "red"
@@ -123,6 +132,7 @@ def _print(results, wall):
             str(r.get("tautology", "")),
             f"{r.get('time_s', 0):.2f}",
             str(r.get("limit_s", "")),
+            f"{r['units'] / 1e6:.1f} of {r['limit_units'] / 1e6:.0f}" if "units" in r else "",
             text,
         )
     console.print(t)

@@ -5,7 +5,17 @@ satisfiable:
 
 - ``unsat``   -> ``proved``;
 - ``sat``     -> ``counterexample`` (the model, as concrete values);
-- otherwise   -> ``unknown`` (a timeout included), which counts as failure.
+- otherwise   -> ``unknown`` (a spent budget included), which counts as failure.
+
+Budgets are counted in z3's own resource units (``rlimit``), not in
+seconds, so that a verdict depends on nothing but the query: not on the
+machine's speed, nor its load, nor what else ran in the process.  An
+obligation's ``timeout_s`` buys ``timeout_s * UNITS_PER_S`` units; a clock
+of ``WALL_GUARD`` times as many seconds only stops a runaway.  Run each
+obligation in a fresh process (``kvarena prove`` does): z3's search also
+depends on the terms a process built before, and a process forked from
+one that built others searched differently (composite.hybrid.joint_tight
+went from 3 million units to past its budget).
 
 Every obligation also gets a **vacuity check**: its hypotheses (and each
 listed witness set, e.g. each variant of an operation) must be satisfiable,
@@ -94,6 +104,11 @@ SOURCES = {
 
 REGISTRY: dict[str, Obligation] = {}
 TAUTOLOGY_S = 2.0  # seconds per obligation for the tautology check, all its queries together
+# z3 resource units per second of a limit.  This project's queries spend 0.2 to 10 million units a
+# second on the 2-core reference machine (median 0.7 million), and each obligation's limit leaves a
+# margin of at least four times what it spends (kvarena prove prints both).
+UNITS_PER_S = 1_000_000
+WALL_GUARD = 5.0  # the clock stops a query after this many times its limit, in seconds
 _TAUT_ALLOWED = {"none": ("none",), "conjuncts": ("none", "conjuncts"), "any": ("none", "conjuncts", "goal")}
 
 
@@ -221,11 +236,37 @@ def _solver():
     return z3.Then("simplify", "propagate-values", "solve-eqs", "smt").solver()
 
 
-def _check(constraints, timeout_ms):
+class Budget:
+    """What a group of queries may spend: ``seconds * UNITS_PER_S`` z3
+    resource units, and a wall-clock guard of ``WALL_GUARD`` times the
+    seconds."""
+
+    def __init__(self, seconds):
+        self.units = int(seconds * UNITS_PER_S)
+        self.spent = 0
+        self.deadline = time.perf_counter() + seconds * WALL_GUARD
+
+    def left(self, share=1.0):
+        """Units for the next query: ``share`` of what is left, at least a twentieth of a second's."""
+        return max(UNITS_PER_S // 20, int((self.units - self.spent) * share))
+
+
+def _units(solver):
+    """z3's resource count so far, in this process (a solver reports the context's)."""
+    try:
+        return solver.statistics().get_key_value("rlimit count")
+    except z3.Z3Exception:  # absent while it is 0
+        return 0
+
+
+def _check(constraints, budget, share=1.0):
     s = _solver()
-    s.set("timeout", int(timeout_ms))
+    s.set("rlimit", budget.left(share))
+    s.set("timeout", max(50, int((budget.deadline - time.perf_counter()) * 1000)))
     s.add(*[_as_bool(c) for c in constraints])
+    before = _units(s)
     r = s.check()
+    budget.spent += _units(s) - before
     return r, (s.model() if r == z3.sat else None), s.reason_unknown() if r == z3.unknown else ""
 
 
@@ -246,17 +287,16 @@ def tautology_check(goals, budget_s=TAUTOLOGY_S):
     queries share ``budget_s``; one still open when it runs out makes the
     verdict ``unknown`` (unless something valid was already found).
     """
-    deadline = time.perf_counter() + budget_s
+    budget = Budget(budget_s)
     seen, valid_conj, decided = set(), [], True
     whole = []  # per distinct goal: valid alone?
 
     def valid(e):
         nonlocal decided
-        left = deadline - time.perf_counter()
-        if left <= 0.01:
+        if budget.spent >= budget.units:
             decided = False
             return False
-        r, _, _ = _check([z3.Not(e)], left * 1000)
+        r, _, _ = _check([z3.Not(e)], budget)
         if r == z3.unknown:
             decided = False
         return r == z3.unsat
@@ -308,27 +348,24 @@ def run_obligation(ob, tautology_s=None):
         built = ob.build()
         hyps = list(built.hyps)
         cases = [list(c) if isinstance(c, (list, tuple)) else [c] for c in (built.cases or [[]])]
-        deadline = t0 + ob.timeout_s
+        budget = Budget(ob.timeout_s)
         res["result"] = "proved"
         goals = built.case_goals or [built.goal] * len(cases)
         for case, goal in zip(cases, goals):
-            left = max(0.05, deadline - time.perf_counter())
             query = hyps + case + [z3.Not(_as_bool(goal))]
             if built.lemmas:
                 query += arith_lemmas(query, ceiling=built.lemmas is True)
             r = z3.unknown
             if ob.expect == "counterexample" and built.hints:
                 # a refutation: look for the counterexample on the hinted layout first
-                r, model, why = _check(query + list(built.hints), left * 500)
+                r, model, why = _check(query + list(built.hints), budget, share=0.5)
                 if r != z3.sat:
                     r = z3.unknown
             if r == z3.unknown:
-                left = max(0.05, deadline - time.perf_counter())
-                r, model, why = _check(query, left * 1000)
+                r, model, why = _check(query, budget)
             if r == z3.unknown and built.hints:
                 # a model found under the hints is a genuine counterexample
-                left = max(0.05, deadline - time.perf_counter())
-                r2, model2, _ = _check(query + list(built.hints), left * 1000)
+                r2, model2, _ = _check(query + list(built.hints), budget)
                 if r2 == z3.sat:
                     r, model = r2, model2
             if r == z3.sat:
@@ -337,11 +374,12 @@ def run_obligation(ob, tautology_s=None):
                 break
             if r != z3.unsat:
                 res["result"] = "unknown"
-                res["reason"] = why or "timeout"
+                res["reason"] = why or "budget spent"
                 break
+        res["units"], res["limit_units"] = budget.spent, budget.units
         # vacuity: the hypotheses with each case, and every witness set, are satisfiable
         vac = "sat"
-        budget = max(1.0, ob.timeout_s / 2) * 1000
+        vacuity_s = max(1.0, ob.timeout_s / 2)  # for each set
         distinct = []
         for extra in cases + list(built.witnesses):
             if not any(extra is d or (not extra and not d) for d in distinct):
@@ -351,7 +389,7 @@ def run_obligation(ob, tautology_s=None):
             # a model of the hypotheses too; only fall back to none if needed.
             vr = None
             for hint in ([list(built.hints)] if built.hints else []) + [[]]:
-                vr, _, _ = _check(hyps + list(extra) + hint, budget)
+                vr, _, _ = _check(hyps + list(extra) + hint, Budget(vacuity_s))
                 if vr == z3.sat:
                     break
             if vr != z3.sat:

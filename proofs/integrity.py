@@ -195,7 +195,7 @@ for _k in BATCHES:
             "id's bytes are at its new page, each moved id is at its destination, no other id moves, no id is "
             "born or lost",
             _move(_k, _b),
-            timeout_s=30.0,
+            timeout_s=40.0,
         )
 
 

@@ -14,6 +14,7 @@ refer here), about 3,000 lines in all:
 - ``moves``       relocation plans: which live pages go where, and why they fit;
 - ``policy``      the anchor's demand-vector decision for sliding a float;
 - ``planner``     kvarena's chain planner: one placement of every float;
+- ``evict``       the eviction callback's contract: rounds, the count it returns;
 - ``arena``       the API: views and operations over chain and transitions, relieve, verify;
 - ``composites``  the token-level composites over one arena (DESIGN section 6);
 - ``contracts``   the run-time checker of the ``pre:``/``post:``/``inv:`` docstring lines.
@@ -22,8 +23,9 @@ May import: nothing outside ``kvarena.spec``: the standard library only
 (z3 only inside the ``arith`` shim, when the proofs hand it z3 terms).
 """
 
-from .arena import MAX_EVICT_ROUNDS, Arena
+from .arena import Arena
 from .composites import HybridSWA, MambaHybrid, TriPool, swa_window_end
+from .evict import MAX_EVICT_ROUNDS
 from .geometry import POLICIES, AccountingError, Geometry, Layout, SubPool, make_layout
 from .policy import short_side_decision
 

@@ -13,19 +13,15 @@ bug in the arena.
 
 import itertools
 import operator
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Iterable, Mapping
 from typing import SupportsIndex
 
 from . import chain, moves, planner, policy, transitions
 from .bands import Band
+from .evict import MAX_EVICT_ROUNDS, Evictor, evicted
 from .geometry import AccountingError, Geometry, SubPool, borrowing, check_policy, lazy_ends, make_layout
 
 SIDES = ("low", "high")
-MAX_EVICT_ROUNDS = 4
-
-# The relief ladder's callback: asked for the shortfall (pages here, tokens on
-# a composite), it frees what it can and returns how much; 0 ends the rounds.
-Evictor = Callable[[int], int]
 
 
 def _index(i: SupportsIndex) -> int:
@@ -596,18 +592,20 @@ class Arena:
         1. ``urgent_flush``, recheck;
         2. ``slide_floats`` (rechecks after each float);
         3. with ``evict``, up to 4 rounds of ``evict(shortfall_pages)``,
-           each followed by rungs 1 and 2; a falsy return ends the rounds.
+           each followed by rungs 1 and 2; a return of 0 ends the rounds.
 
         The verdict is judged after the last step that ran: a callback that
         frees pages but returns 0 still gets the fit it made.  Never raises
-        on a shortfall (an exception from ``evict`` is the caller's, and
-        leaves a consistent arena).
+        on a shortfall.  What ``evict`` may do and return, and what a bad
+        return raises, is ``spec.evict``'s contract.
 
         post: __return__ == (need_pages <= self.available_pages(name))
         raises: ValueError
         """
         self._band(name)
         need_pages = self._count(name, need_pages, "need_pages")
+        if evict is not None and not callable(evict):
+            raise ValueError(f"pool {name!r}: relieve: evict must be callable or None, got {evict!r}")
 
         def fits() -> bool:
             return need_pages <= self.available_pages(name)
@@ -620,7 +618,7 @@ class Arena:
             return True
         if evict is not None:
             for _ in range(MAX_EVICT_ROUNDS):
-                if not evict(need_pages - self.available_pages(name)):
+                if not evicted(evict(need_pages - self.available_pages(name)), f"pool {name!r}: relieve"):
                     break
                 if rungs():
                     return True

@@ -43,7 +43,8 @@ from collections.abc import Callable, Iterable, Sequence
 from typing import ClassVar, SupportsIndex
 
 from . import arith
-from .arena import MAX_EVICT_ROUNDS, Arena, Evictor
+from .arena import Arena
+from .evict import MAX_EVICT_ROUNDS, Evictor, evicted
 from .geometry import AccountingError, SubPool
 
 FULL, SWA, STATE = "full", "swa", "state"
@@ -597,10 +598,10 @@ class _Composite:
            after the ENDs are packed);
         4. with ``evict``, up to ``MAX_EVICT_ROUNDS`` (4) rounds of
            ``evict(shortfall_tokens)`` (see ``_shortfall``), each followed
-           by rungs 1 to 3; a falsy return ends the rounds.
+           by rungs 1 to 3; a return of 0 ends the rounds.
 
         The verdict is judged after the last step that ran.  Never raises
-        on a shortfall; an exception from ``evict`` is the caller's.  A
+        on a shortfall; ``evict``'s contract is ``spec.evict``'s.  A
         demand that fits at once runs nothing (no flush).  Rungs 1 and 2,
         when they do not fit first, leave every END extending as far as a
         whole flush leaves it (packed, for the anchor's slide), so the
@@ -650,7 +651,7 @@ class _Composite:
             return True
         if evict is not None:
             for _ in range(MAX_EVICT_ROUNDS):
-                if not evict(self._shortfall(tokens, state_slots, swa)):
+                if not evicted(evict(self._shortfall(tokens, state_slots, swa)), f"{type(self).__name__}.relieve"):
                     break
                 if rungs():
                     return True

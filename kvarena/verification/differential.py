@@ -73,7 +73,7 @@ def run_as_test(machine_cls, profile_settings, **overrides):
         run_state_machine_as_test(machine_cls, settings=settings(**{**profile_settings, **COMMON, **overrides}))
 
 
-# Every interesting case the machine must reach; test_coverage fails on a zero.
+# Every interesting case the machine must reach; test_differential fails on a zero.
 CASES: Counter[str] = Counter()
 REQUIRED = (
     "exhaustion",
@@ -88,13 +88,15 @@ REQUIRED = (
     "lender free refused",
     "evictor raised",
     "evictor returned 0 but freed",
+    "evictor returned no count",
+    "evictor relieved a pool itself",
     "relieve failed twice (anchor)",
     "relieve failed twice (planner)",
     "plan moved pages",
     "plan fits in place",
     "plan infeasible",
 )
-EVICTORS = ("honest", "zero", "more", "liar", "raise")
+EVICTORS = ("honest", "zero", "more", "liar", "raise", "no count", "nested")
 
 
 class EvictorError(RuntimeError):
@@ -489,8 +491,11 @@ class DiffMachine(RuleBasedStateMachine):
         Each round takes ``(pool, count, kind)`` from ``script``: ``honest``
         frees ``count`` pages and says so; ``zero`` frees them and returns 0;
         ``more`` frees ``count`` plus the shortfall; ``liar`` frees nothing
-        and returns a truthy count; ``raise`` frees them, then raises.  The
-        victims are the pool's lowest freeable ids, the same in both arenas.
+        and returns a truthy count; ``raise`` frees them, then raises; ``no
+        count`` frees them and returns -1 (a ``ValueError``, ``spec.evict``);
+        ``nested`` frees them, then runs a ``relieve`` of its own, for one
+        page more than the pool has.  The victims are the pool's lowest
+        freeable ids, the same in both arenas.
         """
         rounds = iter(script)
 
@@ -505,7 +510,11 @@ class DiffMachine(RuleBasedStateMachine):
             log.append((shortfall, pool, ids, kind))
             if kind == "raise":
                 raise EvictorError(pool)
-            return {"honest": len(ids), "zero": 0, "more": len(ids), "liar": count + 1}[kind]
+            if kind == "nested":
+                arena.relieve(pool, arena.available_pages(pool) + 1)
+            return {"honest": len(ids), "zero": 0, "more": len(ids), "liar": count + 1, "no count": -1}.get(
+                kind, len(ids)
+            )
 
         return evict
 
@@ -520,18 +529,25 @@ class DiffMachine(RuleBasedStateMachine):
                 results[key] = arena.relieve(name, need, evict)
             except EvictorError:
                 results[key] = "raised"
+            except ValueError as e:
+                assert "evict must return the count it freed" in str(e), e
+                results[key] = "refused"
         assert results["spec"] == results["impl"], (results, logs)
         assert logs["spec"] == logs["impl"], logs
         for _, pool, ids, kind in logs["spec"]:
             self.forget(pool, ids)
             if kind == "raise":
                 note("evictor raised")
+            if kind == "no count":
+                note("evictor returned no count")
+            if kind == "nested":
+                note("evictor relieved a pool itself")
             if kind == "zero" and ids:
                 note("evictor returned 0 but freed")
         if logs["spec"]:
             note("eviction round")
         ok = results["spec"]
-        if ok != "raised":
+        if ok not in ("raised", "refused"):
             assert ok == (need <= self.S.available_pages(name)) == (need <= self.I.available_pages(name))
         return ok, logs["spec"]
 

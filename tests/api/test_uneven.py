@@ -131,8 +131,8 @@ def test_swa_tokens_none_is_the_coupled_demand(pkg, kind, lazy):
     tokens = c.available_size() + 2 * ps
     a, b = copy.deepcopy(c), copy.deepcopy(c)
     asked_a, asked_b = [], []
-    ok_a = a.relieve(tokens, 0, lambda k: asked_a.append(k))
-    ok_b = b.relieve(tokens, 0, lambda k: asked_b.append(k), swa_tokens=None)
+    ok_a = a.relieve(tokens, 0, lambda k: asked_a.append(k) or 0)
+    ok_b = b.relieve(tokens, 0, lambda k: asked_b.append(k) or 0, swa_tokens=None)
     assert ok_a == ok_b and asked_a == asked_b and a.arena.snapshot() == b.arena.snapshot()
 
 

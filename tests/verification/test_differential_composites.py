@@ -2,21 +2,22 @@
 one scheduler (``kvarena.verification.differential_composites``).  ``KVARENA_PROFILE=long``
 runs thousands of examples."""
 
+import os
+
 import pytest
 
 from kvarena.verification.differential_composites import CASES, REQUIRED, run_machine
 
+# Seeded in the CI profile, as tests/verification/test_differential.py.
+SEEDED = {"derandomize": True, "database": None} if os.environ.get("KVARENA_PROFILE", "ci") == "ci" else {}
+
 
 def test_composites_differential(device):  # conftest: cpu, and cuda where present
-    run_machine(device)
-
-
-def test_composites_coverage(device):
-    """A fixed-seed run reaches every event the issue names: window-slide
-    frees, joint-view exhaustion, state starvation relieved without
-    eviction, and each composite."""
+    """The twins agree on every step, and the run reaches every event the
+    issue names: window-slide frees, joint-view exhaustion, state starvation
+    relieved without eviction, and each composite."""
     CASES.clear()
-    run_machine(device, derandomize=True, database=None)
+    run_machine(device, **SEEDED)
     print("composite cases:", dict(CASES))
     missing = [c for c in REQUIRED if CASES[c] == 0]
     assert not missing, f"cases never reached: {missing}; counts {dict(CASES)}"

@@ -2,6 +2,10 @@
 shared example database, and a failure saved as a replayable vector."""
 
 import json
+import shutil
+import socket
+import subprocess
+import time
 
 import pytest
 
@@ -218,3 +222,72 @@ def test_cli_fuzz(tmp_path, capsys):
     text = capsys.readouterr().out
     assert rc == 0 and "0 failure(s)" in text
     assert json.loads(out.read_text())["examples"] > 0
+
+
+@pytest.fixture
+def redis_url(tmp_path):
+    """A Redis server of its own on the loopback address (Debian's
+    ``redis-server``; README "Scaling fuzzing out"), stopped after the test."""
+    binary = shutil.which("redis-server")
+    if binary is None:
+        pytest.fail("redis-server is not installed: apt-get install redis-server (README, the tests' setup)")
+    with socket.socket() as s:  # a free port
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    server = subprocess.Popen(
+        [
+            binary,
+            "--port",
+            str(port),
+            "--bind",
+            "127.0.0.1",
+            "--save",
+            "",
+            "--appendonly",
+            "no",
+            "--dir",
+            str(tmp_path),
+        ],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.STDOUT,
+    )
+    import redis
+
+    client = redis.Redis(host="127.0.0.1", port=port)
+    try:
+        for _ in range(100):  # up within 10 s
+            try:
+                client.ping()
+                break
+            except redis.ConnectionError:
+                time.sleep(0.1)
+        else:
+            pytest.fail(f"redis-server did not answer on port {port}")
+        yield f"redis://127.0.0.1:{port}/0", client
+    finally:
+        server.terminate()
+        server.wait(10)
+
+
+def test_two_workers_share_a_redis_server_and_a_third_finds_the_failure_at_once(tmp_path, monkeypatch, redis_url):
+    """Issue 24, item 4: the scale-out path against a real Redis server.  Two
+    workers fuzz an implementation with a planted bug into it; both failures
+    are stored there, shrunk, saved and replayed; a third worker, with the
+    same bug, finds the failure from the shared database at once."""
+    url, client = redis_url
+    mutated = tmp_path / "mutated"
+    planted.mutated_copy(planted.by_name("holes-not-credited"), mutated)
+    monkeypatch.syspath_prepend(str(mutated))
+    s = fuzz.campaign(120, workers=2, db=url, examples=25, out_dir=tmp_path / "found", shrink=True)
+    assert s["workers"] == 2 and len(s["failures"]) == 2, s
+    assert client.dbsize() > 0, "the server holds the failing examples"
+    for f in s["failures"]:
+        assert f["reproduces"] is True, f
+        assert "def test_fuzz_repro_" in f["pytest"]
+        (case,) = vectors.load_cases(f["vector"])
+        assert len(case["ops"]) <= 6, f  # shrunk: the bug shows in 2 or 3 calls; a drawn example runs up to 40 steps
+        assert vectors.replay_case(case, "impl").ok  # here, without the bug, the saved case passes
+    plant_holes_not_credited(monkeypatch)
+    machine = s["failures"][0]["machine"]
+    third = fuzz.run_round(machine, examples=1, database=fuzz.open_database(url), shrink=False)
+    assert third["failure"] is not None and third["examples"] <= 3
