@@ -4,6 +4,8 @@
 - ``differential``, ``differential_composites``: the Hypothesis machines that
   drive the implementation and the spec side by side (arena, composites);
 - ``fuzz``, ``fuzz_targets``: those machines as a campaign over processes;
+- ``soak``: one long life of a composite, implementation beside spec, with
+  memory sampled (``kvarena fuzz --soak``);
 - ``vectors``, ``vector_cases``: the conformance vectors, written by the spec
   and replayed on any target;
 - ``planted``: named planted bugs and the suites that catch them;

@@ -273,11 +273,9 @@ def run_round(label, policy=None, device="cpu", examples=20, steps=None, databas
     mod.CASES.clear()
     t = time.perf_counter()
     out = {"machine": label, "policy": policy or "every policy", "device": device}
-    from hypothesis.stateful import run_state_machine_as_test
-
     try:
         with checking():
-            run_state_machine_as_test(cls, settings=settings(**opts))
+            machine_test(cls, machine, settings(**opts))()
         failure = None
     except Exception as e:
         failure = {
@@ -294,6 +292,23 @@ def run_round(label, policy=None, device="cpu", examples=20, steps=None, databas
         failure=failure,
     )
     return out
+
+
+def machine_test(cls, keyed_as, test_settings):
+    """The Hypothesis test that runs state machine ``cls``, its examples
+    stored in the database under ``keyed_as``'s key.
+
+    Hypothesis keys a stateful test by a digest of its machine class, and
+    ``traced`` subclasses the machine: without this, ``kvarena fuzz --db``
+    neither replayed what the HypoFuzz targets (``fuzz_targets``, the
+    untraced machines) stored in a shared database, nor they what it stored.
+    """
+    from hypothesis.internal.reflection import function_digest
+    from hypothesis.stateful import get_state_machine_test
+
+    test = get_state_machine_test(cls, settings=test_settings)
+    test.hypothesis.inner_test._hypothesis_internal_add_digest = function_digest(keyed_as)  # type: ignore[attr-defined]
+    return test
 
 
 def _clip(text, head=3000, tail=5000):
@@ -464,6 +479,47 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--examples", type=int, default=20, help="examples per round (default 20)")
     cl.add_failures_dir(parser)
     cl.add_json(parser, "also write the summary as JSON")
+    parser.add_argument(
+        "--soak",
+        type=int,
+        metavar="OPS",
+        help="instead of the campaign: one TriPool, implementation beside spec, OPS operations per relief policy, "
+        "memory and live tensors sampled (kvarena.verification.soak)",
+    )
+    parser.add_argument("--check-every", type=int, default=1000, help="--soak: compare the whole state every K ops")
+
+
+def run_soak(args: argparse.Namespace) -> int:
+    """``kvarena fuzz --soak OPS``: the soak's table, per policy."""
+    from rich.table import Table
+
+    from kvarena.verification import command_line as cl
+    from kvarena.verification.soak import soak
+
+    console = cl.console()
+    done = {}
+
+    def progress(policy, k, ops):
+        done[policy] = k
+        console.print(f"  {policy}: {k:,} of {ops:,} ops", highlight=False)
+
+    s = soak(args.soak, check_every=args.check_every, device=args.device, progress=progress)
+    tab = Table(title=f"kvarena fuzz --soak {args.soak:,}: no disagreement (checked every {args.check_every} ops)")
+    for col in ("policy", "seconds", "resident MiB first/last (growth)", "live tensors first/last (growth)", "events"):
+        tab.add_column(col, overflow="fold")
+    for policy in done:
+        r = s[policy]
+        tab.add_row(
+            policy,
+            f"{r['seconds']:.0f}",
+            f"{r['rss_first_mib']} / {r['rss_last_mib']} (+{r['rss_growth_mib']})",
+            f"{r['tensors_first']} / {r['tensors_last']} (+{r['tensors_growth']})",
+            ", ".join(f"{k} {v}" for k, v in r["events"].items()),
+        )
+    console.print(tab)
+    if args.json:
+        write_json(args.json, s)
+    return 0
 
 
 def run(args: argparse.Namespace) -> int:
@@ -475,6 +531,8 @@ def run(args: argparse.Namespace) -> int:
     console = cl.console()
     if cl.no_device("fuzz", args.device):
         return 2
+    if args.soak:
+        return run_soak(args)
     names = ", ".join(f"{m}/{p or 'every policy'}" for m, p in targets())
     console.print(
         f"kvarena fuzz: {args.workers} worker(s) for {args.minutes:g} min on {args.device}; "

@@ -291,3 +291,26 @@ def test_two_workers_share_a_redis_server_and_a_third_finds_the_failure_at_once(
     machine = s["failures"][0]["machine"]
     third = fuzz.run_round(machine, examples=1, database=fuzz.open_database(url), shrink=False)
     assert third["failure"] is not None and third["examples"] <= 3
+
+
+def test_a_failure_a_hypofuzz_target_stored_is_replayed_at_once(tmp_path, monkeypatch):
+    """``fuzz_targets``' tests (the untraced machines, what HypoFuzz runs)
+    and ``kvarena fuzz``'s rounds (the machines traced) share one database
+    key: a failure a HypoFuzz worker stored is the first example ``kvarena
+    fuzz --db`` runs.  (They did not: Hypothesis keys a stateful test by its
+    machine class, and the traced subclass had its own key.)"""
+    from hypothesis import settings
+    from hypothesis.stateful import get_state_machine_test
+
+    from kvarena.verification import differential
+
+    plant_holes_not_credited(monkeypatch)
+    db = fuzz.open_database(tmp_path / "db")
+    opts = {**differential.PROFILES["ci"], **differential.COMMON, "database": db, "derandomize": False}
+    machine = differential.machine_for("cpu")
+    machine._hypothesis_internal_use_seed = 0  # what @seed(0) sets: the same draws every run
+    target = get_state_machine_test(machine, settings=settings(**opts))
+    with pytest.raises(AssertionError):
+        target()  # the HypoFuzz target finds the planted bug and stores the failing example
+    again = fuzz.run_round("core", examples=1, database=db, shrink=False)
+    assert again["failure"] is not None and again["examples"] <= 2  # the stored example, then its final replay
