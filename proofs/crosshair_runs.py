@@ -20,6 +20,7 @@ import os
 import re
 import subprocess
 import sys
+import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
 
@@ -62,13 +63,22 @@ def _crosshair():
     return [sys.executable, "-c", _LAUNCH]
 
 
+# CPython 3.11 keeps one AST-construction depth counter per interpreter, and
+# a thread switch inside ast.parse (a garbage collection running a finalizer)
+# lets another thread's parse move it: "SystemError: AST constructor
+# recursion depth mismatch" (CPython gh-106905).  kvarena verify runs
+# check_module on two threads; it failed a clean-clone CI run so.
+AST_LOCK = threading.Lock()
+
+
 def _contracted_functions(module):
     """{qualified name: (first line, last line)} of functions whose docstring
     carries PEP 316 ``pre:``/``post:`` lines."""
     spec = importlib.util.find_spec(module)
     with open(spec.origin) as f:
         src = f.read()
-    tree = ast.parse(src)
+    with AST_LOCK:
+        tree = ast.parse(src)
     out = {}
 
     def visit(node, prefix):

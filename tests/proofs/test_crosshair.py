@@ -198,3 +198,20 @@ def test_every_required_pair_is_listed():
     } == fns
     for a, b in C.DIFF_PAIRS:
         assert b.startswith(C.IMPL_MODULE + ".") and a.rsplit(".", 1)[1] == b.rsplit(".", 1)[1]
+
+
+def test_the_contract_scan_parses_under_the_ast_lock():
+    """``kvarena verify`` scans modules on two threads, and CPython 3.11's
+    AST builder is not safe so (gh-106905: a clean-clone CI run failed with
+    "AST constructor recursion depth mismatch").  The scan waits for
+    ``AST_LOCK``: held here, it cannot finish; released, it does."""
+    import threading
+
+    done = []
+    with C.AST_LOCK:
+        t = threading.Thread(target=lambda: done.append(C._contracted_functions("kvarena.spec.arith")))
+        t.start()
+        t.join(0.5)
+        assert t.is_alive() and not done
+    t.join(10)
+    assert done and done[0][1]  # the contracted arith functions
