@@ -22,12 +22,14 @@ id validation, and the cold paths (flush, make_room, compact_holes, refit)
 that compute move sets from the tables.
 """
 
+import functools
 import itertools
 import math
 import operator
 from collections.abc import Callable, Collection, Iterable, Mapping
 from dataclasses import dataclass
-from typing import ClassVar, SupportsIndex
+from types import TracebackType
+from typing import Any, ClassVar, SupportsIndex, TypeVar, cast
 
 import torch
 from torch.utils.dlpack import from_dlpack
@@ -38,6 +40,7 @@ from kvarena.spec.planner import End, Float, move_order, plan_chain
 
 from . import capacity as cap
 from .band import I64, Band, BandCounts
+from .journal import Journal
 from .memo import Memo
 
 Ids = torch.Tensor | Iterable[int]  # virtual ids: a tensor, or a host sequence of ints
@@ -77,21 +80,101 @@ def _alias(rows: torch.Tensor) -> torch.Tensor:
     return from_dlpack(rows)
 
 
-def _copy_in_chunks(rows: torch.Tensor, dst: torch.Tensor, src: torch.Tensor, ascending: bool = True) -> None:
+def _copy_in_chunks(
+    rows: torch.Tensor, dst: torch.Tensor, src: torch.Tensor, ascending: bool = True, shift: bool = False
+) -> None:
     """``rows[dst[i]] = rows[src[i]]`` through a temporary of at most
     ``TEMP_BYTES``, reused chunk after chunk: a temporary as large as the
     move costs a fresh allocation's page faults on the CPU (it halved the
     bandwidth) and a second move's worth of memory on a GPU.  Chunks run
     in index order, or in reverse when ``ascending`` is False; each chunk's
-    sources are all read before any of its destinations is written."""
+    sources are all read before any of its destinations is written.
+
+    A ``shift`` (every page moving one way, the chunks ordered so none
+    overwrites a source still to be read) that raises midway copies its
+    finished chunks back, in the opposite order, before the exception
+    leaves: the sources are whole again (``impl/journal.py``, rule 3)."""
     k = src.numel()
     per = max(1, TEMP_BYTES.get(rows.device.type, TEMP_BYTES["cuda"]) // max(1, rows.shape[1] * rows.element_size()))
     tmp = rows.new_empty((min(per, k), rows.shape[1]))
     starts = range(0, k, per)
-    for i in starts if ascending else reversed(starts):  # chunks of TEMP_BYTES, not pages
-        n = min(per, k - i)
-        torch.index_select(rows, 0, src[i : i + n], out=tmp[:n])
-        rows.index_copy_(0, dst[i : i + n], tmp[:n])
+    done = (0, 0)  # the pairs [a, b) copied so far: a prefix, or a suffix when descending
+    try:
+        for i in starts if ascending else reversed(starts):  # chunks of TEMP_BYTES, not pages
+            n = min(per, k - i)
+            torch.index_select(rows, 0, src[i : i + n], out=tmp[:n])
+            rows.index_copy_(0, dst[i : i + n], tmp[:n])
+            done = (0, i + n) if ascending else (i, k)
+    except BaseException:
+        a, b = done
+        if shift and b > a:
+            _copy_in_chunks(rows, src[a:b], dst[a:b], not ascending)
+        raise
+
+
+class Scope:
+    """``Arena.atomic()``: a block of arena calls that is all or nothing.
+    The outermost scope keeps the journal (``impl/journal.py``); one opened
+    inside it joins it.  On a raise the outermost undoes the whole block,
+    then lets the exception go on."""
+
+    __slots__ = ("arena", "journal")
+
+    def __init__(self, arena: "Arena") -> None:
+        self.arena = arena
+        self.journal: Journal | None = None
+
+    def __enter__(self) -> None:
+        if self.arena._journal is None:
+            self.journal = self.arena._journal = Journal(self.arena._order)
+
+    def __exit__(self, kind: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None) -> None:
+        journal = self.journal
+        if journal is not None:
+            self.journal = self.arena._journal = None
+            if kind is not None:
+                journal.rollback()
+
+
+F = TypeVar("F", bound=Callable[..., Any])
+
+
+def _all_or_nothing(method: F) -> F:
+    """An arena method that runs in a scope (``Arena.atomic``)."""
+
+    @functools.wraps(method)
+    def run(arena: "Arena", *args: Any, **kwargs: Any) -> Any:
+        with Scope(arena):
+            return method(arena, *args, **kwargs)
+
+    return cast(F, run)
+
+
+def _unbind(b: Band, ids: torch.Tensor, pages: torch.Tensor) -> None:
+    """A bind's undo: the rows it writes were unbound."""
+    b.v2p.index_fill_(0, ids, -1)
+    b.p2v.index_fill_(0, pages, -1)
+
+
+def _rebind(b: Band, ids: torch.Tensor, pages: torch.Tensor) -> None:
+    """A free's undo: ``ids`` back on ``pages``."""
+    b.v2p.index_copy_(0, ids, pages)
+    b.p2v.index_copy_(0, pages, ids)
+
+
+def _unmove_rows(b: Band, dst: torch.Tensor, src: torch.Tensor, v: torch.Tensor, alive: torch.Tensor) -> None:
+    """A move's table undo.  Every destination was free or a source, so
+    clearing them and then putting each source's id ``v`` back restores
+    ``p2v``; the live ids point at their sources again (a dead pair's row
+    is the ``-1`` sentinel's)."""
+    b.p2v.index_fill_(0, dst, -1)
+    b.p2v.index_copy_(0, src, v)
+    b.v2p.index_copy_(0, torch.where(alive, v, b.id_end), torch.where(alive, src, -1))
+
+
+def _swap_back(rows: torch.Tensor, dst: torch.Tensor, src: torch.Tensor) -> None:
+    """A whole gather-and-scatter move's reverse."""
+    rows.index_copy_(0, src, rows.index_select(0, dst))
 
 
 def _check_buffer(buffer: object, total_bytes: int, device: str | torch.device) -> None:
@@ -157,6 +240,7 @@ class Arena:
         self._order = list(self.bands.values())
         self._memo = Memo.shared_by(self._order)  # one arena-wide epoch; a deep copy gets its own
         self._cache = self._memo.cache  # the memo's dict, emptied in place on every tick
+        self._journal: Journal | None = None  # the open scope's undo log (impl/journal.py)
         self.verify()
 
     # ------------------------------------------------------------ access
@@ -273,7 +357,10 @@ class Arena:
             shape = tuple(data.shape) if isinstance(data, torch.Tensor) else type(data).__name__
             raise ValueError(f"pool {name!r}: data must be a tensor of shape {want}, got {shape}")
         pages = b.v2p.index_select(0, ids)
-        self.page_view(name).index_copy_(0, pages, data.to(self.device, torch.uint8))
+        rows = self.page_view(name)
+        if self._journal is not None:
+            self._journal.keep_rows(rows, pages)
+        rows.index_copy_(0, pages, data.to(self.device, torch.uint8))
 
     def read_pages(self, name: str, ids: Ids) -> torch.Tensor:
         """Page envelopes of ``ids``: uint8 ``[len(ids), epp]``."""
@@ -298,14 +385,19 @@ class Arena:
         k = src.numel()
         if k == 0:
             return 0
+        journal = self._open()
+        journal.keep_rows(self._page_rows(b.name), dst)
         if self.mover is None:
             self._copy_pages(b.name, dst, src, disjoint)
+            journal.on_undo(self._copy_back, b.name, dst, src)
         elif disjoint:
             self.mover(b.name, dst, src)
-        else:
-            self._move_bytes_with_mover(b.name, dst, src)
+            journal.on_undo(self._copy_back, b.name, dst, src)
+        else:  # waves, each recording its own reverse
+            self._move_bytes_with_mover(b.name, dst, src, journal)
         v = b.p2v.index_select(0, src)
         alive = v >= 0
+        journal.on_undo(_unmove_rows, b, dst, src, v, alive)
         b.p2v.index_fill_(0, src, -1)
         b.p2v.index_copy_(0, dst, v)
         b.v2p.index_copy_(0, torch.where(alive, v, b.id_end), torch.where(alive, dst, -1))
@@ -343,7 +435,7 @@ class Arena:
             else:
                 _copy_in_chunks(rows, dst, src)
         elif rising or falling:  # every pair moves one way: chunks from the far end first
-            _copy_in_chunks(rows, dst, src, ascending=falling)
+            _copy_in_chunks(rows, dst, src, ascending=falling, shift=True)
         else:
             rows.index_copy_(0, dst, rows.index_select(0, src))
 
@@ -369,7 +461,17 @@ class Arena:
         shared, rising, falling, s_run, d_run, s0, d0 = read
         return bool(shared), bool(rising), bool(falling), s0 if s_run else None, d0 if d_run else None
 
-    def _move_bytes_with_mover(self, name: str, dst: torch.Tensor, src: torch.Tensor) -> None:
+    def _copy_back(self, name: str, dst: torch.Tensor, src: torch.Tensor) -> None:
+        """A finished move's reverse: the bytes at ``dst`` back to ``src``,
+        through the mover when there is one (an undo, ``impl/journal.py``)."""
+        if self.mover is None:
+            self._copy_pages(name, src, dst, False)
+        else:
+            self._move_bytes_with_mover(name, src, dst)
+
+    def _move_bytes_with_mover(
+        self, name: str, dst: torch.Tensor, src: torch.Tensor, journal: Journal | None = None
+    ) -> None:
         """Hand the move to the mover as disjoint waves.
 
         The mover's contract is a copy of whole page envelopes between
@@ -378,6 +480,7 @@ class Arena:
         shift) go in waves: a pair runs once no pending pair still reads its
         destination, so every source is read before it is overwritten.  A
         cycle, which no kvarena move forms, is moved through a temporary.
+        Each finished wave records its reverse in ``journal`` (if given).
         """
         assert self.mover is not None
         keep = dst != src
@@ -387,8 +490,13 @@ class Arena:
             if not bool(ready.any()):  # SYNC: a cycle: gather every source first
                 rows = self._page_rows(name)
                 rows.index_copy_(0, dst, rows.index_select(0, src))
+                if journal is not None:
+                    journal.on_undo(_swap_back, rows, dst, src)
                 return
-            self.mover(name, dst[ready], src[ready])
+            wave_dst, wave_src = dst[ready], src[ready]
+            self.mover(name, wave_dst, wave_src)
+            if journal is not None:
+                journal.on_undo(self.mover, name, wave_src, wave_dst)
             dst, src = dst[~ready], src[~ready]
 
     # ------------------------------------------------------- chain walks
@@ -555,6 +663,27 @@ class Arena:
 
     # -------------------------------------------------------- operations
 
+    def atomic(self) -> Scope:
+        """``with arena.atomic(): ...``: the calls in the block are all or
+        nothing; if anything in it raises, every change it made is undone
+        before the exception leaves the block (``impl/journal.py`` states
+        the rule).  Every changing call is such a block on its own; a block
+        inside one joins it.  ``relieve`` with an evictor cannot run inside
+        one (``ValueError``): the evictor's frees are the engine's, past
+        undoing."""
+        return Scope(self)
+
+    @property
+    def in_atomic(self) -> bool:
+        """Whether an ``atomic()`` block is open."""
+        return self._journal is not None
+
+    def _open(self) -> Journal:
+        """The open scope's journal: every changing call runs in one."""
+        assert self._journal is not None, "a changing call outside Arena.atomic()"
+        return self._journal
+
+    @_all_or_nothing
     def alloc(self, name: str, n: int, ids: Ids | None = None, check: bool = True) -> torch.Tensor | None:
         """``n`` pages as an int64 tensor of virtual ids, or None if short.
 
@@ -580,6 +709,7 @@ class Arena:
             return self._bind(b, n)  # fresh ids from the queue: the caller's own tensor
         return self._bind(b, n, ids).clone()  # the caller's ids: never hand them back aliased
 
+    @_all_or_nothing
     def bind_with_borrowers(self, name: str, n: int) -> torch.Tensor:
         """Bind ``n > 0`` fresh ids of lender ``name`` (its queue's oldest),
         then the same ids in each of its borrowers; the ids (a new tensor).
@@ -605,11 +735,14 @@ class Arena:
             b.holes = b.holes[k:]
             if n > k:  # holes first, then the extension
                 pages = torch.cat([pages, self._extend(b, n - k)])
+        journal = self._open()
         if ids is None:
             assert b.free_ids is not None  # only a band that mints its ids binds without them
             ids = b.free_ids.take(n)
+            journal.took(b.free_ids)
         elif b.free_ids is not None:  # a borrower keeps no queue
             b.free_ids.remove(ids)
+        journal.on_undo(_unbind, b, ids, pages)
         b.v2p.index_copy_(0, ids, pages)
         b.p2v.index_copy_(0, pages, ids)
         b.live = b.live + n
@@ -634,6 +767,7 @@ class Arena:
         b.lo = b.lo - m
         return b.pages(b.lo, b.lo + m)
 
+    @_all_or_nothing
     def free(self, name: str, ids: Ids, check: bool = True) -> None:
         """Free pages by virtual id.
 
@@ -650,9 +784,13 @@ class Arena:
         if k == 0:
             return None
         pages = b.v2p.index_select(0, ids)
+        journal = self._open()
+        journal.on_undo(_rebind, b, ids, pages)
+        journal.freed = True
         b.v2p.index_fill_(0, ids, -1)
         b.p2v.index_fill_(0, pages, -1)
         if b.free_ids is not None:
+            journal.appending(b.free_ids, k)
             b.free_ids.put(ids)
         b.live = b.live - k
         if b.is_end and not b.lazy:
@@ -690,6 +828,7 @@ class Arena:
         dst = torch.empty_like(freed).index_copy_(0, torch.sort(rank).indices, torch.sort(freed).values)
         self._move(b, dst, vacated, SrcRun(start))  # disjoint
 
+    @_all_or_nothing
     def flush(self, name: str, max_moves: int | None = None) -> int:
         """Settle a band's backlog; pages moved.
 
@@ -743,6 +882,7 @@ class Arena:
         keep = (h >= b.lo) & (h < b.hi) & (b.p2v.index_select(0, h) < 0)
         b.holes = h[keep]
 
+    @_all_or_nothing
     def make_room(self, name: str, side: str, min_bytes: int) -> int:
         """Slide float ``name`` until the band on ``side`` has ``min_bytes``.
 
@@ -788,6 +928,7 @@ class Arena:
         self._refit(b)
         return moved
 
+    @_all_or_nothing
     def compact_holes(self, name: str, retreat_side: str) -> int:
         """Pack a float's live pages toward the edge opposite ``retreat_side``,
         keeping their order.  Pages moved."""
@@ -830,6 +971,7 @@ class Arena:
 
     # ------------------------------------------------------------ policy
 
+    @_all_or_nothing
     def open_short_side(self, name: str, demand: Mapping[str, int]) -> int:
         """Slide float ``name`` for a demand vector ``{pool: pages}``; pages moved."""
         b = self._float(name)
@@ -858,6 +1000,7 @@ class Arena:
             return 0
         return self.make_room(name, "low" if side_is_low else "high", target)
 
+    @_all_or_nothing
     def plan_floats(self, demand: Mapping[str, int]) -> int:
         """The planner's rung (DESIGN section 4b); pages moved.
 
@@ -921,6 +1064,8 @@ class Arena:
         need = self._count(name, need_pages, "need_pages")
         if evict is not None and not callable(evict):
             raise ValueError(f"pool {name!r}: relieve: evict must be callable or None, got {evict!r}")
+        if evict is not None and self.in_atomic:
+            raise ValueError(f"pool {name!r}: relieve: an evictor cannot run inside atomic() (its frees stay)")
 
         def short() -> int:
             return need - self.available_pages(name)
@@ -932,16 +1077,17 @@ class Arena:
                     return True
             elif evict is None or not evicted(evict(short()), f"pool {name!r}: relieve"):
                 break
-            for t in self.flush_targets(name):
-                self.flush(t)
-            if self.policy == "planner":
-                if short() > 0:
-                    self.plan_floats({name: need})
-            else:
-                for f in self.chain[1:-1]:
-                    if short() <= 0:
-                        break
-                    self.open_short_side(f, {name: need})
+            with self.atomic():  # one attempt's rungs: all or nothing; the evictor runs between
+                for t in self.flush_targets(name):
+                    self.flush(t)
+                if self.policy == "planner":
+                    if short() > 0:
+                        self.plan_floats({name: need})
+                else:
+                    for f in self.chain[1:-1]:
+                        if short() <= 0:
+                            break
+                        self.open_short_side(f, {name: need})
             if short() <= 0:
                 return True
         return short() <= 0

@@ -49,6 +49,18 @@ class FreeIds:
     def _slots(self, start: int, n: int) -> torch.Tensor:
         return (torch.arange(n, dtype=I64, device=self.buf.device) + start) % self.cap
 
+    def tail_slots(self, n: int) -> torch.Tensor:
+        """The ``n`` slots ``put`` writes next (outside the queue)."""
+        return self._slots(self.head + self.count, n)
+
+    def state(self) -> tuple[torch.Tensor, int, int]:
+        """What ``restore`` needs: the buffer (rebound, never rewritten,
+        where the queue's order changes) and head and count."""
+        return self.buf, self.head, self.count
+
+    def restore(self, state: tuple[torch.Tensor, int, int]) -> None:
+        self.buf, self.head, self.count = state
+
     def take(self, n: int) -> torch.Tensor:
         """Pop the ``n`` oldest ids (a fresh tensor)."""
         if self.head + n <= self.cap:  # no wrap: one copy of a slice, not an index gather
@@ -61,7 +73,7 @@ class FreeIds:
     def put(self, ids: torch.Tensor) -> None:
         """Append ids at the back (no host sync: the length is a shape)."""
         k = ids.numel()
-        self.buf.index_copy_(0, self._slots(self.head + self.count, k), ids)
+        self.buf.index_copy_(0, self.tail_slots(k), ids)
         self.count += k
 
     def queue(self) -> torch.Tensor:
@@ -77,8 +89,9 @@ class FreeIds:
         drop = torch.isin(q, ids).to(torch.int8)
         order = torch.sort(drop, stable=True).indices
         keep = self.count - ids.numel()
-        self.buf[:keep] = q.index_select(0, order[:keep])
-        self.head, self.count = 0, keep
+        buf = self.buf.clone()  # a new ring: an undo restores the old one (impl/journal.py)
+        buf[:keep] = q.index_select(0, order[:keep])
+        self.buf, self.head, self.count = buf, 0, keep
 
 
 class Band:

@@ -229,10 +229,9 @@ class _Composite:
         if isinstance(x, (str, bytes, set, frozenset, dict)) or not hasattr(x, "__len__"):
             raise ValueError(f"{what} must be a tensor or a sequence of ints, got {type(x).__name__}")
         vals = [_int(f"{what}[{i}]", v) for i, v in enumerate(x)]
-        try:
-            return torch.tensor(vals, dtype=I64, device=self.device)
-        except (OverflowError, RuntimeError):
-            raise ValueError(f"{what}: value out of int64 range") from None
+        if any(not -(2**63) <= v < 2**63 for v in vals):  # on the host: a device error is not bad input
+            raise ValueError(f"{what}: value out of int64 range")
+        return torch.tensor(vals, dtype=I64, device=self.device)
 
     # --------------------------------------------------- the joint view
 
@@ -462,8 +461,9 @@ class _Composite:
             else:
                 # SYNC: the one documented read without host copies: pages to bind, tokens out.
                 n, total = _host_read(torch.stack([new.sum(), lens.sum()]))
-            ids = self._take_pages(n)
-            return None if ids is None else self._slots(prefix, seq, loc, new, lens, ids, total)
+            with self.arena.atomic():  # relief, bind and slots: all or nothing
+                ids = self._take_pages(n)
+                return None if ids is None else self._slots(prefix, seq, loc, new, lens, ids, total)
         prefix = self._vec(f"{what}: prefix_lens", prefix_lens)
         seq = self._vec(f"{what}: seq_lens", seq_lens)
         loc = self._vec(f"{what}: last_loc", last_loc)
@@ -479,10 +479,9 @@ class _Composite:
         if n_off or (extend_num_tokens is not None and _int(f"{what}: extend_num_tokens", extend_num_tokens) != total):
             self._explain_copies(what, {"prefix_lens": (prefix, prefix_lens_cpu), "seq_lens": (seq, seq_lens_cpu)})
             raise ValueError(f"{what}: extend_num_tokens {extend_num_tokens} != {total} tokens asked")
-        ids = self._take_pages(n)
-        if ids is None:
-            return None
-        return self._slots(prefix, seq, loc, new, lens, ids, total)
+        with self.arena.atomic():
+            ids = self._take_pages(n)
+            return None if ids is None else self._slots(prefix, seq, loc, new, lens, ids, total)
 
     def _copy_flags(self, what: str, pairs: dict[str, tuple[torch.Tensor, IntsLike | None]]) -> torch.Tensor:
         """How many entries of the given host copies disagree with their
@@ -567,10 +566,9 @@ class _Composite:
         if n_good != seq.numel() or n_dup:
             self._explain_copies(what, {"seq_lens": (seq, seq_lens_cpu)})
             self._explain(what, seq - 1, seq, loc)
-        ids = self._take_pages(n)
-        if ids is None:
-            return None
-        return self._decode_slots(opens, ids, loc)
+        with self.arena.atomic():
+            ids = self._take_pages(n)
+            return None if ids is None else self._decode_slots(opens, ids, loc)
 
     def _decode_flags(
         self, seq: torch.Tensor, loc: torch.Tensor, opens: torch.Tensor
@@ -612,10 +610,9 @@ class _Composite:
         else:
             # SYNC: the one documented read without the host copy: pages to bind.
             (n,) = _host_read(opens.sum().reshape(1))
-        ids = self._take_pages(n)
-        if ids is None:
-            return None
-        return self._decode_slots(opens, ids, loc)
+        with self.arena.atomic():
+            ids = self._take_pages(n)
+            return None if ids is None else self._decode_slots(opens, ids, loc)
 
     def _opens_page(self, seq: torch.Tensor) -> torch.Tensor:
         """Which requests open a page (a bool tensor, sync-free): position
@@ -652,12 +649,13 @@ class _Composite:
         if not pages:
             return None
         ids = torch.tensor(pages, dtype=I64, device=self.device)
-        if self._has(SWA):
-            swa = self.arena.v2p_at(SWA, ids).tolist()  # SYNC: cold path
-            live = [p for p, s in zip(pages, swa) if s > 0]
-            if live:
-                self.arena.free(SWA, torch.tensor(live, dtype=I64, device=self.device), check=False)
-        self.arena.free(FULL, ids, check=False)
+        with self.arena.atomic():  # both frees or neither
+            if self._has(SWA):
+                swa = self.arena.v2p_at(SWA, ids).tolist()  # SYNC: cold path
+                live = [p for p, s in zip(pages, swa) if s > 0]
+                if live:
+                    self.arena.free(SWA, torch.tensor(live, dtype=I64, device=self.device), check=False)
+            self.arena.free(FULL, ids, check=False)
         return None
 
     # --------------------------------------------------------- relief
@@ -723,6 +721,8 @@ class _Composite:
         swa = self._swa_arg("relieve", tokens, swa_tokens)
         if evict is not None and not callable(evict):
             raise ValueError(f"relieve: evict must be callable or None, got {evict!r}")
+        if evict is not None and self.arena.in_atomic:
+            raise ValueError("relieve: an evictor cannot run inside atomic() (its frees stay)")
         pages = _cdiv(tokens, self.page_size)
         demand = {FULL: pages}
         if self._has(SWA):
@@ -762,8 +762,9 @@ class _Composite:
                 evict(self._shortfall(tokens, state_slots, swa)), f"{type(self).__name__}.relieve"
             ):
                 break
-            if rungs():
-                return True
+            with self.arena.atomic():  # one attempt's rungs: all or nothing; the evictor runs between
+                if rungs():
+                    return True
         return fits()  # after the last step, whatever evict returned
 
     # ------------------------------------------------------- translate
@@ -912,10 +913,11 @@ class _WithState(_Composite):
         ``relieve(state_slots=n)`` without eviction, then one more try: the
         other side gives ground before any eviction (anchor bug 6)."""
         n = _count("alloc_state: n", n)
-        ids = self.arena.alloc(STATE, n)
-        if ids is None and self.relieve(state_slots=n):
+        with self.arena.atomic():
             ids = self.arena.alloc(STATE, n)
-        return ids
+            if ids is None and self.relieve(state_slots=n):
+                ids = self.arena.alloc(STATE, n)
+            return ids
 
     def free_state(self, slots: IntsLike) -> None:
         """Free state slots; unknown, freed, repeated, 0 or out of range:

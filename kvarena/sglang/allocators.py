@@ -277,10 +277,11 @@ class BandView:
         arena = self._arena
         kept = virtual_pages.reshape(-1).to(I64)
         old = self._p2v.index_select(0, physical_pages.reshape(-1).to(I64))
-        data = arena.read_pages(SWA, old)
-        arena.free(SWA, old)
-        arena.alloc(SWA, kept.numel(), ids=kept)
-        arena.write_pages(SWA, kept, data)
+        with arena.atomic():  # the bytes and both calls, or nothing
+            data = arena.read_pages(SWA, old)
+            arena.free(SWA, old)
+            arena.alloc(SWA, kept.numel(), ids=kept)
+            arena.write_pages(SWA, kept, data)
 
 
 class StateView(BandView):
@@ -440,7 +441,6 @@ class _Dropin:
     def alloc(self, need_size: int) -> torch.Tensor | None:
         """``need_size`` tokens on fresh pages (a multiple of the page size),
         or None."""
-        self._swa_freed_early.clear()
         ps = self.page_size
         if isinstance(need_size, bool) or not isinstance(need_size, int) or need_size < 0 or need_size % ps:
             raise ValueError(f"pool 'full': alloc({need_size!r}) must be a multiple of page_size {ps}, >= 0")
@@ -449,9 +449,11 @@ class _Dropin:
         zero, zero_cpu = self._host([0])
         seq, seq_cpu = self._host([need_size])
         last, _ = self._host([-1])
-        return self.composite.alloc_extend(
+        out = self.composite.alloc_extend(
             zero, seq, last, check=False, prefix_lens_cpu=zero_cpu, seq_lens_cpu=seq_cpu, extend_num_tokens=need_size
         )
+        self._swa_freed_early.clear()  # an allocation ends the drain (once it returns: a raise changes nothing)
+        return out
 
     def alloc_extend(
         self,
@@ -464,8 +466,7 @@ class _Dropin:
     ) -> torch.Tensor | None:
         """Slots for positions ``[prefix, seq)`` of each request (ANCHOR
         section 1), or None; no device read."""
-        self._swa_freed_early.clear()
-        return self.composite.alloc_extend(
+        out = self.composite.alloc_extend(
             prefix_lens.to(I64),
             seq_lens.to(I64),
             last_loc.to(I64),
@@ -474,13 +475,16 @@ class _Dropin:
             seq_lens_cpu=seq_lens_cpu,
             extend_num_tokens=extend_num_tokens,
         )
+        self._swa_freed_early.clear()
+        return out
 
     def alloc_decode(
         self, seq_lens: torch.Tensor, seq_lens_cpu: torch.Tensor, last_loc: torch.Tensor
     ) -> torch.Tensor | None:
         """One slot per request for position ``seq - 1``, or None; no device read."""
+        out = self.composite.alloc_decode(seq_lens.to(I64), last_loc.to(I64), check=False, seq_lens_cpu=seq_lens_cpu)
         self._swa_freed_early.clear()
-        return self.composite.alloc_decode(seq_lens.to(I64), last_loc.to(I64), check=False, seq_lens_cpu=seq_lens_cpu)
+        return out
 
     # ------------------------------------------------------------ free
 
@@ -517,7 +521,10 @@ class _Dropin:
         if SWA in self.CHAIN:
             pages = torch.div(reps, self.page_size, rounding_mode="floor")
             swa = self.composite.arena.v2p_at(SWA, pages)
-            self._swa_freed_early.update(pages[swa > 0].tolist())  # SYNC: eviction drain, cold
+            early = pages[swa > 0].tolist()  # SYNC: eviction drain, cold
+            self.composite.free(reps)
+            self._swa_freed_early.update(early)  # once the free is done: a raise leaves the set as it was
+            return
         self.composite.free(reps)
 
     def free_group_begin(self) -> None:
@@ -526,15 +533,21 @@ class _Dropin:
         self.free_group = []
 
     def free_group_end(self) -> None:
-        pending, self.free_group = self.free_group, None
-        full_only, self.full_free_group = self.full_free_group, []
-        pieces = (pending or []) + full_only + (self.free_page_reps_group or []) + self.full_page_reps_group
-        self.free_page_reps_group, self.full_page_reps_group = None, []
+        """Free the group in one call; the group closes once that call
+        returns (if it raises, the group is still open and whole)."""
+        pieces = (
+            (self.free_group or [])
+            + self.full_free_group
+            + (self.free_page_reps_group or [])
+            + self.full_page_reps_group
+        )
         if pieces:
             toks = torch.cat(pieces)
             # one call: a page named twice in a group (a token and its page's representative) once
             pages = torch.unique(torch.div(toks, self.page_size, rounding_mode="floor"))  # SYNC: cold, batched frees
             self.composite.free(pages * self.page_size)
+        self.free_group, self.full_free_group = None, []
+        self.free_page_reps_group, self.full_page_reps_group = None, []
 
     # ----------------------------------------------------------- views
 
@@ -665,9 +678,13 @@ def _swa_views(cls):
             return
         pages = torch.div(self._reps(free_index, start_pos), self.page_size, rounding_mode="floor")
         if self._swa_freed_early:  # after a full-side eviction in this drain: skip what it took (cold)
-            keep = [p for p in pages.tolist() if p not in self._swa_freed_early]  # SYNC: eviction drain only
-            self._swa_freed_early.difference_update(pages.tolist())
-            pages = torch.tensor(keep, dtype=I64, device=pages.device)
+            seen = pages.tolist()  # SYNC: eviction drain only
+            keep = [p for p in seen if p not in self._swa_freed_early]
+            kept = torch.tensor(keep, dtype=I64, device=pages.device)
+            if keep:
+                self.composite.arena.free(SWA, kept, check=False)
+            self._swa_freed_early.difference_update(seen)  # once the free is done
+            return
         if pages.numel():
             self.composite.arena.free(SWA, pages, check=False)
 

@@ -50,6 +50,7 @@ from hypothesis.stateful import (
 from kvarena import impl, spec
 from kvarena.spec import SubPool
 from kvarena.spec.contracts import checking, unchecked
+from kvarena.verification.faults import fault_at
 
 # CI skips shrinking: a failure still prints its full step list, and
 # shrinking a 40-step machine can take many minutes on two cores.
@@ -95,6 +96,8 @@ REQUIRED = (
     "plan moved pages",
     "plan fits in place",
     "plan infeasible",
+    "fault undone",
+    "fault past the call",
 )
 EVICTORS = ("honest", "zero", "more", "liar", "raise", "no count", "nested")
 
@@ -484,6 +487,51 @@ class DiffMachine(RuleBasedStateMachine):
         else:
             assert moved == 0
             note("plan infeasible")
+
+    @rule(data=st.data())
+    def faulted(self, data):
+        """A changing call on the implementation with its ``k``-th torch
+        operation failing (``impl/journal.py``).  If the fault comes out, the
+        spec does not make the call and every comparison must still hold:
+        the call left nothing behind.  Else both make it."""
+        S = self.S
+        name = self.pick(data)
+        kinds = ["flush", "relieve", "plan_floats", "free"]
+        if name not in self.lender:
+            kinds.append("alloc")
+        if name in self.floats:
+            kinds += ["make_room", "compact_holes"]
+        kind = data.draw(st.sampled_from(kinds))
+        if kind == "alloc":
+            args: tuple[Any, ...] = (name, data.draw(st.integers(0, max(0, min(6, S.available_pages(name))))))
+        elif kind == "free":
+            live = self.freeable(name)
+            args = (name, data.draw(st.lists(st.sampled_from(live), unique=True, max_size=6)) if live else [])
+        elif kind == "relieve":
+            args = (name, S.available_pages(name) + data.draw(st.integers(0, 6)))
+        elif kind == "plan_floats":
+            args = ({name: S.available_pages(name) + data.draw(st.integers(0, 6))},)
+        elif kind == "make_room":
+            side = data.draw(st.sampled_from(["low", "high"]))
+            args = (name, side, S.gap_bytes(name) + data.draw(st.integers(1, 3)) * S.geometry(name).epp)
+        elif kind == "compact_holes":
+            args = (name, data.draw(st.sampled_from(["low", "high"])))
+        else:
+            args = (name,)
+        k = data.draw(st.one_of(st.integers(0, 30), st.integers(0, 400)))  # most calls make tens of operations
+        raised, got = fault_at(k, lambda: getattr(self.I, kind)(*args))
+        if raised:
+            note("fault undone")
+            return
+        note("fault past the call")
+        want = getattr(S, kind)(*args)
+        if kind == "alloc":
+            assert (want is None) == (got is None) and (want is None or want == got.tolist())
+            self.stamp(name, want or [])
+        else:
+            assert want == got, (kind, want, got)
+        if kind == "free":
+            self.forget(name, args[1])
 
     def evictor(self, arena, log, script):
         """An ``evict`` callback of one of the kinds a scheduler writes.

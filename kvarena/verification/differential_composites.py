@@ -33,6 +33,7 @@ from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, ru
 from kvarena import impl, spec
 from kvarena.spec.contracts import unchecked
 from kvarena.verification.differential import NO_SHRINK, fuzz_rows, pattern, profile, run_as_test
+from kvarena.verification.faults import fault_at
 
 PROFILES = {
     "ci": {"max_examples": 200, "stateful_step_count": 40, "phases": NO_SHRINK},
@@ -60,6 +61,7 @@ REQUIRED = (
     "extend with host copies",
     "decode with a host copy",
     "lent buffer",
+    "composite fault undone",
 )
 # Counted, not required: since the ladder compacts only surplus holes, a fit part-way is rare in
 # a fixed-seed run and its count moved with Hypothesis's version and the test order (0 to 18);
@@ -327,6 +329,38 @@ class CompositeMachine(RuleBasedStateMachine):
             if r["slot"] is not None:
                 c.free_state(r["slot"])
         self.forget_dead()
+
+    @rule(data=st.data())
+    def faulted(self, data):
+        """An admission (relief when short) or a finish on the implementation
+        with its ``k``-th torch operation failing (``impl/journal.py``).  If
+        the fault comes out, the spec does not make the call and every
+        comparison must still hold; else both make it."""
+        k = data.draw(st.one_of(st.integers(0, 40), st.integers(0, 800)))  # a call makes tens to hundreds
+        if self.reqs and data.draw(st.booleans()):
+            rid = data.draw(st.sampled_from(sorted(self.reqs)))
+            tokens = self.reqs[rid]["tokens"]
+            raised, _ = fault_at(k, lambda: self.I.free(tokens))
+            if raised:
+                note("composite fault undone")
+                return
+            self.S.free(tokens)
+            slot = self.reqs.pop(rid)["slot"]
+            if slot is not None:
+                self.both(lambda c: c.free_state(slot))
+            self.forget_dead()
+            return
+        prompt = min(self.most, data.draw(st.integers(1, 5 * self.ps + 2)))
+        raised, got = fault_at(k, lambda: self.I.alloc_extend([0], [prompt], [-1]))
+        if raised:
+            note("composite fault undone")
+            return
+        tokens = host(self.S.alloc_extend([0], [prompt], [-1]))
+        assert tokens == host(got), (tokens, got)
+        if tokens is not None:
+            self.reqs[self.next_rid] = {"tokens": tokens, "slot": None, "freed": 0}
+            self.next_rid += 1
+            self.stamp(tokens)
 
     @rule(data=st.data())
     def too_long(self, data):

@@ -266,6 +266,39 @@ MUTATIONS = [
         [(".clamp_min(0).reshape(ids.shape)", ".reshape(ids.shape)")],
     ),
     Mutation(
+        "decode-misses-shared-page",
+        "the checked alloc_decode no longer sees two requests continuing one page",
+        "impl/composites.py",
+        [("return good, cont & (owner.index_select(0, target) != idx)", "return good, cont & (idx < 0)")],
+        unit=("tests/api/test_composite_inputs.py",),
+    ),
+    Mutation(
+        "window-free-takes-the-sink",
+        "free_swa counts a representative on page 0 as live (the sink's row holds 0, not -1)",
+        "impl/composites.py",
+        [
+            (
+                "live = self.arena.v2p_at(SWA, torch.remainder(page, end + 1)) > 0",
+                "live = self.arena.v2p_at(SWA, torch.remainder(page, end + 1)) >= 0",
+            )
+        ],
+        unit=("tests/api/test_composites.py",),
+    ),
+    Mutation(
+        "fault-bind-not-undone",
+        "a bind records no undo: a fault after it leaves the ids bound (impl/journal.py)",
+        "impl/arena.py",
+        [("        journal.on_undo(_unbind, b, ids, pages)\n", "")],
+        unit=("tests/impl/test_faults.py",),
+    ),
+    Mutation(
+        "fault-freed-pages-not-kept",
+        "a scope that freed pages keeps none of their bytes: an undone eager free brings back garbage",
+        "impl/journal.py",
+        [("        if self.freed:\n", "        if False:\n")],
+        unit=("tests/impl/test_faults.py",),
+    ),
+    Mutation(
         "make-room-need-floor",
         "make_room clears one page too few when the target is off-grid (spec)",
         "spec/arith.py",

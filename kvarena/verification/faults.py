@@ -1,0 +1,60 @@
+"""Fault injection: make the k-th torch operation of a call raise.
+
+``FaultAt(k)`` is a ``TorchDispatchMode``: inside it every torch operation
+(each kernel, view, factory and copy that reaches the dispatcher) is
+counted, and the ``k``-th (from 0) raises ``InjectedFault`` instead of
+running, once; the operations after it run.  That is the fault model of
+``impl/journal.py``: one operation fails, before it runs, and the undo
+after it works.  ``FaultAt(None)`` only counts.
+
+``sweep`` drives it over every ``k`` of a call (``tests/impl/test_faults.py``
+and the differential machines use it).
+"""
+
+from collections.abc import Callable
+from typing import Any
+
+from torch.utils._python_dispatch import TorchDispatchMode
+
+
+class InjectedFault(RuntimeError):
+    """The fault ``FaultAt`` raises."""
+
+
+class FaultAt(TorchDispatchMode):
+    """Count torch operations; the ``k``-th raises ``InjectedFault``."""
+
+    def __init__(self, k: int | None = None) -> None:
+        super().__init__()
+        self.k = k
+        self.ops = 0
+        self.fired = False
+
+    def __torch_dispatch__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
+        n = self.ops
+        self.ops += 1
+        if n == self.k:
+            self.fired = True
+            raise InjectedFault(f"injected fault at operation {n} ({func})")
+        return func(*args, **(kwargs or {}))
+
+
+def count_ops(call: Callable[[], object]) -> tuple[object, int]:
+    """``call()``'s result and how many torch operations it ran."""
+    with FaultAt() as mode:
+        out = call()
+    return out, mode.ops
+
+
+def fault_at(k: int, call: Callable[[], object]) -> tuple[bool, object]:
+    """Run ``call()`` with its ``k``-th operation failing: ``(True, None)``
+    if the fault came out of it, else ``(False, result)`` (``k`` was past
+    its last operation, or the call caught the fault and went on)."""
+    with FaultAt(k) as mode:
+        try:
+            out = call()
+        except InjectedFault:
+            if not mode.fired:
+                raise
+            return True, None
+    return False, out
