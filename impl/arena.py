@@ -456,8 +456,7 @@ class Arena:
         found = ordered.index_select(0, torch.searchsorted(ordered, dst).clamp_max(src.numel() - 1))
         both = up(src) & up(dst)
         flags = [(found == dst).any(), both & (dst >= src).all(), both & (dst <= src).all(), run(src), run(dst)]
-        # SYNC: a cold path's one read (flush, make_room, compact_holes): the move's shape
-        read = torch.cat([torch.stack(flags).to(I64), src[:1], dst[:1]]).tolist()
+        read = torch.cat([torch.stack(flags).to(I64), src[:1], dst[:1]]).tolist()  # SYNC: a cold move's shape
         shared, rising, falling, s_run, d_run, s0, d0 = read
         return bool(shared), bool(rising), bool(falling), s0 if s_run else None, d0 if d_run else None
 
@@ -1058,7 +1057,9 @@ class Arena:
         each opened by ``evict(shortfall)``, and a return of 0 ends them
         (``spec.evict``: the callback's contract).
         The verdict is read after the last step.  Never raises on a
-        shortfall.
+        shortfall.  Each attempt's rungs are one ``atomic()`` scope and the
+        evictor runs between them (its frees are the engine's), so a fault
+        leaves the state where an attempt or an evictor call ended.
         """
         self._band(name)
         need = self._count(name, need_pages, "need_pages")

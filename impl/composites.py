@@ -716,7 +716,9 @@ class _Composite:
         ``evict`` up to 4
         rounds of ``evict(shortfall_tokens)``, each followed by those
         rungs, a falsy return ending the rounds.  The verdict is judged
-        after the last step that ran."""
+        after the last step that ran.  Each attempt's rungs are one
+        ``atomic()`` scope, the evictor running between them
+        (``impl/journal.py``)."""
         tokens, state_slots = self._demand_args("relieve", tokens, state_slots)
         swa = self._swa_arg("relieve", tokens, swa_tokens)
         if evict is not None and not callable(evict):

@@ -6,6 +6,8 @@
 - ``fuzz``, ``fuzz_targets``: those machines as a campaign over processes;
 - ``soak``: one long life of a composite, implementation beside spec, with
   memory sampled (``kvarena fuzz --soak``);
+- ``faults``: fault injection (the k-th torch operation of a call raises),
+  for the fault sweeps and the machines' ``faulted`` rules;
 - ``vectors``, ``vector_cases``: the conformance vectors, written by the spec
   and replayed on any target;
 - ``planted``: named planted bugs and the suites that catch them;

@@ -7,8 +7,10 @@ running, once; the operations after it run.  That is the fault model of
 ``impl/journal.py``: one operation fails, before it runs, and the undo
 after it works.  ``FaultAt(None)`` only counts.
 
-``sweep`` drives it over every ``k`` of a call (``tests/impl/test_faults.py``
-and the differential machines use it).
+``count_ops`` counts a call's operations and ``fault_at`` runs it with one
+of them failing; ``tests/impl/test_faults.py`` and ``tests/sglang/test_faults.py``
+sweep every ``k`` of every moving call, and the differential machines'
+``faulted`` rules draw one.
 """
 
 from collections.abc import Callable

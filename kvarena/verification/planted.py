@@ -273,15 +273,10 @@ MUTATIONS = [
         unit=("tests/api/test_composite_inputs.py",),
     ),
     Mutation(
-        "window-free-takes-the-sink",
-        "free_swa counts a representative on page 0 as live (the sink's row holds 0, not -1)",
+        "window-free-repeats-a-page",
+        "free_swa keeps a page named by two representatives twice: it frees it twice",
         "impl/composites.py",
-        [
-            (
-                "live = self.arena.v2p_at(SWA, torch.remainder(page, end + 1)) > 0",
-                "live = self.arena.v2p_at(SWA, torch.remainder(page, end + 1)) >= 0",
-            )
-        ],
+        [("rest.masked_fill_(rest == key[:-1], end)  # a repeat", "rest  # a repeat")],
         unit=("tests/api/test_composites.py",),
     ),
     Mutation(

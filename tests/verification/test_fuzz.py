@@ -55,10 +55,16 @@ def test_two_workers_share_one_database_and_save_the_failure(tmp_path, monkeypat
     (case,) = vectors.load_cases(s["failures"][0]["vector"])
     assert vectors.replay_case(case, "impl").ok  # here, without the bug, the same case passes
 
+    found_again_at_once(monkeypatch, s, db)
+
+
+def found_again_at_once(monkeypatch, summary, db):
+    """A third worker with the bug in this process finds the stored failure
+    in its first examples, from the shared database ``db``."""
     plant_holes_not_credited(monkeypatch)
-    machine = s["failures"][0]["machine"]
-    again = fuzz.run_round(machine, examples=1, database=fuzz.open_database(db), shrink=False)
-    assert again["failure"] is not None and again["examples"] <= 3
+    machine = summary["failures"][0]["machine"]
+    third = fuzz.run_round(machine, examples=1, database=fuzz.open_database(db), shrink=False)
+    assert third["failure"] is not None and third["examples"] <= 3
 
 
 def test_saved_vector_pins_the_bug_and_nothing_else(tmp_path, monkeypatch):
@@ -288,10 +294,7 @@ def test_two_workers_share_a_redis_server_and_a_third_finds_the_failure_at_once(
         # shrunk: 2 to 9 calls in the runs seen; a drawn example runs up to 40 steps of one to three calls
         assert len(case["ops"]) <= 20, f
         assert vectors.replay_case(case, "impl").ok  # here, without the bug, the saved case passes
-    plant_holes_not_credited(monkeypatch)
-    machine = s["failures"][0]["machine"]
-    third = fuzz.run_round(machine, examples=1, database=fuzz.open_database(url), shrink=False)
-    assert third["failure"] is not None and third["examples"] <= 3
+    found_again_at_once(monkeypatch, s, url)
 
 
 def test_a_failure_a_hypofuzz_target_stored_is_replayed_at_once(tmp_path, monkeypatch):
