@@ -318,6 +318,31 @@ MUTATIONS = [
 # must fail an obligation, not only a test.
 PROOF_PLANTS = [
     Mutation(
+        "schedulable-credits-float-holes",
+        "the anchor's bug class (float-own-ladder): an END's schedulable view credits an opaque float "
+        "neighbour's holes, which no flush hands over (an over-promise)",
+        "spec/chain.py",
+        [
+            (
+                'return ite(q.lazy, s.bands[j].holes * q.epp, 0) if q.grow != "float" else 0',
+                'return ite(q.lazy, s.bands[j].holes * q.epp, 0) if q.grow != "float" else s.bands[j].holes * q.epp',
+            )
+        ],
+        proof_only=("views.schedulable.up.n3.sound",),
+    ),
+    Mutation(
+        "schedulable-credits-nothing",
+        "an END's schedulable view forgets the lazy END's holes a flush hands over (an under-promise: a false OOM)",
+        "spec/chain.py",
+        [
+            (
+                'return ite(q.lazy, s.bands[j].holes * q.epp, 0) if q.grow != "float" else 0',
+                "return 0",
+            )
+        ],
+        proof_only=("views.schedulable.down.n2.tight",),
+    ),
+    Mutation(
         "view-drops-holes",
         "the capacity view forgets an END's lazy holes",
         "spec/chain.py",
