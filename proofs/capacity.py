@@ -20,20 +20,23 @@ from kvarena.spec import transitions as T
 from . import abstract as A
 from .core import Built, Fresh, add
 
-N = 4
-FLOATS = (1, 2)
+SIZES = (2, 3, 4)  # pools in the chain: every END obligation for each, the floats' for 3 and 4
 
 
-def _base(n=N):
+def floats(n):
+    return range(1, n - 1)
+
+
+def _base(n=4):
     f = Fresh()
     s = A.symbolic_state(f, "s_", n=n)
     t = A.symbolic_state(f, "t_", like=s)
     return f, s, t, [A.layout_ok(s, first_pages=False), A.inv_all(s)]
 
 
-def _end_sound(i):
+def _end_sound(i, n_pools):
     def build():
-        f, s, t, hyps = _base()
+        f, s, t, hyps = _base(n_pools)
         n = f.int("n")
         return Built(hyps + [A.rel_alloc_end(s, t, i, n)], A.inv_all(t), hints=A.layout_hint(s))
 
@@ -46,9 +49,9 @@ def _extended_end(s, t, i, n):
     return A.becomes(s, t, i, T.alloc_end(s, i, n))
 
 
-def _end_tight(i):
+def _end_tight(i, n_pools):
     def build():
-        f, s, t, hyps = _base()
+        f, s, t, hyps = _base(n_pools)
         n = f.int("n")
         hyps += [n == A.available(s, i) + 1, _extended_end(s, t, i, n)]
         return Built(hyps, z3.Not(A.inv_all(t)), hints=A.layout_hint(s))
@@ -56,29 +59,31 @@ def _end_tight(i):
     return build
 
 
-for _i, _e in ((0, "up"), (N - 1, "down")):
-    add(
-        f"capacity.end_{_e}.sound",
-        "capacity",
-        f"{_e} END: 1 <= n <= available_pages => alloc succeeds by holes + extension only, invariants hold",
-        _end_sound(_i),
-        timeout_s=30.0,
-    )
-    add(
-        f"capacity.end_{_e}.tight",
-        "capacity",
-        f"{_e} END: n = available_pages + 1 cannot be placed (the placement breaks an invariant)",
-        _end_tight(_i),
-        timeout_s=30.0,
-    )
+for _n in SIZES:
+    for _i, _e in ((0, "up"), (_n - 1, "down")):
+        add(
+            f"capacity.end_{_e}.sound.n{_n}",
+            "capacity",
+            f"{_n} pools, {_e} END: 1 <= n <= available_pages => alloc succeeds by holes + extension only, "
+            "invariants hold",
+            _end_sound(_i, _n),
+            timeout_s=30.0,
+        )
+        add(
+            f"capacity.end_{_e}.tight.n{_n}",
+            "capacity",
+            f"{_n} pools, {_e} END: n = available_pages + 1 cannot be placed (the placement breaks an invariant)",
+            _end_tight(_i, _n),
+            timeout_s=30.0,
+        )
 
 
-def _float_gate():
-    f, s, _t, hyps = _base()
+def _float_gate(n_pools):
+    f, s, _t, hyps = _base(n_pools)
     n = f.int("n")
     cases = []
     goals = []
-    for i in FLOATS:
+    for i in floats(n_pools):
         a = s.bands[i]
         # the spec's choice of side, and the room it needs there
         lo, hi = A.region(s, i)
@@ -86,24 +91,11 @@ def _float_gate():
         fits = z3.If(T.float_extends_high(s, i, n), m <= hi - a.hi, m <= a.lo - lo)
         cases.append([n >= 1, n <= A.available(s, i), A.opaque(s, i)])
         goals.append(z3.Or(n <= a.holes, fits))
-    # one goal per case: the k-th case is float k
-    sel = f.int("which")
-    goal = z3.And(z3.Implies(sel == 1, goals[0]), z3.Implies(sel == 2, goals[1]))
-    return Built(hyps, goal, cases=[c + [sel == k] for c, k in zip(cases, FLOATS)], hints=A.layout_hint(s))
+    return Built(hyps, None, cases=cases, case_goals=goals, hints=A.layout_hint(s))
 
 
-add(
-    "capacity.float.gate_complete",
-    "capacity",
-    "opaque float: 1 <= n <= available_pages => holes cover n or one side's extension fits "
-    "(alloc's bound pages, transitions.alloc_float, always fit the gate)",
-    _float_gate,
-    timeout_s=30.0,
-)
-
-
-def _float_sound():
-    f, s, t, hyps = _base()
+def _float_sound(n_pools):
+    f, s, t, hyps = _base(n_pools)
     n = f.int("n")
     rels = [
         A.rel_alloc_float_holes,
@@ -111,24 +103,14 @@ def _float_sound():
         A.rel_alloc_float_extend_high,
         A.rel_alloc_float_parked,
     ]
-    cases = [[r(s, t, i, n)] for i in FLOATS for r in rels]
+    cases = [[r(s, t, i, n)] for i in floats(n_pools) for r in rels]
     # bytes, not pages: the placed span lies inside the neighbours' frontiers
     goal = [A.inv_all(t)]
-    for i in FLOATS:
+    for i in floats(n_pools):
         goal.append(
             z3.Implies(t.bands[i].live > 0, z3.And(A.low_f(t, i) >= A.below(s, i), A.high_f(t, i) <= A.above(s, i)))
         )
     return Built(hyps, z3.And(*goal), cases=cases, hints=A.layout_hint(s))
-
-
-add(
-    "capacity.float.sound",
-    "capacity",
-    "float (holes / extend low / extend high / parked): n <= available_pages => the new span lies within "
-    "the neighbours' byte frontiers (off-grid included) and all invariants hold",
-    _float_sound,
-    timeout_s=40.0,
-)
 
 
 def cdiv_galois(x, b, e):
@@ -170,12 +152,12 @@ add(
 )
 
 
-def _float_tight(parked):
+def _float_tight(parked, n_pools):
     def build():
-        f, s, _t, hyps = _base()
+        f, s, _t, hyps = _base(n_pools)
         n, x = f.int("n"), f.int("x")
         cases, goals = [], []
-        for i in FLOATS:
+        for i in floats(n_pools):
             p, a = s.pools[i], s.bands[i]
             bl, ab = A.below(s, i), A.above(s, i)
             avail = A.available(s, i)
@@ -200,22 +182,40 @@ def _float_tight(parked):
     return build
 
 
-add(
-    "capacity.float.tight_opaque",
-    "capacity",
-    "opaque float: n = available_pages + 1 (ids permitting) cannot be placed: no one-sided extension "
-    "keeps the span on the grid inside the neighbours' (off-grid) frontiers",
-    _float_tight(False),
-    timeout_s=40.0,
-)
-add(
-    "capacity.float.tight_parked",
-    "capacity",
-    "parked float: n = available_pages + 1 (ids permitting) cannot be placed: no start page keeps "
-    "n pages on the grid inside the neighbours' (off-grid) frontiers",
-    _float_tight(True),
-    timeout_s=40.0,
-)
+for _n in SIZES[1:]:
+    _of = f"{_n} pools, each float"
+    add(
+        f"capacity.float.gate_complete.n{_n}",
+        "capacity",
+        f"{_of}, opaque: 1 <= n <= available_pages => holes cover n or one side's extension fits "
+        "(alloc's bound pages, transitions.alloc_float, always fit the gate)",
+        lambda _n=_n: _float_gate(_n),
+        timeout_s=30.0,
+    )
+    add(
+        f"capacity.float.sound.n{_n}",
+        "capacity",
+        f"{_of} (holes / extend low / extend high / parked): n <= available_pages => the new span lies within "
+        "the neighbours' byte frontiers (off-grid included) and all invariants hold",
+        lambda _n=_n: _float_sound(_n),
+        timeout_s=40.0,
+    )
+    add(
+        f"capacity.float.tight_opaque.n{_n}",
+        "capacity",
+        f"{_of}, opaque: n = available_pages + 1 (ids permitting) cannot be placed: no one-sided extension "
+        "keeps the span on the grid inside the neighbours' (off-grid) frontiers",
+        _float_tight(False, _n),
+        timeout_s=40.0,
+    )
+    add(
+        f"capacity.float.tight_parked.n{_n}",
+        "capacity",
+        f"{_of}, parked: n = available_pages + 1 (ids permitting) cannot be placed: no start page keeps "
+        "n pages on the grid inside the neighbours' (off-grid) frontiers",
+        _float_tight(True, _n),
+        timeout_s=40.0,
+    )
 
 
 def _raw_bytes():
@@ -239,13 +239,13 @@ add(
     timeout_s=20.0,
     expect="counterexample",
     kind="demo",
-    source="model",
+    source="anchor",
 )
 
 
 def _down_floor():
     f, s, _t, hyps = _base()
-    i = N - 1
+    i = 3
     p, a = s.pools[i], s.bands[i]
     bl = A.below(s, i)
     m = f.int("m")
@@ -263,5 +263,5 @@ add(
     timeout_s=20.0,
     expect="counterexample",
     kind="demo",
-    source="model",
+    source="anchor",
 )

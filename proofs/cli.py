@@ -169,7 +169,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 def run(args: argparse.Namespace) -> int:
     """``kvarena prove``: the table, the JSON, the exit code."""
-    if args.list:  # name, kind (property/lemma/finding/demo), source (spec/model), limit, statement
+    if args.list:  # name, kind (property/lemma/finding/demo), source (spec/anchor), limit, statement
         for name, ob in registry().items():
             print(f"{name}\t{ob.kind}\t{ob.source}\t{ob.timeout_s:g}s\t{ob.statement}")
         return 0

@@ -76,10 +76,10 @@ def hybrid_joint(s):
 
 def hybrid_gates(s, n, m=None):
     """The coupled bind of ``n`` pages on a 2-pool state: full's gate, then
-    swa's gate on the state full's bind left (``_bind``).  ``m`` (default
-    ``n``): swa binds only ``m`` of the new ids, the uneven demand."""
-    t = extend_end(s, DOWN, n)
-    return A.and_(n <= A.available(s, DOWN), (n if m is None else m) <= A.available(t, UP))
+    swa's gate on the state full's bind left: the spec composites' own
+    ``transitions.coupled_fits``.  ``m`` (default ``n``): swa binds only
+    ``m`` of the new ids, the uneven demand."""
+    return T.coupled_fits(s, DOWN, UP, n, n if m is None else m)
 
 
 def hybrid_uneven(s, n, m):
@@ -102,12 +102,11 @@ def hybrid_uneven(s, n, m):
 def tripool_fits(s, n, m=None):
     """The coupled bind of ``n`` pages on a 3-pool state (state, swa float,
     full): full's gate, then the float's gate on its region between the
-    state END's high frontier and full's *new* low frontier
-    (``impl.TriPool._gates``; ``spec`` binds on a copy and asks the same
-    ``available_pages``).  ``m`` (default ``n``): swa binds only ``m`` of
-    the new ids, the uneven demand (``impl.TriPool._uneven_fits``)."""
-    t = extend_end(s, FULL3, n)
-    return A.and_(n <= A.available(s, FULL3), (n if m is None else m) <= A.available(t, SWA3))
+    state END's high frontier and full's *new* low frontier: the spec
+    composites' own ``transitions.coupled_fits`` (``impl.TriPool._gates``
+    is its twin).  ``m`` (default ``n``): swa binds only ``m`` of the new
+    ids, the uneven demand (``impl.TriPool._uneven_fits``)."""
+    return T.coupled_fits(s, FULL3, SWA3, n, n if m is None else m)
 
 
 def tripool_two_end(s):
@@ -151,12 +150,10 @@ def _hybrid_sound():
     f, s, hyps = _state(2)
     P = f.int("P")
     hyps += [P >= 1, P <= hybrid_joint(s)]
-    t = extend_end(s, DOWN, P)
-    u = extend_end(t, UP, P)
-    full_rel, swa_rel = A.rel_alloc_end(s, t, DOWN, P), A.rel_alloc_end(t, u, UP, P)
-    both = [full_rel, swa_rel]  # proved by the first two queries; assumed by the invariant ones
-    cases = [[], [full_rel]] + [both] * 3
-    goals = [full_rel, swa_rel, A.inv_grid(u), A.inv_cons(u), A.inv_order(u)]
+    u = extend_end(extend_end(s, DOWN, P), UP, P)  # what the composite's _bind leaves
+    fits = hybrid_gates(s, P)  # proved by the first query; assumed by the invariant ones
+    cases = [[]] + [[fits]] * 3
+    goals = [fits, A.inv_grid(u), A.inv_cons(u), A.inv_order(u)]
     return Built(hyps, None, cases=cases, case_goals=goals, hints=A.layout_hint(s, epps=(4, 6)))
 
 
@@ -170,11 +167,11 @@ def _hybrid_tight():
 add(
     "composite.hybrid.joint_sound",
     "composite",
-    "HybridSWA (swa up END . full down END): 1 <= P <= two_end_joint_pages(gap, full, swa) => full's "
-    "rel_alloc_end, then swa's on the state it leaves, are enabled, and every invariant holds after both",
+    "HybridSWA (swa up END . full down END): 1 <= P <= two_end_joint_pages(gap, full, swa) => the coupled "
+    "bind passes both gates (transitions.coupled_fits: full's, then swa's on the state full's alloc leaves), "
+    "and every invariant holds after both allocs",
     _hybrid_sound,
     timeout_s=40.0,
-    source="model",
 )  # about 6 s idle (5 queries, the slowest under 4 s); 20 s seen under load
 add(
     "composite.hybrid.joint_tight",
@@ -183,7 +180,6 @@ add(
     "(available_size() + page_size does not fit without relief)",
     _hybrid_tight,
     timeout_s=30.0,
-    source="model",
 )
 
 
@@ -222,7 +218,6 @@ add(
     "invariant holds after both",
     _hybrid_uneven_sound,
     timeout_s=40.0,
-    source="model",
 )
 add(
     "composite.hybrid.uneven_tight",
@@ -231,7 +226,6 @@ add(
     "or swa's gate for Ps after full's bind fails (fits(tokens, swa_tokens=...) is exact)",
     _hybrid_uneven_tight,
     timeout_s=30.0,
-    source="model",
 )
 
 
@@ -319,7 +313,6 @@ add(
     "frontier, no holes)",
     _tripool(True, "equal"),
     timeout_s=30.0,
-    source="model",
 )
 add(
     "golden.tripool_empty_float.within_one_page",
@@ -328,7 +321,6 @@ add(
     "and a fitting P <= two_end_joint_pages (grid rounding costs at most one page)",
     _tripool(False, "within_one"),
     timeout_s=30.0,
-    source="model",
 )
 
 
@@ -385,7 +377,6 @@ add(
     "(swa an up END at that frontier, no holes)",
     _tripool_uneven(True),
     timeout_s=30.0,
-    source="model",
 )
 add(
     "golden.tripool_empty_float.uneven_within_one_page",
@@ -394,7 +385,6 @@ add(
     "the uneven bind (Pf, Ps) fits, and a fitting one satisfies two_end_uneven_fits(Pf, Ps)",
     _tripool_uneven(False),
     timeout_s=30.0,
-    source="model",
 )
 add(
     "golden.tripool_empty_float.exact_off_grid",
@@ -404,7 +394,6 @@ add(
     _tripool(False, "exact"),
     timeout_s=20.0,
     expect="counterexample",
-    source="model",
 )
 
 

@@ -97,8 +97,8 @@ KINDS = {
 SOURCES = {
     "spec": "every state, view and transition the goal speaks of is the spec's own code (spec.arith, "
     "spec.chain, spec.transitions, spec.bands, spec.planner, spec.policy, spec.geometry), run on z3 terms",
-    "model": "a hand-written encoding in kvarena.proofs stands between the goal and the spec's code; tied to it "
-    "only by the Hypothesis fidelity tests",
+    "anchor": "a bug-class demo: the goal is the anchor's formula, encoded as the anchor computed it (the spec "
+    "computes it differently), refuted on purpose",
 }
 
 
@@ -127,6 +127,8 @@ def add(
         raise ValueError(f"obligation {name!r}: kind must be one of {tuple(KINDS)}, source one of {tuple(SOURCES)}")
     if (kind in ("finding", "demo")) != (expect == "counterexample"):
         raise ValueError(f"obligation {name!r}: a refutation is a finding or a demo, and only a refutation is")
+    if (kind == "demo") != (source == "anchor"):
+        raise ValueError(f"obligation {name!r}: a bug-class demo encodes the anchor's formula, and only a demo does")
     if (tautology == "any") != (kind == "lemma"):
         raise ValueError(f"obligation {name!r}: a goal that may hold with no hypotheses is a lemma, and a lemma's may")
     REGISTRY[name] = Obligation(name, group, statement, build, timeout_s, expect, tautology, kind, source)

@@ -20,9 +20,10 @@ them; a transparent one lets the walk through.
 
 from kvarena.spec import chain
 from kvarena.spec import transitions as T
-from kvarena.spec.arith import ite
+from kvarena.spec.arith import ite, max_
 
 from . import abstract as A
+from . import composites as C
 from .core import Built, Fresh, add
 
 SIZES = (2, 3, 4)
@@ -69,3 +70,71 @@ for _n in SIZES:
             _schedulable(_i, _n, False),
             timeout_s=30.0,
         )
+
+
+# --------------------------------------------------- the composites' joint view
+#
+# A composite's joint view (``available_size``) is the largest ``P`` whose
+# coupled bind passes ``transitions.coupled_fits``, found by a binary search
+# over ``[0, available(full)]`` (``spec.composites._joint_pages``; the
+# implementation's TriPool searches its twin gate the same way).  A binary
+# search finds the largest passing ``P`` exactly when the predicate is
+# down-closed; so the view is sound (``alloc_extend`` of ``available_size()``
+# tokens binds without relief) and tight (one page more does not) iff
+# these hold.  The uneven demand's search (``_kept_pages``: keep ``K`` of
+# ``P_f`` full pages, swa binding ``max(0, P_s - (P_f - K))``) needs the same.
+
+COMPOSITES = {"hybrid": (2, 1, 0), "tripool": (3, 2, 1)}  # pools, full's index, swa's index
+
+
+def _joint_down_closed(n, full, swa, uneven):
+    def build():
+        f = Fresh()
+        s = A.symbolic_state(f, "s_", n=n)
+        P = f.int("P")
+        hyps = [A.layout_ok(s, first_pages=False), A.inv_all(s), P >= 0]
+        if uneven:
+            pf, ps_n = f.int("Pf"), f.int("Ps")
+            hyps += [P + 1 <= pf, ps_n >= 0, ps_n <= pf]
+
+            def swa_pages(k):
+                return max_(0, ps_n - (pf - k))
+
+            def fits(k):
+                return T.coupled_fits(s, full, swa, k, swa_pages(k))
+
+            if n == 3:  # the proved Galois instances at both points (see proofs/composites.py): speed only
+                hyps += C.tripool_uneven_lemmas(s, P, swa_pages(P)) + C.tripool_uneven_lemmas(
+                    s, P + 1, swa_pages(P + 1)
+                )
+
+        else:
+
+            def fits(k):
+                return T.coupled_fits(s, full, swa, k, k)
+
+        hyps.append(fits(P + 1))
+        return Built(hyps, fits(P), hints=A.layout_hint(s))
+
+    return build
+
+
+for _c, (_n, _full, _swa) in COMPOSITES.items():
+    add(
+        f"views.joint.{_c}.down_closed",
+        "views",
+        f"{_c} ({_n} pools): the coupled bind of P+1 pages passing its gates (transitions.coupled_fits) => so "
+        "does P: the joint view's binary search finds the largest P, so available_size() binds without relief "
+        "and one page more does not",
+        _joint_down_closed(_n, _full, _swa, False),
+        timeout_s=30.0,
+    )
+    add(
+        f"views.joint.{_c}.uneven_down_closed",
+        "views",
+        f"{_c} ({_n} pools), uneven demand (Pf full pages, swa the last Ps): keeping K+1 <= Pf of them passing "
+        "the gates (swa binding max(0, Ps - (Pf - K - 1))) => so does keeping K: the shortfall's search "
+        "(_kept_pages) finds the largest K",
+        _joint_down_closed(_n, _full, _swa, True),
+        timeout_s=30.0 if _n == 2 else 60.0,  # tripool: about 12 s of units
+    )

@@ -25,10 +25,12 @@ never an exception: it returns ``None`` (allocations) or ``False``
 The one coupled operation (``_bind``): a batch that needs ``n`` new pages
 takes ``n`` virtual ids from full's FIFO (``arena.alloc("full", n)``), then
 binds the *same* ids in swa (``arena.alloc("swa", n, ids=...)``), full
-first.  Whether that succeeds is always decided on a deep copy of the
-arena first, so a refusal changes nothing at all: the anchor's static SWA
-allocator ran both sides with no pre-check and leaked the side that
-succeeded (ANCHOR section 2); this one cannot.
+first.  Whether that succeeds is always decided first, on the arena's
+numbers, by ``transitions.coupled_fits`` (full's gate, then swa's gate on
+the state full's ``alloc`` leaves: the function the proofs run too), so a
+refusal changes nothing at all: the anchor's static SWA allocator ran both
+sides with no pre-check and leaked the side that succeeded (ANCHOR
+section 2); this one cannot.
 
 Methods a composite does not have are absent, not stubs: ``HybridSWA`` has
 no ``alloc_state``/``free_state``/``state_available_size``/
@@ -37,13 +39,13 @@ no ``alloc_state``/``free_state``/``state_available_size``/
 names what the composite lacks is a ``ValueError``.
 """
 
-import copy
 import operator
 from collections.abc import Callable, Iterable, Sequence
 from typing import ClassVar, SupportsIndex
 
-from . import arith
+from . import arith, transitions
 from .arena import Arena
+from .chain import Chain, available
 from .evict import MAX_EVICT_ROUNDS, Evictor, evicted
 from .geometry import AccountingError, SubPool
 
@@ -161,38 +163,50 @@ class _Composite:
 
     # ---------------------------------------------------- the coupled step
 
-    def _bind(self, arena: Arena, n: int, swa_n: int | None = None) -> list[int] | None:
-        """Bind ``n`` new pages on ``arena``: ids from full's FIFO, the same
+    def _bind(self, n: int) -> list[int] | None:
+        """Bind ``n`` new pages: ids from full's FIFO, the same
         ids in swa where present, full first.  Returns the ids, or None.
 
-        ``swa_n`` (``0 <= swa_n <= n``; None: ``n``) binds only the last
-        ``swa_n`` of those ids in swa: the uneven demand (DESIGN section 11),
-        whose SWA side needs only the tail of the new pages.
-
-        On the composite's own arena this is only called after the same
-        call succeeded on a copy: a half-done bind never happens there.
+        Called only once ``_coupled`` said it fits: a half-done bind never
+        happens.
         """
-        ids = arena.alloc(FULL, n)
+        ids = self.arena.alloc(FULL, n)
         if ids is None:
             return None
-        k = n if swa_n is None else swa_n
-        if self._has(SWA) and arena.alloc(SWA, k, ids=ids[n - k :]) is None:
+        if self._has(SWA) and self.arena.alloc(SWA, n, ids=ids) is None:
             return None
         return ids
 
-    def _fits_on(self, arena: Arena, tokens: int, state_slots: int, swa_tokens: int | None = None) -> bool:
-        """On a copy of ``arena``: ``state_slots`` slots, then one request of
+    def _coupled(self, s: Chain, n: int, swa_n: int | None = None) -> bool:
+        """Would the coupled bind of ``n`` pages succeed on an arena in
+        state ``s``, swa binding the last ``swa_n`` of them (``0 <= swa_n
+        <= n``; None: all)?  ``swa_n < n`` is the uneven demand (DESIGN
+        section 11), whose SWA side needs only the tail of the new pages.
+        ``transitions.coupled_fits``: the gate the proofs reason about."""
+        chain = self.arena.chain
+        follower = chain.index(SWA) if self._has(SWA) else None
+        return transitions.coupled_fits(s, chain.index(FULL), follower, n, n if swa_n is None else swa_n)
+
+    def _with_slots(self, s: Chain, state_slots: int) -> Chain | None:
+        """``s`` once ``state_slots`` slots are allocated (None: they do not fit)."""
+        if not state_slots:
+            return s
+        i = self.arena.chain.index(STATE)
+        if state_slots > available(s, i):
+            return None
+        return s.with_band(i, transitions.alloc(s, i, state_slots))
+
+    def _fits_on(self, s: Chain, tokens: int, state_slots: int, swa_tokens: int | None = None) -> bool:
+        """On state ``s``: ``state_slots`` slots, then one request of
         ``tokens`` new tokens (empty prefix) whose swa side binds the last
         ``cdiv(swa_tokens, ps)`` of its pages (None: all), both without
         relief?"""
-        trial = copy.deepcopy(arena)
-        if state_slots and trial.alloc(STATE, state_slots) is None:
-            return False
+        after = self._with_slots(s, state_slots)
         swa_n = None if swa_tokens is None else arith.cdiv(swa_tokens, self.page_size)
-        return self._bind(trial, arith.cdiv(tokens, self.page_size), swa_n) is not None
+        return after is not None and self._coupled(after, arith.cdiv(tokens, self.page_size), swa_n)
 
-    def _joint_pages(self, arena: Arena) -> int:
-        """The largest ``P`` whose coupled bind succeeds on ``arena`` now.
+    def _joint_pages(self, s: Chain) -> int:
+        """The largest ``P`` whose coupled bind succeeds on state ``s``.
 
         Binary search over ``P`` in ``[0, available_pages(full)]``.  The
         predicate is monotone (true for ``P`` implies true for ``P-1``):
@@ -203,10 +217,10 @@ class _Composite:
         grid-aware region as a float, DESIGN section 3) is a non-increasing
         function of those bytes, asked for more pages.
         """
-        lo, hi = 0, arena.available_pages(FULL)  # fits(lo); nothing above hi fits
+        lo, hi = 0, available(s, self.arena.chain.index(FULL))  # fits(lo); nothing above hi fits
         while lo < hi:
             mid = (lo + hi + 1) // 2
-            if self._bind(copy.deepcopy(arena), mid) is not None:
+            if self._coupled(s, mid):
                 lo = mid
             else:
                 hi = mid - 1
@@ -215,19 +229,19 @@ class _Composite:
     def _take_pages(self, n: int) -> list[int] | None:
         """The gate of one batch that needs ``n`` new pages (DESIGN section 6).
 
-        Decided on a copy; on a shortfall the relief ladder runs without
+        Decided by ``_coupled``; on a shortfall the relief ladder runs without
         eviction (flush, slide) and the gate is asked once more.  None
         means no id was allocated on any side (relief moves may have
         happened).
         """
         if n == 0:
             return []
-        if not self._fits_on(self.arena, n * self.page_size, 0):
+        if not self._coupled(self.arena.state(), n):
             self.relieve(tokens=n * self.page_size)
-            if not self._fits_on(self.arena, n * self.page_size, 0):
+            if not self._coupled(self.arena.state(), n):
                 return None
-        ids = self._bind(self.arena, n)
-        assert ids is not None, "the copy said the coupled bind fits"
+        ids = self._bind(n)
+        assert ids is not None, "coupled_fits said the coupled bind fits"
         return ids
 
     # ------------------------------------------------------ allocation
@@ -405,7 +419,7 @@ class _Composite:
 
         The largest ``n`` for which ``alloc_extend([0], [n], [-1])``
         succeeds now, without relief: ``P*ps`` for the largest ``P`` whose
-        coupled bind succeeds on a copy (``_joint_pages``, which says why
+        coupled bind passes its gates (``_joint_pages``, which says why
         the search is sound).  It can be smaller than the ``min`` of the
         per-component views: each of those assumes it has the shared bytes
         to itself.
@@ -414,7 +428,7 @@ class _Composite:
         post: self.fits(__return__)
         post: not self.fits(__return__ + self.page_size)
         """
-        return self._joint_pages(self.arena) * self.page_size
+        return self._joint_pages(self.arena.state()) * self.page_size
 
     def full_available_size(self) -> int:
         """Tokens full alone could take now (``arena.available_size("full")``;
@@ -424,7 +438,8 @@ class _Composite:
     def fits(self, tokens: int = 0, state_slots: int = 0, swa_tokens: int | None = None) -> bool:
         """Would ``state_slots`` state slots and then one request of
         ``tokens`` new tokens (empty prefix) both succeed now, without
-        relief?  Decided on a copy: nothing changes.  This is ``relieve``'s
+        relief?  Decided on the arena's numbers (the slots' transition, then
+        ``transitions.coupled_fits``): nothing changes.  This is ``relieve``'s
         verdict and the gate of every allocation.
 
         ``swa_tokens`` prices the SWA side on its own (DESIGN section 11,
@@ -435,7 +450,7 @@ class _Composite:
         ``swa_tokens <= tokens`` (SWA binds a subset of full's new pages),
         else ``ValueError``.  A composite without SWA takes only None, 0 or
         ``tokens`` (each means the same there); any other value is a
-        ``ValueError`` naming it.  The same bind on a copy decides it.
+        ``ValueError`` naming it.  The same gate decides it.
 
         post: swa_tokens is None or self.fits(tokens, state_slots) <= __return__
         post: not __return__ or self.fits(tokens, state_slots, 0)
@@ -443,7 +458,7 @@ class _Composite:
         """
         tokens, state_slots = self._demand_args("fits", tokens, state_slots)
         swa = self._swa_arg("fits", tokens, swa_tokens)
-        return self._fits_on(self.arena, tokens, state_slots, swa)
+        return self._fits_on(self.arena.state(), tokens, state_slots, swa)
 
     def _demand_args(self, what: str, tokens: int, state_slots: int) -> tuple[int, int]:
         tokens = _count(f"{what}: tokens", tokens)
@@ -522,8 +537,8 @@ class _Composite:
                 self.arena.flush(name)
         return False
 
-    def _kept_pages(self, arena: Arena, tokens: int, swa_tokens: int | None) -> int:
-        """How many of the demand's full pages fit on ``arena`` when both
+    def _kept_pages(self, s: Chain, tokens: int, swa_tokens: int | None) -> int:
+        """How many of the demand's full pages fit on state ``s`` when both
         sides shed pages together: the largest ``K <= P_f`` whose bind of
         ``K`` pages, swa binding ``max(0, P_s - (P_f - K))`` of them, passes.
 
@@ -531,16 +546,16 @@ class _Composite:
         is the demand a shortfall in whole pages leaves standing.  For a
         coupled demand (``swa_tokens`` None) it is ``min(P_f, joint
         view)``.  The predicate is down-closed in ``K`` (both sides' demands
-        only shrink), so a binary search over copies finds it."""
+        only shrink), so a binary search finds it."""
         ps = self.page_size
         pf = arith.cdiv(tokens, ps)
         if swa_tokens is None:
-            return min(pf, self._joint_pages(arena))
+            return min(pf, self._joint_pages(s))
         ps_n = arith.cdiv(swa_tokens, ps)
         lo, hi = 0, pf  # K = 0 always fits
         while lo < hi:
             mid = (lo + hi + 1) // 2
-            if self._bind(copy.deepcopy(arena), mid, max(0, ps_n - (pf - mid))) is not None:
+            if self._coupled(s, mid, max(0, ps_n - (pf - mid))):
                 lo = mid
             else:
                 hi = mid - 1
@@ -560,14 +575,15 @@ class _Composite:
         least 1.
         """
         ps = self.page_size
-        short = max(0, tokens - self._kept_pages(self.arena, tokens, swa_tokens) * ps)
+        s = self.arena.state()
+        short = max(0, tokens - self._kept_pages(s, tokens, swa_tokens) * ps)
         if state_slots:
             assert isinstance(self, _WithState), "_demand_args admits state_slots only with a state pool"
             short += max(0, state_slots - self.state_available_size()) * self.state_slot_token_cost()
         if short == 0 and state_slots:
-            trial = copy.deepcopy(self.arena)
-            assert trial.alloc(STATE, state_slots) is not None
-            short = tokens - self._kept_pages(trial, tokens, swa_tokens) * ps
+            after = self._with_slots(s, state_slots)
+            assert after is not None, "short == 0: the slots fit"
+            short = tokens - self._kept_pages(after, tokens, swa_tokens) * ps
         return short
 
     def relieve(
@@ -627,7 +643,7 @@ class _Composite:
             demand[STATE] = state_slots
 
         def fits() -> bool:
-            return self._fits_on(self.arena, tokens, state_slots, swa)
+            return self._fits_on(self.arena.state(), tokens, state_slots, swa)
 
         def replan() -> bool:
             if self.arena.policy != "planner":

@@ -69,6 +69,20 @@ def alloc_ok(s: Chain, i: int, n: int) -> bool:
     return and_(n >= 1, n <= available(s, i))
 
 
+def coupled_fits(s: Chain, lead: int, follower: int | None, n: int, m: int) -> bool:
+    """The composites' coupled bind passes both gates (``spec.composites``):
+    the lead pool (full) takes ``n`` pages, then the follower (swa; None
+    when the composite has none) takes ``m`` of those ids on the state the
+    lead's ``alloc`` left.  No relocation.  The composites' joint view is
+    the largest ``n`` that fits with ``m == n``; the proofs run this same
+    function (``proofs/composites.py``, ``proofs/views.py``)."""
+    lead_fits = n <= available(s, lead)
+    if follower is None or lead_fits is False:  # a plain bool short-circuits; a z3 term takes both
+        return lead_fits
+    t = s.with_band(lead, alloc(s, lead, n))
+    return and_(lead_fits, m <= available(t, follower))
+
+
 def free(s: Chain, i: int, k: int) -> Counts:
     """``free`` of ``k`` live pages: an eager END's frontier retreats by
     ``k`` (its survivors compact); a lazy END or a float records ``k``

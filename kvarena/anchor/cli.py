@@ -16,6 +16,12 @@ def add_arguments(c: argparse.ArgumentParser) -> None:
         default=None,
         help="composite calls, HybridSWA/MambaHybrid/TriPool on CPU (default: a quarter of --steps)",
     )
+    c.add_argument(
+        "--boot",
+        type=int,
+        default=300,
+        help="boot-time layouts drawn across the anchor's whole domain, built on both sides (default 300)",
+    )
     c.add_argument("--seed", type=int, default=0)
     c.add_argument("--walk-steps", type=int, default=60, help="operations per walk (default 60)")
     c.add_argument("--json", metavar="PATH", help="write the report (counts per class and operation, cases)")
@@ -45,17 +51,21 @@ def run(args: argparse.Namespace) -> int:
         return 2
     if args.replay:
         return _replay(args.replay)
+    from .boot import run_boot
     from .campaign import run
     from .composites import run_composites
 
+    boot = run_boot(geometries=args.boot, seed=args.seed)
+    _print_boot(boot)
     report = run(steps=args.steps, seed=args.seed, walk_steps=args.walk_steps, shrink_cases=not args.no_shrink)
+    report["boot"] = boot
     _print(report)
     steps = args.steps // 4 if args.composite_steps is None else args.composite_steps
     report["composites"] = run_composites(steps=steps, seed=args.seed)
     _print(report["composites"], level="composite")
     if args.json:
         Path(args.json).write_text(json.dumps(report, indent=1, default=str) + "\n")
-    unclassified = report["differences"]["unclassified"] + report["composites"]["differences"]["unclassified"]
+    unclassified = sum(r["differences"]["unclassified"] for r in (boot, report, report["composites"]))
     print(f"kvarena conform: {'FAIL' if unclassified else 'ok'}: {unclassified} unclassified differences")
     return 1 if unclassified else 0
 
@@ -77,13 +87,25 @@ def _print(report, level="page"):
         print("  unclassified:", json.dumps(case["config"]), last, case.get("detail") or case.get("fields"))
 
 
+def _print_boot(boot):
+    print(
+        f"kvarena conform, boot: {boot['geometries']} layouts across the anchor's domain against {boot['anchor']} "
+        f"(seed {boot['seed']}, {boot['seconds']} s)"
+    )
+    for outcome, n in sorted(boot["outcomes"].items(), key=lambda kv: -kv[1]):
+        print(f"  {outcome:34} {n:>5}")
+    for case in boot["unclassified_cases"]:
+        print("  unclassified:", json.dumps(case["config"]), case["detail"])
+
+
 def _replay(paths):
+    from .boot import replay_boot
     from .campaign import replay
 
     bad = 0
     for path in paths:
         case = json.loads(Path(path).read_text())
-        classes, detail, _, _ = replay(case)
+        classes, detail = replay_boot(case) if case.get("boot") else replay(case)[:2]
         ok = classes is not None and case["class"] in classes
         bad += not ok
         print(

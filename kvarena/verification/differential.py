@@ -57,7 +57,7 @@ from kvarena.verification.faults import fault_at
 # KVARENA_PROFILE=long explores far more and shrinks what it finds.
 NO_SHRINK = [Phase.explicit, Phase.reuse, Phase.generate, Phase.target]
 PROFILES = {
-    "ci": {"max_examples": 250, "stateful_step_count": 40, "phases": NO_SHRINK},
+    "ci": {"max_examples": 180, "stateful_step_count": 40, "phases": NO_SHRINK},
     "long": {"max_examples": 3000, "stateful_step_count": 60},
 }
 COMMON = {"deadline": None, "suppress_health_check": list(HealthCheck), "report_multiple_bugs": False}

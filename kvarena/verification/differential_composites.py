@@ -36,7 +36,7 @@ from kvarena.verification.differential import NO_SHRINK, fuzz_rows, pattern, pro
 from kvarena.verification.faults import fault_at
 
 PROFILES = {
-    "ci": {"max_examples": 200, "stateful_step_count": 40, "phases": NO_SHRINK},
+    "ci": {"max_examples": 100, "stateful_step_count": 40, "phases": NO_SHRINK},
     "long": {"max_examples": 2000, "stateful_step_count": 60},
 }
 

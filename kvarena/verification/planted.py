@@ -343,6 +343,31 @@ PROOF_PLANTS = [
         proof_only=("views.schedulable.down.n2.tight",),
     ),
     Mutation(
+        "joint-view-one-page-over",
+        "the composites' joint view (arith.two_end_joint_pages, HybridSWA's available_size) promises one page "
+        "more than the coupled bind takes (an over-promise: alloc_extend of available_size() tokens fails)",
+        "spec/arith.py",
+        [
+            (
+                "    return min_(min_(one_side, both), min_(holes_a + room_a, holes_b + room_b))",
+                "    return min_(min_(one_side, both), min_(holes_a + room_a, holes_b + room_b)) + 1",
+            )
+        ],
+        proof_only=("composite.hybrid.joint_sound",),
+    ),
+    Mutation(
+        "joint-view-one-page-under",
+        "the composites' joint view promises one page less than the coupled bind takes (a false OOM)",
+        "spec/arith.py",
+        [
+            (
+                "    return min_(min_(one_side, both), min_(holes_a + room_a, holes_b + room_b))",
+                "    return min_(min_(one_side, both), min_(holes_a + room_a, holes_b + room_b)) - 1",
+            )
+        ],
+        proof_only=("composite.hybrid.joint_tight",),
+    ),
+    Mutation(
         "view-drops-holes",
         "the capacity view forgets an END's lazy holes",
         "spec/chain.py",
@@ -352,7 +377,7 @@ PROOF_PLANTS = [
                 "return arith.end_available(gap(s, i), p.epp, end_room(s, i), 0)",
             )
         ],
-        proof_only=("capacity.end_up.tight",),
+        proof_only=("capacity.end_up.tight.n4",),
     ),
     Mutation(
         "float-free-loses-a-hole",

@@ -9,16 +9,31 @@ import sys
 
 import pytest
 
+from kvarena.anchor.boot import BOOT_CLASSES, replay_boot
 from kvarena.anchor.campaign import replay
 from kvarena.anchor.classify import CLASSES
 from tests.support import ROOT
 
-CASES = sorted((ROOT / "tests" / "anchor_cases").glob("*.json"))
+ALL_CASES = sorted((ROOT / "tests" / "anchor_cases").glob("*.json"))
+CASES = [p for p in ALL_CASES if not json.loads(p.read_text()).get("boot")]
+BOOT_CASES = [p for p in ALL_CASES if json.loads(p.read_text()).get("boot")]
 
 
 def test_every_anchor_bug_class_has_a_case():
-    bugs = {c for c, (kind, _) in CLASSES.items() if kind == "anchor-bug"}
-    assert {json.loads(p.read_text())["class"] for p in CASES} == bugs
+    bugs = {c for c, (kind, _) in {**CLASSES, **BOOT_CLASSES}.items() if kind == "anchor-bug"}
+    assert {json.loads(p.read_text())["class"] for p in ALL_CASES} == bugs
+
+
+@pytest.mark.parametrize("path", BOOT_CASES, ids=lambda p: p.stem)
+def test_boot_case_replays_as_recorded(path):
+    """A layout the anchor accepts (or crashes on) and kvarena refuses,
+    naming the pool: both sides still do exactly that."""
+    case = json.loads(path.read_text())
+    assert case["kind"] == BOOT_CLASSES[case["class"]][0] == "anchor-bug"
+    classes, detail = replay_boot(case)
+    assert classes == case["expect"]["classes"] == [case["class"]]
+    assert detail == {k: v for k, v in case["expect"].items() if k != "classes"}
+    assert detail["spec"].startswith("ValueError: pool ")
 
 
 @pytest.mark.parametrize("path", CASES, ids=lambda p: p.stem)
@@ -49,9 +64,9 @@ def test_float_own_ladder_fails_what_its_schedulable_view_promised():
 
 def test_replay_command_reports_each_case():
     proc = subprocess.run(
-        [sys.executable, "-m", "kvarena.cli", "conform", "--no-install", "--replay", *map(str, CASES)],
+        [sys.executable, "-m", "kvarena.cli", "conform", "--no-install", "--replay", *map(str, ALL_CASES)],
         capture_output=True,
         text=True,
     )
     assert proc.returncode == 0, proc.stdout + proc.stderr
-    assert proc.stdout.count("as recorded") == len(CASES)
+    assert proc.stdout.count("as recorded") == len(ALL_CASES)

@@ -132,11 +132,12 @@ def test_a_planted_anchor_result_is_unclassified(monkeypatch):
 
 def test_every_class_is_documented_in_the_readme():
 
+    from kvarena.anchor.boot import BOOT_CLASSES
     from kvarena.anchor.composites import COMPOSITE_CLASSES
 
     readme = (ROOT / "README.md").read_text()
     section = readme.split("## Conformance with the anchor", 1)[1].split("\n## ", 1)[0]
-    for name in list(classify.CLASSES) + list(COMPOSITE_CLASSES):
+    for name in list(classify.CLASSES) + list(COMPOSITE_CLASSES) + list(BOOT_CLASSES):
         assert f"`{name}`" in section, name
 
 
@@ -163,6 +164,8 @@ def test_conform_command_writes_its_report(tmp_path):
             "5",
             "--no-install",
             "--no-shrink",
+            "--boot",
+            "40",
             "--json",
             str(out),
         ],
@@ -172,7 +175,55 @@ def test_conform_command_writes_its_report(tmp_path):
     assert proc.returncode == 0, proc.stdout + proc.stderr
     report = json.loads(out.read_text())
     assert report["steps"] == 120 and report["differences"]["unclassified"] == 0
-    assert "unclassified: 0" in proc.stdout
+    assert report["boot"]["geometries"] == 40 and report["boot"]["differences"]["unclassified"] == 0
+    assert "unclassified: 0" in proc.stdout and "kvarena conform, boot: 40 layouts" in proc.stdout
+
+
+# ---------------------------------------------------------------- boot time
+
+
+def test_a_boot_campaign_classifies_every_layout():
+    """Layouts across the anchor's domain: every one agrees or shows a
+    boot class, and a short campaign meets agreement both ways and each
+    of the anchor's boot-time bugs."""
+    from kvarena.anchor.boot import BOOT_CLASSES, OUTCOMES, run_boot
+
+    report = run_boot(geometries=200, seed=0)
+    assert report["differences"]["unclassified"] == 0, report["unclassified_cases"]
+    assert set(report["outcomes"]) == set(OUTCOMES) and sum(report["outcomes"].values()) == 200
+    assert set(report["cases"]) == set(BOOT_CLASSES) == set(report["differences"]["by_class"])
+    sizes = {int(s.split("page size ")[1]) for s in report["shapes"]}
+    assert {1, 256} <= sizes and {s.split(" pools")[0] for s in report["shapes"]} == {"2", "3"}
+
+
+def test_boot_agreement_is_checked_on_the_observations(monkeypatch):
+    """An anchor whose boot frontiers are off by a page: both build, the
+    observations differ, and no class explains it."""
+    from kvarena.anchor import boot
+
+    real = boot.observe_anchor
+
+    def shifted(aa):
+        obs = real(aa)
+        first = obs[aa.chain[0]]
+        first["frontiers"] = [f + 1 for f in first["frontiers"]]
+        return obs
+
+    monkeypatch.setattr(boot, "observe_anchor", shifted)
+    assert boot.run_boot(geometries=60, seed=0)["differences"]["unclassified"] > 0
+
+
+def test_kvarena_refusing_what_the_anchor_serves_is_unclassified(monkeypatch):
+    """kvarena refusing a layout on which the anchor gives every pool a page
+    at once would be kvarena's bug: planted (a spec that refuses every
+    layout), the campaign fails."""
+    from kvarena.anchor import boot
+
+    def refuse(config):
+        raise ValueError("planted: refuses every layout")
+
+    monkeypatch.setattr(boot, "build_spec", refuse)
+    assert boot.run_boot(geometries=60, seed=0)["differences"]["unclassified"] > 0
 
 
 # ------------------------------------------------------------ composite level
