@@ -23,7 +23,6 @@ from kvarena.spec import transitions as T
 from kvarena.spec.arith import ite, max_
 
 from . import abstract as A
-from . import composites as C
 from .core import Built, Fresh, add
 
 SIZES = (2, 3, 4)
@@ -97,16 +96,8 @@ def _joint_down_closed(n, full, swa, uneven):
             pf, ps_n = f.int("Pf"), f.int("Ps")
             hyps += [P + 1 <= pf, ps_n >= 0, ps_n <= pf]
 
-            def swa_pages(k):
-                return max_(0, ps_n - (pf - k))
-
             def fits(k):
-                return T.coupled_fits(s, full, swa, k, swa_pages(k))
-
-            if n == 3:  # the proved Galois instances at both points (see proofs/composites.py): speed only
-                hyps += C.tripool_uneven_lemmas(s, P, swa_pages(P)) + C.tripool_uneven_lemmas(
-                    s, P + 1, swa_pages(P + 1)
-                )
+                return T.coupled_fits(s, full, swa, k, max_(0, ps_n - (pf - k)))
 
         else:
 
@@ -114,6 +105,10 @@ def _joint_down_closed(n, full, swa, uneven):
                 return T.coupled_fits(s, full, swa, k, k)
 
         hyps.append(fits(P + 1))
+        if s.pools[swa].grow == "float":  # one query per float shape and per full bind (holes only, or extending)
+            opaque, holes_only = A.opaque(s, swa), P + 1 <= s.bands[full].holes
+            cases = [[o, h] for o in (opaque, A.not_(opaque)) for h in (holes_only, A.not_(holes_only))]
+            return Built(hyps, None, cases=cases, case_goals=[fits(P)] * 4, hints=A.layout_hint(s))
         return Built(hyps, fits(P), hints=A.layout_hint(s))
 
     return build
@@ -136,5 +131,5 @@ for _c, (_n, _full, _swa) in COMPOSITES.items():
         "the gates (swa binding max(0, Ps - (Pf - K - 1))) => so does keeping K: the shortfall's search "
         "(_kept_pages) finds the largest K",
         _joint_down_closed(_n, _full, _swa, True),
-        timeout_s=30.0 if _n == 2 else 60.0,  # tripool: about 12 s of units
+        timeout_s=30.0,
     )

@@ -6,7 +6,7 @@ The parts run in a fixed order, each within a share of the budget
 1. **self-checks**: the spec's contract-checked scenarios and seeded
    random walks (``kvarena.verification.selfcheck``; 20 walks, fewer under 120 s);
 2. **z3**: the obligations with their vacuity and tautology checks
-   (``kvarena.proofs``), two solver processes, until 45% of the budget is
+   (``kvarena.proofs``), two solver processes, until half the budget is
    spent; the summary names any obligation left unrun (``kvarena prove``
    runs them all);
 3. **CrossHair**: ``crosshair check`` of the spec's contracts within 15%
@@ -42,7 +42,7 @@ if TYPE_CHECKING:
 
 DEFAULT_BUDGET = 240.0  # four minutes: every obligation within the z3 share, a campaign after the fixed seeds
 # Shares of the budget.  The differential campaign gets whatever is left.
-Z3_SHARE, CROSSHAIR_SHARE = 0.45, 0.15
+Z3_SHARE, CROSSHAIR_SHARE = 0.5, 0.15
 CROSSHAIR_FULL_PER_CONDITION = 2.0  # what kvarena prove gives each condition
 DIFFERENTIAL_EXAMPLES = 60  # per machine and policy: reaches every required event (README)
 

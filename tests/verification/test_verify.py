@@ -20,9 +20,9 @@ def run(args, monkeypatch=None):
 
 def test_plan_shares_the_budget():
     p = verify.plan(180)
-    assert p.walks == 20 and p.z3_s == 81 and p.crosshair_s == 27 and p.differential_examples == 60
+    assert p.walks == 20 and p.z3_s == 90 and p.crosshair_s == 27 and p.differential_examples == 60
     small = verify.plan(30)
-    assert small.walks == 5 and small.z3_s == 13.5 and small.differential_examples == 10
+    assert small.walks == 5 and small.z3_s == 15 and small.differential_examples == 10
     assert verify.plan(180, skip_proofs=True).z3_s == 0
     assert any("--skip-fuzz" in n for n in verify.plan(180, skip_fuzz=True).notes)
 
