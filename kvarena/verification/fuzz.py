@@ -487,6 +487,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "memory and live tensors sampled (kvarena.verification.soak)",
     )
     parser.add_argument("--check-every", type=int, default=1000, help="--soak: compare the whole state every K ops")
+    parser.add_argument(
+        "--samples", type=int, default=20, help="--soak: memory and live-tensor samples per policy (each a gc scan)"
+    )
 
 
 def run_soak(args: argparse.Namespace) -> int:
@@ -503,7 +506,7 @@ def run_soak(args: argparse.Namespace) -> int:
         done[policy] = k
         console.print(f"  {policy}: {k:,} of {ops:,} ops", highlight=False)
 
-    s = soak(args.soak, check_every=args.check_every, device=args.device, progress=progress)
+    s = soak(args.soak, check_every=args.check_every, samples=args.samples, device=args.device, progress=progress)
     tab = Table(title=f"kvarena fuzz --soak {args.soak:,}: no disagreement (checked every {args.check_every} ops)")
     for col in ("policy", "seconds", "resident MiB first/last (growth)", "live tensors first/last (growth)", "events"):
         tab.add_column(col, overflow="fold")

@@ -37,7 +37,8 @@ def test_a_planted_bug_stops_the_soak(monkeypatch):
 
 def test_the_command(tmp_path, capsys):
     out = tmp_path / "soak.json"
-    assert cli.main(["fuzz", "--soak", "200", "--check-every", "50", "--json", str(out)]) == 0
+    assert cli.main(["fuzz", "--soak", "200", "--check-every", "50", "--samples", "2", "--json", str(out)]) == 0
     s = json.loads(out.read_text())
     assert s["ops_per_policy"] == 200 and {"anchor", "planner"} <= set(s)
+    assert [x["op"] for x in s["anchor"]["samples"]] == [100, 200]
     assert "no disagreement" in capsys.readouterr().out
