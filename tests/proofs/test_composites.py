@@ -21,6 +21,7 @@ from kvarena.proofs.core import run_obligation
 from kvarena.proofs.obligations import REGISTRY
 from kvarena.spec import arith
 from kvarena.spec import composites as SC
+from tests.api.test_uneven import oracle
 
 torch = pytest.importorskip("torch")
 from kvarena.impl import composites as IC  # noqa: E402
@@ -58,11 +59,10 @@ def _brute(fits, hi=400):
 
 def _binds(arena, p):
     """The coupled bind of ``p`` pages, done on a copy of a spec ``arena`` by
-    the arena's own calls (full, then the same ids in swa): the oracle for
-    ``transitions.coupled_fits``, sharing no code with it."""
-    a = copy.deepcopy(arena)
-    ids = a.alloc("full", p)
-    return ids is not None and ("swa" not in a.chain or a.alloc("swa", p, ids=ids) is not None)
+    the arena's own calls (``tests/api/test_uneven.oracle``, page size 1 so
+    tokens are pages): the oracle for ``transitions.coupled_fits``, sharing
+    no code with it."""
+    return oracle(arena, 1, p, 0, None)
 
 
 def _joint_is_the_largest_bind(c, j):
