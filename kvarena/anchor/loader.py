@@ -65,15 +65,26 @@ def installed_version():
 
 
 def ensure_installed(allow_install, out=print):
-    """Make sure sglang ANCHOR_VERSION is installed; install it ``--no-deps`` if allowed."""
-    have = installed_version()
-    if have == ANCHOR_VERSION:
+    """Make sure sglang ANCHOR_VERSION is installed; install it ``--no-deps``
+    if allowed.  Processes that ask at once (parallel test workers) take
+    turns on a lock file in the environment, so one installs and the others
+    find it installed."""
+    if installed_version() == ANCHOR_VERSION:
         return
     if not allow_install:
+        have = installed_version()
         raise AnchorUnavailable(f"sglang {ANCHOR_VERSION} is not installed (found {have}); run: {INSTALL_LINE}")
-    out(f"kvarena: installing the anchor: {' '.join(INSTALL[2:])}")
-    subprocess.run(INSTALL, check=True)
-    importlib.invalidate_caches()
+    import fcntl
+    import os
+
+    with open(os.path.join(sys.prefix, ".kvarena-anchor-install.lock"), "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)  # released when the file closes
+        importlib.invalidate_caches()
+        if installed_version() == ANCHOR_VERSION:  # another process installed it while we waited
+            return
+        out(f"kvarena: installing the anchor: {' '.join(INSTALL[2:])}")
+        subprocess.run(INSTALL, check=True)
+        importlib.invalidate_caches()
 
 
 _MODULES = None

@@ -5,9 +5,10 @@ see ``kvarena.sim.presets``) and offer the same calls, so one scheduler runs
 both:
 
 - ``available()``: the joint view, in units a coupled bind (full and, where
-  present, SWA) gets now; ``state_price()``: units one state slot costs in
-  that view (0 where state has its own wall);
-- ``admits(units, slots, reserve)``: the admission gate;
+  present, SWA) gets now;
+- ``admits(units, slots, reserve)``: the admission gate, exact: would
+  ``slots`` state slots and then ``units + reserve`` units all be served now,
+  without relief (a slot that reuses a free one costs nothing);
 - ``alloc_state()``, ``extend(prefix, n, last)``, ``decode(seqs, lasts)``,
   ``free_window(ids)``, ``release(ids, slots)``, ``relieve(units, slots,
   evict)``;
@@ -82,15 +83,11 @@ class Unified:
     def available(self):
         return self.c.available_size()
 
-    def state_price(self):
-        return self.c.state_slot_token_cost() if self.has_state else 0
-
     def admits(self, units, slots, reserve):
-        """The price check: a state slot costs ``state_slot_token_cost()``
-        units of the joint view, unless it reuses one of the state END's
-        lazy holes, which takes no room from that view."""
-        holes = self.arena.counts("state").holes if self.has_state else 0
-        return units + reserve + max(0, slots - holes) * self.state_price() <= self.available()
+        """The composite's own exact test (``fits``): the state END's free
+        slots cost nothing, a slot that extends it costs what the extension
+        takes from the joint view, to the page."""
+        return self.c.fits(units + reserve, slots if self.has_state else 0)
 
     def fits_empty(self, full_units, swa_units, slots):
         """Could a request of this footprint run in the empty arena?"""
@@ -209,9 +206,6 @@ class StaticSplit:
     def available(self):
         """``min(full, swa)`` free units (ANCHOR section 2)."""
         return min(self._free("full"), self._free("swa")) if self.has_swa else self._free("full")
-
-    def state_price(self):
-        return 0
 
     def _fits(self, units, slots):
         return units <= self.available() and slots <= self._free("state")

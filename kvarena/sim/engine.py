@@ -18,15 +18,19 @@ decoding request gains one unit (a page), since the model is page-granular
    in one ``free_window`` call (the anchor's rule, ``swa_window_end``);
 5. **admission**: chunked prefill (``chunk_tokens`` a chunk, at most one
    chunk per decode iteration), requests that started prefilling first,
-   then the queue in order.  A chunk is admitted while the joint view
-   allows: ``chunk + reserve + state slots x state_price() <=
-   available()``, the reserve being ``reserve_ratio`` of the output the
-   decoding requests still owe.  When it does not, and the free bytes
-   could cover the demand, ``relieve`` without eviction runs once (flush,
-   slide); if that fails too the refusal is counted and admission stops
-   for the step.  After each chunk the request's SWA
-   pages outside the window are freed, so a long prompt holds at most a
-   chunk plus a window of SWA.
+   then the queue in order.  A chunk is admitted while the setup's exact
+   gate says its state slot (a request's first chunk) and ``chunk +
+   reserve`` units would be served now (``admits``), the reserve being
+   ``reserve_ratio`` of the output the decoding requests still owe.  When
+   it does not, and the free bytes could cover the demand, ``relieve``
+   without eviction runs once (flush, slide); if that fails too the
+   refusal is counted and admission stops for the step.  After each chunk
+   the request's SWA pages outside the window are freed, so a long prompt
+   holds at most a chunk plus a window of SWA.
+
+Every admission that stops for memory is one refusal under one named cause
+(``BLOCK_CAUSES``), and a step is memory-bound exactly when its admission
+stopped so: ``sum(blocked.values()) == memory_bound_steps``.
 
 **Admitted concurrency** is counted at the end of each step (the requests
 that hold memory and decode next step); its mean is taken over the
@@ -40,6 +44,18 @@ buffer's free bytes (every byte not holding a live page; for a static split,
 the free pages of every pool) covered the demand plus the grid rounding that
 no placement can avoid (``backends._slack``: a full page and two SWA pages).
 
+**Time** (``kvarena.sim.timing``): each step's length is the roofline of
+its work (``page_tokens`` iterations over the decoding batch, its KV and
+state read, the step's prefill spread over them), plus the bytes its
+relocations moved at copy bandwidth, and, with ``Config.alloc_time``, the
+allocator's own CPU time measured around its calls.  Arrivals are in
+seconds on that clock.  Per request: time to first token (arrival to the
+end of the step its prefill finished in; a retracted request keeps its
+first), and inter-token latency (each decode step's tokens share the time
+since the request's previous token).  Goodput is the requests per second
+that met both SLOs (``slo_ttft``; ``slo_itl`` on the request's mean
+inter-token latency).
+
 A request that could not run even in an empty setup is **rejected** on
 arrival at the queue head; one that the empty setup still refuses is
 **stuck** (dropped, so the run ends; expected never).  Conservation:
@@ -48,8 +64,18 @@ finishes.
 """
 
 import math
+import time
 from collections import deque
 from dataclasses import dataclass, field
+
+# Why an admission stopped for memory (each is one refusal):
+BLOCK_CAUSES = (
+    "full",  # the gate said no and the free bytes could not cover the demand: no ladder tried
+    "ladder",  # the gate said no, the free bytes could cover it, and the ladder found no fit
+    "gate after relief",  # the ladder said it fits, the gate still said no (expected never)
+    "state slot",  # the gate said yes, alloc_state said no (expected never)
+    "extend",  # the gate said yes, alloc_extend said no (expected never)
+)
 
 
 @dataclass(frozen=True)
@@ -58,12 +84,18 @@ class Config:
     reserve_ratio: float = 0.3
     max_steps: int = 2_000_000
     record: bool = True  # keep per-step series (for the plot)
+    accelerator: str = "h200"  # timing.ACCELERATORS
+    alloc_time: bool = False  # add the allocator's measured CPU time to each step (kvarena simulate --alloc-time)
+    slo_ttft: float = 2.0  # seconds
+    slo_itl: float = 0.05  # seconds, a request's mean inter-token latency
 
     def check(self):
         if self.chunk_tokens < 1:
             raise ValueError(f"simulate: chunk_tokens must be >= 1, got {self.chunk_tokens}")
         if not 0 <= self.reserve_ratio <= 1:
             raise ValueError(f"simulate: reserve_ratio must be in [0, 1], got {self.reserve_ratio}")
+        if not (self.slo_ttft > 0 and self.slo_itl > 0):
+            raise ValueError(f"simulate: SLOs must be > 0, got ttft {self.slo_ttft}, itl {self.slo_itl}")
 
 
 @dataclass
@@ -90,6 +122,18 @@ class Result:
     moved_per_allocated: float = 0.0
     refusals: int = 0
     false_oom: int = 0
+    blocked: dict = field(default_factory=dict)  # memory-bound steps by cause (BLOCK_CAUSES)
+    seconds: float = 0.0  # the clock at the end: the trace's makespan
+    output_tokens_per_s: float = 0.0
+    tokens_per_s: float = 0.0  # prompt and output
+    ttft_p50: float = 0.0
+    ttft_p99: float = 0.0
+    itl_p50: float = 0.0
+    itl_p99: float = 0.0
+    goodput: float = 0.0  # requests a second that met both SLOs
+    slo_met: int = 0
+    alloc_seconds: float = 0.0  # the allocator's measured CPU time, all steps
+    copy_seconds: float = 0.0  # relocation at copy bandwidth, all steps
     peak_live: dict = field(default_factory=dict)  # units (slots) per kind
     capacity: dict = field(default_factory=dict)  # a static split's walls, in units (slots)
     split: dict = field(default_factory=dict)  # a static split's ratios (set by kvarena simulate)
@@ -103,9 +147,13 @@ class Result:
 class _Req:
     __slots__ = (
         "admitted",
+        "arrival",
         "ever_admitted",
+        "first_token",
+        "gaps",
         "generated",
         "ids",
+        "last_token",
         "out_units",
         "output_len",
         "prefill_units",
@@ -117,11 +165,14 @@ class _Req:
 
     def __init__(self, r, sizes):
         self.rid, self.prompt_len, self.output_len = r.rid, r.prompt_len, r.output_len
+        self.arrival = r.arrival
         self.prefill_units = sizes.units(r.prompt_len)
         self.out_units = sizes.units(r.output_len)
         self.generated = 0
         self.ids, self.slot, self.swa_done = [], None, 0
         self.admitted = self.ever_admitted = False
+        self.first_token = self.last_token = None  # seconds
+        self.gaps = 0.0  # inter-token time summed: mean ITL = gaps / generated
 
     @property
     def decoding(self):
@@ -134,8 +185,11 @@ class _Req:
 
 class _Sim:
     def __init__(self, backend, sizes, trace, cfg, setup):
+        from kvarena.sim import timing
+
         cfg.check()
-        self.b, self.sizes, self.cfg = backend, sizes, cfg
+        self.clock = timing.clock(sizes.preset.name, cfg.accelerator, sizes.page_tokens)
+        self.b, self.sizes, self.cfg = _Timed(backend) if cfg.alloc_time else backend, sizes, cfg
         self.pt = sizes.page_tokens
         self.window = sizes.preset.window
         self.chunk = sizes.units(cfg.chunk_tokens)
@@ -149,29 +203,60 @@ class _Sim:
         self.admitted_ids, self.finished_ids = set(), set()
         self.series = {"step": [], "concurrency": [], "utilisation": [], "bands": []}
         self.conc_sum = self.conc_bound_sum = self.util_sum = 0.0
-        self.blocked = False  # this step's admission stopped for memory
+        self.blocked = None  # why this step's admission stopped for memory (a BLOCK_CAUSES entry)
         self.tokens = self.decode_tokens = 0
         self.peak_live = {}
+        self.now = 0.0  # seconds
+        self.ttft, self.itl = [], []  # seconds: one per request; one per decode step of a request
+        self.step_kv = 0.0  # bytes of KV and state one iteration of this step reads
+        self.step_decoded, self.step_first = [], []  # requests that decoded / finished prefill this step
+        self.step_prefill = 0  # prefill tokens this step
+        self.moved_before = 0
+        self.done_reqs = []
 
     # ------------------------------------------------------------ the loop
 
     def run(self):
         step = 0
         while self.arrivals or self.queue or self.running:
-            if not self.queue and not self.running and self.arrivals[0].arrival > step:
-                step = math.ceil(self.arrivals[0].arrival)  # an empty system: skip the idle time
-            while self.arrivals and self.arrivals[0].arrival <= step:
+            if not self.queue and not self.running and self.arrivals[0].arrival > self.now:
+                self.now = self.arrivals[0].arrival  # an empty system: skip the idle time
+            while self.arrivals and self.arrivals[0].arrival <= self.now:
                 self.queue.append(_Req(self.arrivals.popleft(), self.sizes))
             self._decode()
             self._window()
-            self.blocked = False
+            self.blocked = None
             self._admit()
+            self._tick()
             self._record(step)
             step += 1
             self.res.steps += 1
             if self.res.steps > self.cfg.max_steps:
                 raise RuntimeError(f"simulate: {self.res.setup}: no end after {self.cfg.max_steps} steps")
         return self._result()
+
+    def _tick(self):
+        """Advance the clock by this step's time; stamp its tokens."""
+        moved = self.b.moved_bytes
+        copy = self.clock.copy_seconds((moved - self.moved_before) * self.sizes.byte_scale)
+        self.moved_before = moved
+        alloc = self.b.take_seconds() if self.cfg.alloc_time else 0.0
+        t = self.clock.step_seconds(len(self.step_decoded), self.step_prefill, self.step_kv) + copy + alloc
+        self.res.copy_seconds += copy
+        self.res.alloc_seconds += alloc
+        self.now += t
+        pt = self.sizes.page_tokens
+        for r in self.step_decoded:
+            gap = (self.now - r.last_token) / pt  # the step's tokens share the time since the last
+            self.itl.append(gap)
+            r.gaps += gap * pt
+            r.last_token = self.now
+        for r in self.step_first:
+            if r.first_token is None:  # a retracted request recomputed keeps its first, and its gap runs on
+                r.first_token = r.last_token = self.now
+                self.ttft.append(self.now - r.arrival)
+        self.step_decoded, self.step_first = [], []
+        self.step_kv, self.step_prefill = 0.0, 0
 
     def _record(self, step):
         """End of a step: the requests admitted (they decode next step)."""
@@ -180,6 +265,7 @@ class _Sim:
         self.conc_sum += n
         if self.blocked:
             self.res.memory_bound_steps += 1
+            self.res.blocked[self.blocked] = self.res.blocked.get(self.blocked, 0) + 1
             self.conc_bound_sum += n
             self.util_sum += util
         self.res.peak_concurrency = max(self.res.peak_concurrency, n)
@@ -196,19 +282,28 @@ class _Sim:
 
     def _decode(self):
         batch = [r for r in self.running if r.decoding]
+        stalled = False
         while batch:
             ids = self.b.decode([len(r.ids) + 1 for r in batch], [r.ids[-1] for r in batch])
             if ids is not None:
                 break
-            self._refused(len(batch), 0)
+            if stalled:  # a backend whose relief says yes to a decode it then refuses: fail, do not spin
+                raise RuntimeError(f"simulate: {self.res.setup}: relief retracted nothing and the decode still fails")
+            self._refused(len(batch), 0, None)
             self.res.evictions += 1
+            before = self.res.retractions
             self.b.relieve(len(batch), 0, evict=self._evict)
+            stalled = self.res.retractions == before
             batch = [r for r in batch if r.admitted]
         if not batch:
             return
+        p, pt = self.sizes.preset, self.pt
         for r, i in zip(batch, ids):
             r.ids.append(i)
             r.generated += 1
+            ctx = len(r.ids) * pt
+            self.step_kv += ctx * p.full_bytes + min(ctx, p.window + 1) * p.swa_bytes + 2 * p.state_bytes
+        self.step_decoded += batch
         self.owed -= len(batch)
         self.decode_tokens += len(batch) * self.pt
         done = [r for r in batch if r.generated >= r.out_units]
@@ -218,6 +313,7 @@ class _Sim:
             self.b.release([i for r in done for i in r.ids], [r.slot for r in done if r.slot is not None])
             for r in done:
                 r.admitted = False
+                self.done_reqs.append(r)
                 self.res.finished += 1
                 self.finished_ids.add(r.rid)
                 self.tokens += r.prompt_len + r.output_len
@@ -267,8 +363,10 @@ class _Sim:
         swa = min(total, self.sizes.window_units + self.chunk) if self.b.has_swa else 0
         return total, swa, 1 if self.b.has_state else 0
 
-    def _refused(self, units, slots):
-        self.blocked = True
+    def _refused(self, units, slots, cause):
+        """Count a refusal; ``cause`` (admission only) marks the step
+        memory-bound under that name."""
+        self.blocked = cause or self.blocked
         self.res.refusals += 1
         if self.b.free_bytes() >= self.b.demand_bytes(units, slots) + self.b.slack_bytes:
             self.res.false_oom += 1
@@ -291,23 +389,28 @@ class _Sim:
                 # The ladder only when the free bytes could cover the demand:
                 # otherwise no placement fits it, and a flush would move data in vain.
                 could = self.b.free_bytes() >= self.b.demand_bytes(n + reserve, slots)
-                if not (could and self.b.relieve(n + reserve, slots)):
-                    self._refused(n + reserve, slots)
+                if not could:
+                    cause = "full"
+                elif not self.b.relieve(n + reserve, slots):
+                    cause = "ladder"
+                elif not self.b.admits(n, slots, reserve):
+                    cause = "gate after relief"
+                else:
+                    cause = None
+                if cause:
+                    self._refused(n + reserve, slots, cause)
                     self._stuck_check(r, first)
-                    return
-                if not self.b.admits(n, slots, reserve):
-                    self.blocked = True
                     return
             slot = None
             if slots:
                 slot = self.b.alloc_state()
                 if slot is None:
-                    self._refused(n, slots)
+                    self._refused(n, slots, "state slot")
                     self._stuck_check(r, first)
                     return
             ids = self.b.extend(len(r.ids), n, r.ids[-1] if r.ids else -1)
             if ids is None:
-                self._refused(n, slots)
+                self._refused(n, slots, "extend")
                 if slot is not None:
                     self.b.release([], [slot])
                 self._stuck_check(r, first)
@@ -321,9 +424,11 @@ class _Sim:
                 self.prefilling.append(r)
             r.ids += ids
             budget -= n
+            self.step_prefill += n * self.pt
             if r.decoding:
                 self.prefilling.popleft()
                 self.owed += r.owed
+                self.step_first.append(r)  # its first token comes out of this step's last chunk
             self.b.free_window(self._window_ids(r))  # chunked prefill frees SWA between chunks
 
     def _stuck_check(self, r, first):
@@ -359,7 +464,59 @@ class _Sim:
         if b.static:
             res.capacity = {n: p.pages for n, p in b.pools.items()}
         res.series = self.series if self.cfg.record else {}
+        res.seconds = self.now
+        if self.now > 0:
+            res.output_tokens_per_s = sum(r.output_len for r in self.done_reqs) / self.now
+            res.tokens_per_s = self.tokens / self.now
+        res.ttft_p50, res.ttft_p99 = _quantile(self.ttft, 0.5), _quantile(self.ttft, 0.99)
+        res.itl_p50, res.itl_p99 = _quantile(self.itl, 0.5), _quantile(self.itl, 0.99)
+        cfg = self.cfg
+        res.slo_met = sum(
+            1
+            for r in self.done_reqs
+            if r.first_token - r.arrival <= cfg.slo_ttft and r.gaps / max(1, r.generated * self.pt) <= cfg.slo_itl
+        )
+        res.goodput = res.slo_met / self.now if self.now > 0 else 0.0
         return res
+
+
+def _quantile(xs, q):
+    """The ``q`` quantile of ``xs`` (nearest rank; 0.0 for none)."""
+    if not xs:
+        return 0.0
+    s = sorted(xs)
+    return s[min(len(s) - 1, max(0, math.ceil(q * len(s)) - 1))]
+
+
+class _Timed:
+    """A backend whose allocator calls are timed (``perf_counter``): the
+    views, gates, allocations, frees and the ladder; not the simulator's own
+    byte bookkeeping (``live_bytes``, ``free_bytes``, ...)."""
+
+    CALLS = frozenset(("available", "admits", "alloc_state", "extend", "decode", "free_window", "release", "relieve"))
+
+    def __init__(self, backend):
+        self._b = backend
+        self._seconds = 0.0
+
+    def take_seconds(self):
+        """The CPU time since the last call."""
+        s, self._seconds = self._seconds, 0.0
+        return s
+
+    def __getattr__(self, name):
+        attr = getattr(self._b, name)
+        if name not in self.CALLS:
+            return attr
+
+        def timed(*args, **kw):
+            t = time.perf_counter()
+            try:
+                return attr(*args, **kw)
+            finally:
+                self._seconds += time.perf_counter() - t
+
+        return timed
 
 
 def run(backend, sizes, trace, cfg=Config(), setup="?"):

@@ -69,3 +69,47 @@ def bands(path, sizes, results, splits, title):
     fig.tight_layout()
     fig.savefig(path)
     plt.close(fig)
+
+
+def curves(path, runs, title, slo_ttft, slo_itl):
+    """The throughput-latency picture of a rate sweep, one line per setup
+    (each point the mean over the seeds at one rate): p99 time to first
+    token and p99 inter-token latency against output tokens a second, and
+    goodput against the offered rate, the SLOs drawn."""
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        raise ValueError("--plot needs matplotlib: pip install -e '.[test]'") from None
+    from statistics import fmean
+
+    rates = sorted({r["rate"] for r in runs})
+    names = [n for n in runs[0]["setups"] if "unavailable" not in runs[0]["setups"][n]]
+
+    def mean(name, rate, key, scale=1.0):
+        return fmean(r["setups"][name][key] for r in runs if r["rate"] == rate) * scale
+
+    fig, axes = plt.subplots(1, 3, figsize=(12, 3.8), dpi=80)
+    for name in names:
+        tput = [mean(name, q, "output_tokens_per_s") for q in rates]
+        axes[0].plot(tput, [mean(name, q, "ttft_p99") for q in rates], marker="o", markersize=3, label=name)
+        axes[1].plot(tput, [mean(name, q, "itl_p99", 1000) for q in rates], marker="o", markersize=3, label=name)
+        axes[2].plot(rates, [mean(name, q, "goodput") for q in rates], marker="o", markersize=3, label=name)
+    axes[0].axhline(slo_ttft, color="grey", linestyle=":", linewidth=1, label="TTFT SLO")
+    axes[1].axhline(slo_itl * 1000, color="grey", linestyle=":", linewidth=1, label="ITL SLO (on the mean)")
+    axes[2].plot(rates, rates, color="grey", linestyle=":", linewidth=1, label="offered")
+    for ax, x, y in (
+        (axes[0], "output tokens / s", "TTFT p99 (s)"),
+        (axes[1], "output tokens / s", "ITL p99 (ms)"),
+        (axes[2], "offered rate (requests / s)", "goodput (requests / s within SLO)"),
+    ):
+        ax.set_xlabel(x)
+        ax.set_ylabel(y)
+        ax.legend(fontsize=7)
+    axes[0].set_yscale("log")
+    fig.suptitle(f"{title}: mean of {len({r['seed'] for r in runs})} seeds per point", fontsize=10)
+    fig.tight_layout()
+    fig.savefig(path)
+    plt.close(fig)

@@ -28,6 +28,7 @@ class Preset:
     window: int = 0  # the engine's window: the model's sliding_window - 1
     note: str = ""
     synthetic: bool = False
+    layers: tuple = ()  # (full, swa, state) layer counts: the per-layer sizes a padded pool needs
 
     @property
     def kinds(self):
@@ -51,6 +52,7 @@ PRESETS = {
             swa_bytes=36_864,
             window=127,
             note="18 full / 18 SWA layers, 8 kv heads x 64, window 128",
+            layers=(18, 18, 0),
         ),
         Preset(
             "gemma-3-27b",
@@ -58,18 +60,21 @@ PRESETS = {
             swa_bytes=425_984,
             window=1023,
             note="10 full / 52 SWA layers, 16 kv heads x 128, window 1024",
+            layers=(10, 52, 0),
         ),
         Preset(
             "qwen3-next-80b-a3b",
             24_576,
             state_bytes=77_266_944,
             note="12 full layers (2 kv heads x 256), 36 gated-delta state layers",
+            layers=(12, 0, 36),
         ),
         Preset(
             "nemotron-h-8b",
             16_384,
             state_bytes=102_137_856,
             note="4 full layers (8 kv heads x 128), 24 mamba2 state layers",
+            layers=(4, 0, 24),
         ),
         Preset(
             "tri-synthetic",
@@ -80,6 +85,7 @@ PRESETS = {
             synthetic=True,
             note="SYNTHETIC: gpt-oss-20b's attention (12 full / 12 SWA layers, window 128) with "
             "Nemotron-H-8B's mamba2 state; no public model has all three kinds",
+            layers=(12, 12, 24),
         ),
     )
 }

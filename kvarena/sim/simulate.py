@@ -1,6 +1,7 @@
-"""``kvarena simulate``: the unified arena against static splits, one trace.
+"""``kvarena simulate``: the unified arena against static splits and vLLM's
+padded pool, on the same traces, buffer and model geometry.
 
-Four setups serve the same trace, with the same buffer and model geometry:
+Five setups:
 
 - ``unified``: the preset's composite (``kvarena.impl``), anchor policy, lazy;
 - ``planner``: the same with ``policy="planner"`` (reported as unavailable
@@ -9,29 +10,57 @@ Four setups serve the same trace, with the same buffer and model geometry:
   token ratio 0.8, mamba-to-full memory ratio 0.9; ANCHOR section 2);
 - ``static-best``: the static split that, in hindsight, admitted the most
   (mean admitted concurrency over its memory-bound steps), found by a grid
-  search over the ratios with two rounds of refinement around the best
-  point; a split that has to reject a request the unified arena served, or
-  that memory hardly bound, is not a candidate.
+  search over each ratio's whole range (SWA tokens per full token in (0, 1],
+  state's share in (0, 1)) and ``REFINE_ROUNDS`` rounds of midpoints around
+  the best point, a range's open end counting as a neighbour, so an optimum
+  near an edge is approached; where the best is still the outermost value
+  tried toward an open end, the report says ``edge``.  A split that has to
+  reject a request the unified arena served, or that memory hardly bound,
+  is not a candidate;
+- ``vllm-padded``: vLLM v1's hybrid allocator, one block pool with every
+  kind's page padded to one size (``kvarena.sim.padded``).
+
+Each (preset, trace) runs on ``--seeds`` seeds (five by default), each seed
+its own trace; every figure is the mean over the seeds, and each ratio has
+its 95% interval (``kvarena.sim.stats``), flagged where it crosses 1.0.
+The runs are independent and run in parallel, one process per core
+(``--jobs``); ``--merge`` reports the ``--json`` files of runs made
+elsewhere (one job per seed on a cluster) as one.
+
+Saturating runs queue every request at time 0; ``--rates`` adds, per seed,
+one run per arrival rate (``--arrivals poisson`` or ``bursty``), with
+``static-best`` keeping the split the saturating search found.  Times come
+from ``kvarena.sim.timing`` (a roofline on ``--accelerator``, relocation at
+copy bandwidth, and with ``--alloc-time`` the allocator's CPU time measured
+in this process).
 
 Ratios of mean admitted concurrency are reported only where memory bound
 both sides in at least 5% of their steps (``MIN_BOUND_SHARE``); elsewhere
 memory was not the limit and the ratio would compare ramps.
 
-Prints a markdown table per (preset, trace) and the ratios; ``--json PATH``
-writes every number, ``--plot PATH`` a PNG of the unified arena's band
-boundaries over time with the static walls drawn.
+Prints a markdown table per (preset, trace, load) and a summary; ``--json
+PATH`` writes every number, ``--plot PATH`` a PNG of the unified arena's
+band boundaries over time with the static walls drawn (and with
+``--rates`` the throughput-latency and goodput curves).
 """
 
 import argparse
 import json
 import time
 
-SETUPS = ("unified", "planner", "static-default", "static-best")
+SETUPS = ("unified", "planner", "static-default", "static-best", "vllm-padded")
+# The best split's search covers each ratio's whole range: SWA tokens per full
+# token in (0, 1] (a request never holds more SWA than full KV), state's share
+# of the buffer in (0, 1).  Refinement halves the gap to the best point's
+# neighbours, a range's open bound counting as a neighbour, so an optimum near
+# an edge is approached, not cut off by the grid.
+SWA_RANGE = (0.0, 1.0, True)  # low, high, high reachable
+STATE_RANGE = (0.0, 1.0, False)
 SWA_GRID = (0.02, 0.05, 0.1, 0.15, 0.2, 0.3, 0.4, 0.6, 0.8, 1.0)
-STATE_GRID = (0.05, 0.1, 0.2, 0.3, 0.4, 0.5, 0.6, 0.7, 0.8, 0.9)  # state's share of the buffer
+STATE_GRID = (0.05, 0.1, 0.2, 0.3, 0.4, 0.5, 0.6, 0.7, 0.8, 0.9, 0.95)
 TRI_SWA_GRID = (0.05, 0.1, 0.2, 0.4, 0.8)
 TRI_STATE_GRID = (0.1, 0.3, 0.5, 0.7, 0.9)
-REFINE_ROUNDS = 2
+REFINE_ROUNDS = 3
 
 
 # ----------------------------------------------------------------- setups
@@ -54,20 +83,45 @@ def _better(a, b):
     return (a.mean_concurrency, a.tokens_per_step) > (b.mean_concurrency, b.tokens_per_step)
 
 
+def _neighbours(vals, x, rng):
+    """The midpoints between ``x`` and its nearest tried values on each side;
+    past the last tried value, the range's bound, if it is not itself a
+    value a split can take (then ``x`` on it has no neighbour that side)."""
+    lo, hi, hi_reachable = rng
+    below = [v for v in vals if v < x]
+    above = [v for v in vals if v > x]
+    out = [(x + (below[-1] if below else lo)) / 2]
+    if above:
+        out.append((x + above[0]) / 2)
+    elif not (hi_reachable and x >= hi):
+        out.append((x + hi) / 2)
+    return out
+
+
 def best_static(sizes, trace, cfg, max_rejected=0, progress=None):
     """Grid search over the split's ratios, then ``REFINE_ROUNDS`` rounds of
-    midpoints around the best; returns ``(result, split, runs)``."""
+    midpoints around the best (``_neighbours``); returns ``(result, split,
+    runs)``.  ``result.split["edge"]`` names each ratio whose best value is
+    the outermost one tried toward an open end of its range: there the
+    optimum may lie further out than the search went."""
     kinds = sizes.preset.kinds
     tri = "swa" in kinds and "state" in kinds
-    axes = []
+    axes, ranges, names = [], [], []
     if "swa" in kinds:
         axes.append(sorted(TRI_SWA_GRID if tri else SWA_GRID))
+        ranges.append(SWA_RANGE)
+        names.append("swa")
     if "state" in kinds:
         axes.append(sorted(TRI_STATE_GRID if tri else STATE_GRID))
+        ranges.append(STATE_RANGE)
+        names.append("state")
     seen = {}
 
+    def key(p):
+        return tuple(round(x, 6) for x in p)
+
     def point(p):
-        p = tuple(round(x, 6) for x in p)
+        p = key(p)
         if p not in seen:
             swa = p[0] if "swa" in kinds else 0.8
             state = p[-1] if "state" in kinds else 0.5
@@ -86,27 +140,33 @@ def best_static(sizes, trace, cfg, max_rejected=0, progress=None):
     for p in grid:
         r, _ = point(p)
         if ok(r) and (best is None or _better(r, seen[best][0])):
-            best = tuple(round(x, 6) for x in p)
+            best = key(p)
     if best is None:  # no split qualifies: the one that rejects least, then admits most
         best = min(seen, key=lambda k: (seen[k][0].rejected, -seen[k][0].mean_concurrency_all))
     for _ in range(REFINE_ROUNDS):
-        for d, axis in enumerate(axes):
-            vals = sorted({q[d] for q in seen} | set(axis))
-            i = vals.index(best[d])
-            for j in (i - 1, i + 1):
-                if 0 <= j < len(vals):
-                    p = list(best)
-                    p[d] = (vals[i] + vals[j]) / 2
-                    r, _ = point(p)
-                    if ok(r) and _better(r, seen[best][0]):
-                        best = tuple(round(x, 6) for x in p)
+        for d, rng in enumerate(ranges):
+            vals = sorted({q[d] for q in seen})
+            for x in _neighbours(vals, best[d], rng):
+                p = list(best)
+                p[d] = x
+                r, _ = point(p)
+                if ok(r) and _better(r, seen[best][0]):
+                    best = key(p)
     r, split = seen[best]
+    edge = []
+    for d, rng in enumerate(ranges):
+        vals = sorted({q[d] for q in seen})
+        if best[d] == vals[0] or (best[d] == vals[-1] and not (rng[2] and best[d] >= rng[1])):
+            edge.append(names[d])
+    r.split["edge"] = edge
     return r, split, len(seen)
 
 
-def run_one(sizes, trace, cfg, setups=SETUPS, progress=None):
+def run_one(sizes, trace, cfg, setups=SETUPS, progress=None, best_split=None):
     """Every setup on one trace: ``{setup: Result or {"unavailable": why}}``,
-    the default and best splits, and timings."""
+    the default and best splits, and timings.  ``best_split`` (``(swa_ratio,
+    state_share)``) fixes ``static-best`` instead of searching: a sweep over
+    arrival rates uses the split found on the saturating trace."""
     from kvarena.sim import backends, engine, presets
 
     out, splits, seconds = {}, {}, {}
@@ -127,6 +187,13 @@ def run_one(sizes, trace, cfg, setups=SETUPS, progress=None):
             out[name] = engine.run(backends.StaticSplit(sizes, split), sizes, trace, cfg, name)
             out[name].split = {"swa_ratio": split.swa_ratio, "state_share": _share(split.mamba_ratio)}
             splits[name] = split
+        elif name == "vllm-padded":
+            from kvarena.sim import padded
+
+            out[name] = engine.run(padded.PaddedPool(sizes), sizes, trace, cfg, name)
+        elif name == "static-best" and best_split is not None:
+            out[name], splits[name] = _static(sizes, trace, cfg, *best_split, name)
+            out[name].split["from"] = "the saturating trace's search"
         elif name == "static-best":
             unified = out.get("unified")
             limit = unified.rejected if hasattr(unified, "rejected") else 0
@@ -156,7 +223,7 @@ def ratios(results):
     None where memory hardly bound one side (the ratio would compare ramps)."""
     out = {}
     for u in ("unified", "planner"):
-        for s in ("static-default", "static-best"):
+        for s in ("static-default", "static-best", "vllm-padded"):
             a, b = results.get(u), results.get(s)
             if hasattr(a, "mean_concurrency") and hasattr(b, "mean_concurrency"):
                 out[f"{u} / {s}"] = a.mean_concurrency / b.mean_concurrency if _bound(a) and _bound(b) else None
@@ -166,88 +233,160 @@ def ratios(results):
 # ----------------------------------------------------------------- report
 
 COLUMNS = (
-    ("peak conc", "peak_concurrency", "{:,}"),
+    ("peak conc", "peak_concurrency", "{:,.0f}"),
     ("mean conc", "mean_concurrency", "{:,.1f}"),
-    ("tokens/step", "tokens_per_step", "{:,.0f}"),
-    ("retractions", "retractions", "{:,}"),
-    ("evictions", "evictions", "{:,}"),
+    ("out tok/s", "output_tokens_per_s", "{:,.0f}"),
+    ("TTFT p50 / p99 s", ("ttft_p50", "ttft_p99"), "{:,.2f}"),
+    ("ITL p50 / p99 ms", ("itl_p50", "itl_p99"), "{:,.1f}", 1000),
+    ("goodput req/s", "goodput", "{:,.2f}"),
+    ("retractions", "retractions", "{:,.0f}"),
+    ("evictions", "evictions", "{:,.0f}"),
     ("util", "utilisation", "{:.0%}"),
     ("moved/alloc", "moved_per_allocated", "{:.3f}"),
-    ("refusals", "refusals", "{:,}"),
-    ("false OOM", "false_oom", "{:,}"),
+    ("refusals", "refusals", "{:,.0f}"),
+    ("false OOM", "false_oom", "{:,.0f}"),
 )
+RATIOS = ("unified / static-default", "unified / static-best", "planner / static-best", "unified / vllm-padded")
 
 
-def _split_label(res):
-    c = res.split
+def _keys(col):
+    """The result fields a column shows (one, or a pair like p50 / p99)."""
+    return col[1] if isinstance(col[1], tuple) else (col[1],)
+
+
+def _cell(col, cols):
+    """A column's cell from ``{key: (mean, half)}`` (mean concurrency with its interval)."""
+    scale = col[3] if len(col) > 3 else 1
+    text = " / ".join(col[2].format(cols[k][0] * scale) for k in _keys(col))
+    half = cols[col[1]][1] if col[1] == "mean_concurrency" else None
+    return text + (f" ±{half:.1f}" if half is not None else "")
+
+
+def _split_label(split):
     parts = []
-    if c.get("swa_ratio"):
-        parts.append(f"swa {c['swa_ratio']:.3g}")
-    if c.get("state_share"):
-        parts.append(f"state {c['state_share']:.0%}")
-    return ", ".join(parts) or "-"
+    if split.get("swa_ratio"):
+        parts.append(f"swa {split['swa_ratio']:.3g}")
+    if split.get("state_share"):
+        parts.append(f"state {split['state_share']:.1%}".replace(".0%", "%"))
+    label = ", ".join(parts) or "-"
+    return label + (f" (edge: {', '.join(split['edge'])})" if split.get("edge") else "")
 
 
-def table(results):
-    lines = ["| setup | split | " + " | ".join(c[0] for c in COLUMNS) + " |", "|---|---|" + "---:|" * len(COLUMNS)]
-    for name, res in results.items():
-        if isinstance(res, dict):
-            lines.append(f"| {name} | {res['unavailable']} |" + " |" * len(COLUMNS))
+def _load(run):
+    """How a run's requests arrived: ``saturating``, or ``poisson 8/s``."""
+    a = run.get("arrivals", "saturating")
+    return a if a == "saturating" else f"{a} {run['rate']:g}/s"
+
+
+def _groups(dump):
+    """``dump``'s runs grouped by (preset, trace, load), in first-seen order."""
+    out = {}
+    for run in dump:
+        out.setdefault((run["preset"], run["trace"], _load(run)), []).append(run)
+    return out
+
+
+def aggregate(runs):
+    """One (preset, trace)'s seeds: for each setup and column, and each
+    ratio, ``(mean, half_width)`` over the seeds (``kvarena.sim.stats``);
+    the best splits found, one per seed."""
+    from kvarena.sim import stats
+
+    setups = {}
+    for name in runs[0]["setups"]:
+        rows = [r["setups"][name] for r in runs]
+        if "unavailable" in rows[0]:
+            setups[name] = {"unavailable": rows[0]["unavailable"]}
             continue
-        label = "one buffer" if name in ("unified", "planner") else _split_label(res)
-        cells = [fmt.format(getattr(res, key)) for _, key, fmt in COLUMNS]
+        setups[name] = {key: stats.mean_ci(row[key] for row in rows) for col in COLUMNS for key in _keys(col)}
+    ratios_ = {k: stats.mean_ci(r["ratios"].get(k) for r in runs) for k in runs[0]["ratios"]}
+    splits = [r["setups"]["static-best"]["split"] for r in runs if "static-best" in r["setups"]]
+    return {"seeds": [r["seed"] for r in runs], "setups": setups, "ratios": ratios_, "best_splits": splits}
+
+
+def table(agg):
+    """One (preset, trace)'s setups: the mean over its seeds of each column
+    (mean concurrency with its 95% interval)."""
+    lines = ["| setup | split | " + " | ".join(c[0] for c in COLUMNS) + " |", "|---|---|" + "---:|" * len(COLUMNS)]
+    for name, cols in agg["setups"].items():
+        if "unavailable" in cols:
+            lines.append(f"| {name} | {cols['unavailable']} |" + " |" * len(COLUMNS))
+            continue
+        if name in ("unified", "planner"):
+            label = "one buffer"
+        elif name == "static-best":
+            label = "; ".join(sorted({_split_label(c) for c in agg["best_splits"]}))
+        elif name == "vllm-padded":
+            label = "one padded block pool"
+        else:
+            label = "engine default"
+        cells = [_cell(col, cols) for col in COLUMNS]
         lines.append(f"| {name} | {label} | " + " | ".join(cells) + " |")
     return "\n".join(lines)
 
 
-def report(preset, trace_name, n, results, seconds):
-    head = f"### {preset} / {trace_name} ({n:,} requests)"
-    rat = ratios(results)
-    tail = "; ".join(f"{k}: " + (f"{v:.2f}x" if v is not None else "n/a (memory hardly bound)") for k, v in rat.items())
+def report(preset, trace_name, n, runs, seconds):
+    from kvarena.sim import stats
+
+    agg = aggregate(runs)
+    k = len(runs)
+    load = _load(runs[0])
+    head = f"### {preset} / {trace_name} / {load} ({n:,} requests, {k} seed{'s' if k > 1 else ''}: {agg['seeds']})"
+    tail = "; ".join(
+        f"{name}: " + (stats.fmt_ratio(*v) if v[0] is not None else "n/a (memory hardly bound)")
+        for name, v in agg["ratios"].items()
+    )
     bad = [
-        f"{k}: finished {r.finished}, rejected {r.rejected}, stuck {r.stuck}, lost {r.lost}"
-        for k, r in results.items()
-        if not isinstance(r, dict) and (r.stuck or r.lost)
+        f"seed {r['seed']}, {name}: finished {x['finished']}, rejected {x['rejected']}, stuck {x['stuck']}, "
+        f"lost {x['lost']}"
+        for r in runs
+        for name, x in r["setups"].items()
+        if "unavailable" not in x and (x["stuck"] or x["lost"])
     ]
-    secs = ", ".join(f"{k} {v:.0f}s" for k, v in seconds.items())
+    blocked = {}
+    for r in runs:
+        for name, x in r["setups"].items():
+            for cause, c in x.get("blocked", {}).items():
+                if cause not in ("full", "ladder"):
+                    blocked[f"{name} {cause}"] = blocked.get(f"{name} {cause}", 0) + c
+    secs = ", ".join(f"{name} {v:.0f}s" for name, v in seconds.items())
     return "\n".join(
-        [head, "", table(results), "", f"mean admitted concurrency: {tail}", f"time: {secs}"]
+        [head, "", table(agg), "", f"mean admitted concurrency (95% interval over seeds): {tail}", f"time: {secs}"]
+        + (
+            ["blocked steps outside the gate and the ladder: " + ", ".join(f"{a} {b}" for a, b in blocked.items())]
+            if blocked
+            else []
+        )
         + (["PROBLEM: " + "; ".join(bad)] if bad else [])
     )
 
 
 def summary(dump):
-    """One row per (preset, trace): the ratios, the best split, false OOMs,
-    retractions and relocation, from ``--json``'s runs."""
+    """One row per (preset, trace): the ratios with their 95% intervals over
+    the seeds, the best splits, false OOMs, retractions and relocation
+    (means over the seeds), from ``--json``'s runs."""
+    from kvarena.sim import stats
 
-    def f(v):
-        return "n/a" if v is None else f"{v:.2f}x"
-
-    def get(r, k, fmt):
-        return format(r[k], fmt) if k in r else "-"
+    def get(cols, key, fmt):
+        return format(cols[key][0], fmt) if key in cols else "-"
 
     lines = [
-        "| preset | trace | unified / static default | unified / static best | planner / static best | "
+        "| preset | trace | load | seeds | unified / static default | unified / static best | planner / static best | "
+        "unified / vLLM padded | "
         "best split | false OOM: unified, planner, default | retractions: unified, default | "
         "moved/alloc: unified, planner |",
-        "|---|---|---:|---:|---:|---|---|---|---|",
+        "|---|---|---|---:|---:|---:|---:|---:|---|---|---|---|",
     ]
-    for run in dump:
-        st, ra = run["setups"], run["ratios"]
-        u, p, d, b = (st.get(k, {}) for k in ("unified", "planner", "static-default", "static-best"))
-        c = b.get("split", {})
-        split = (
-            ", ".join(
-                ([f"swa {c['swa_ratio']:.3g}"] if c.get("swa_ratio") else [])
-                + ([f"state {c['state_share']:.0%}"] if c.get("state_share") else [])
-            )
-            or "-"
-        )
+    for (preset, trace_name, load), runs in _groups(dump).items():
+        agg = aggregate(runs)
+        st, ra = agg["setups"], agg["ratios"]
+        u, p, d = (st.get(k, {}) for k in ("unified", "planner", "static-default"))
+        split = "; ".join(sorted({_split_label(c) for c in agg["best_splits"]})) or "-"
+        cells = [stats.fmt_ratio(*ra.get(k, (None, None))) for k in RATIOS]
         lines.append(
-            f"| {run['preset']} | {run['trace']} | {f(ra.get('unified / static-default'))} | "
-            f"{f(ra.get('unified / static-best'))} | {f(ra.get('planner / static-best'))} | {split} | "
-            f"{get(u, 'false_oom', ',')}, {get(p, 'false_oom', ',')}, {get(d, 'false_oom', ',')} | "
-            f"{get(u, 'retractions', ',')}, {get(d, 'retractions', ',')} | "
+            f"| {preset} | {trace_name} | {load} | {len(runs)} | " + " | ".join(cells) + f" | {split} | "
+            f"{get(u, 'false_oom', ',.0f')}, {get(p, 'false_oom', ',.0f')}, {get(d, 'false_oom', ',.0f')} | "
+            f"{get(u, 'retractions', ',.0f')}, {get(d, 'retractions', ',.0f')} | "
             f"{get(u, 'moved_per_allocated', '.3f')}, {get(p, 'moved_per_allocated', '.3f')} |"
         )
     return "\n".join(lines)
@@ -269,9 +408,38 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--trace", default="balanced", help="trace kind(s), comma-separated, or 'all' (balanced, long, short, shift)"
     )
-    p.add_argument("--trace-file", metavar="JSONL", help="read the trace from a JSONL file instead")
+    p.add_argument("--trace-file", metavar="JSONL", help="read the trace from a JSONL file instead (one seed)")
     p.add_argument("--requests", type=int, default=10_000, help="requests per generated trace")
-    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--seed", type=int, default=0, help="the first seed")
+    p.add_argument(
+        "--seeds", type=int, default=5, help="seeds per preset and trace (seed, seed+1, ...): each figure is their mean"
+    )
+    p.add_argument(
+        "--jobs", type=int, default=0, help="runs in parallel, one process each (0: one per core; 1: in this process)"
+    )
+    p.add_argument(
+        "--arrivals",
+        default="poisson",
+        choices=("poisson", "bursty"),
+        help="the arrival process of a --rates sweep (saturating runs queue every request at time 0)",
+    )
+    p.add_argument(
+        "--rates",
+        default="",
+        help="requests a second, comma-separated: after the saturating run, one run per rate "
+        "(static-best keeps the split the saturating search found)",
+    )
+    p.add_argument("--accelerator", default="h200", help="the time model's accelerator profile (h200, h100)")
+    p.add_argument("--slo-ttft", type=float, default=2.0, help="goodput's time-to-first-token SLO, seconds")
+    p.add_argument(
+        "--slo-itl", type=float, default=0.05, help="goodput's SLO on a request's mean inter-token latency, s"
+    )
+    p.add_argument(
+        "--alloc-time",
+        action="store_true",
+        help="add the allocator's CPU time, measured in this process, to the clock (then times vary run to run; "
+        "on a CPU it includes the moves the copy term already prices, and the static setups are plain free lists)",
+    )
     p.add_argument("--budget-gib", type=float, default=40.0, help="KV memory budget (GiB)")
     p.add_argument("--page-tokens", type=int, default=16, help="tokens a page (one simulated unit)")
     p.add_argument("--chunk-tokens", type=int, default=8192, help="chunked-prefill chunk")
@@ -283,7 +451,18 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     )
     p.add_argument("--setups", default=",".join(SETUPS), help="setups to run, comma-separated")
     p.add_argument("--json", metavar="PATH", help="write every number as JSON")
-    p.add_argument("--plot", metavar="PATH", help="write a PNG of the band boundaries over time")
+    p.add_argument(
+        "--plot",
+        metavar="PATH",
+        help="write a PNG: the band boundaries over time (the first seed's saturating run), and with "
+        "--rates the throughput-latency and goodput curves (PATH with -curves)",
+    )
+    p.add_argument(
+        "--merge",
+        nargs="+",
+        metavar="JSON",
+        help="simulate nothing: report the runs of these --json files together (one job per seed on a cluster)",
+    )
 
 
 def _names(arg, known, what):
@@ -294,52 +473,218 @@ def _names(arg, known, what):
     return names
 
 
-def run(args: argparse.Namespace) -> int:
-    """``kvarena simulate``; a bad argument raises ``ValueError`` (the CLI prints it, exit code 2)."""
+def _rates(arg):
+    out = []
+    for x in (x.strip() for x in arg.split(",") if x.strip()):
+        try:
+            r = float(x)
+        except ValueError:
+            r = float("nan")
+        if not (r > 0 and r != float("inf")):
+            raise ValueError(f"simulate: --rates takes numbers > 0 (requests a second), got {x!r}")
+        out.append(r)
+    return out
+
+
+SETTINGS = (
+    "budget_gib",
+    "page_tokens",
+    "chunk_tokens",
+    "reserve_ratio",
+    "requests",
+    "accelerator",
+    "slo_ttft",
+    "slo_itl",
+    "alloc_time",
+)
+
+
+def run_unit(pname, tname, seed, settings, setups, trace_file=None, plot=False, load=None, best_split=None):
+    """One (preset, trace, seed, load): every setup, as a ``--json`` run
+    entry (and the results and splits the plot needs when ``plot``).
+    ``load`` is ``(arrivals, rate)``, None for saturating.  Runs in a worker
+    process; everything it returns pickles."""
     import torch
 
     from kvarena.sim import engine, presets, traces
 
     torch.set_num_threads(1)  # small tensors: threads cost more than they give on a loaded CPU
+    arrivals, rate = load or ("saturating", None)
+    if trace_file:
+        trace = traces.read_jsonl(trace_file)
+    else:
+        trace = traces.generate(tname, settings["requests"], seed, arrivals, rate)
+    sizes = presets.Sizes.of(presets.preset(pname), settings["budget_gib"], settings["page_tokens"])
+    cfg = engine.Config(
+        chunk_tokens=settings["chunk_tokens"],
+        reserve_ratio=settings["reserve_ratio"],
+        record=plot,
+        accelerator=settings["accelerator"],
+        alloc_time=settings["alloc_time"],
+        slo_ttft=settings["slo_ttft"],
+        slo_itl=settings["slo_itl"],
+    )
+    results, splits, seconds = run_one(sizes, trace, cfg, setups, best_split=best_split)
+    entry = {
+        "preset": pname,
+        "trace": tname,
+        "seed": seed,
+        "arrivals": arrivals,
+        "rate": rate,
+        "requests": len(trace),
+        "setups": {k: (r if isinstance(r, dict) else r.numbers()) for k, r in results.items()},
+        "ratios": ratios(results),
+        "seconds": seconds,
+    }
+    return entry, ((sizes, results, splits) if plot else None)
+
+
+def _run_units(units, jobs, progress):
+    """``run_unit`` over ``units`` (argument tuples), ``jobs`` at a time in
+    worker processes (spawned: no torch state crosses a fork); results in
+    ``units``' order."""
+    if jobs <= 1 or len(units) == 1:
+        out = []
+        for u in units:
+            out.append(run_unit(*u))
+            progress(out[-1][0])
+        return out
+    import concurrent.futures as cf
+    import multiprocessing
+
+    with cf.ProcessPoolExecutor(min(jobs, len(units)), mp_context=multiprocessing.get_context("spawn")) as pool:
+        futures = [pool.submit(run_unit, *u) for u in units]
+        for f in cf.as_completed(futures):
+            progress(f.result()[0])
+        return [f.result() for f in futures]
+
+
+def _print_reports(dump):
+    for (pname, tname, _), runs in _groups(dump).items():
+        seconds = {}
+        for r in runs:
+            for k, v in r["seconds"].items():
+                seconds[k] = seconds.get(k, 0.0) + v
+        print(report(pname, tname, runs[0]["requests"], runs, seconds), flush=True)
+        print()
+    if len(_groups(dump)) > 1:
+        print("### summary\n\n" + summary(dump) + "\n")
+
+
+def _best_split(entry):
+    """The split a saturating run's search chose, as ``run_one``'s ``best_split``."""
+    b = entry["setups"].get("static-best")
+    if not b or "unavailable" in b:
+        return None
+    share = b["split"]["state_share"] or 0.5  # 0.5: no state pool, the share is not used
+    return (b["split"]["swa_ratio"] or 0.8, share)
+
+
+def run(args: argparse.Namespace) -> int:
+    """``kvarena simulate``; a bad argument raises ``ValueError`` (the CLI prints it, exit code 2)."""
+    import os
+
+    if args.merge:
+        dump = []
+        for path in args.merge:
+            try:
+                with open(path) as f:
+                    dump += json.load(f)["runs"]
+            except (OSError, ValueError, KeyError, TypeError) as e:
+                raise ValueError(f"simulate --merge: {path}: not a --json file of kvarena simulate ({e})") from None
+        _print_reports(dump)
+        return _status(dump)
+    from kvarena.sim import engine, presets, timing, traces
+
     preset_names = _names(args.preset, presets.PRESETS, "preset")
     setups = _names(args.setups, SETUPS, "setup")
+    if args.seeds < 1:
+        raise ValueError(f"simulate: --seeds must be >= 1, got {args.seeds}")
+    if args.jobs < 0:
+        raise ValueError(f"simulate: --jobs must be >= 0, got {args.jobs}")
+    if args.requests < 1:
+        raise ValueError(f"simulate: --requests must be >= 1, got {args.requests}")
+    timing.clock(preset_names[0], args.accelerator)  # an unknown accelerator fails here
+    engine.Config(slo_ttft=args.slo_ttft, slo_itl=args.slo_itl).check()
+    rates = _rates(args.rates)
     if args.trace_file:
-        trace_sets = [(args.trace_file, traces.read_jsonl(args.trace_file))]
+        if rates:
+            raise ValueError("simulate: --rates generates arrivals; a --trace-file brings its own")
+        traces.read_jsonl(args.trace_file)  # a bad file fails here, before any worker starts
+        trace_names, seeds = [args.trace_file], [args.seed]  # one fixed trace: one seed
     else:
-        trace_sets = [
-            (k, traces.generate(k, args.requests, args.seed)) for k in _names(args.trace, traces.KINDS, "trace")
-        ]
-    cfg = engine.Config(chunk_tokens=args.chunk_tokens, reserve_ratio=args.reserve_ratio, record=bool(args.plot))
-    many = len(preset_names) * len(trace_sets) > 1
-    dump = []
-    for pname in preset_names:
-        sizes = presets.Sizes.of(presets.preset(pname), args.budget_gib, args.page_tokens)
-        for tname, trace in trace_sets:
-            results, splits, seconds = run_one(sizes, trace, cfg, setups)
-            print(report(pname, tname, len(trace), results, seconds), flush=True)
-            print()
-            dump.append(
-                {
-                    "preset": pname,
-                    "trace": tname,
-                    "requests": len(trace),
-                    "setups": {k: (r if isinstance(r, dict) else r.numbers()) for k, r in results.items()},
-                    "ratios": ratios(results),
-                    "seconds": seconds,
-                }
-            )
-            if args.plot:
-                from kvarena.sim import plot
+        trace_names = _names(args.trace, traces.KINDS, "trace")
+        seeds = list(range(args.seed, args.seed + args.seeds))
+    settings = {k: getattr(args, k) for k in SETTINGS}
+    jobs = args.jobs or os.cpu_count() or 1
+    done = []
+    total = len(preset_names) * len(trace_names) * len(seeds) * (1 + len(rates))
 
-                path = _plot_path(args.plot, pname, tname, many)
-                plot.bands(path, sizes, results, splits, f"{pname} / {tname}")
+    def progress(entry):
+        done.append(entry)
+        print(
+            f"[{len(done)}/{total}] {entry['preset']} / {entry['trace']} / {_load(entry)} / seed {entry['seed']}",
+            flush=True,
+        )
+
+    units = [
+        (p, t, s, settings, tuple(setups), args.trace_file, bool(args.plot) and s == seeds[0])
+        for p in preset_names
+        for t in trace_names
+        for s in seeds
+    ]
+    outs = _run_units(units, jobs, progress)
+    dump = [e for e, _ in outs]
+    if rates:  # the sweep: static-best keeps each seed's saturating split
+        sweep = [
+            (
+                e["preset"],
+                e["trace"],
+                e["seed"],
+                settings,
+                tuple(setups),
+                None,
+                False,
+                (args.arrivals, r),
+                _best_split(e),
+            )
+            for e in dump
+            for r in rates
+        ]
+        dump += [e for e, _ in _run_units(sweep, jobs, progress)]
+    _print_reports(dump)
+    if args.plot:
+        from kvarena.sim import plot
+
+        many = len(preset_names) * len(trace_names) > 1
+        for entry, extra in outs:
+            if extra is not None:
+                sizes, results, splits = extra
+                path = _plot_path(args.plot, entry["preset"], entry["trace"], many)
+                plot.bands(path, sizes, results, splits, f"{entry['preset']} / {entry['trace']}")
                 print(f"plot: {path}")
-    if many:
-        print("### summary\n\n" + summary(dump) + "\n")
+        if rates:
+            for pname in preset_names:
+                for tname in trace_names:
+                    path = _plot_path(_curves_path(args.plot), pname, tname, many)
+                    runs = [e for e in dump if e["preset"] == pname and e["trace"] == tname and e["rate"]]
+                    plot.curves(path, runs, f"{pname} / {tname} ({args.arrivals})", args.slo_ttft, args.slo_itl)
+                    print(f"plot: {path}")
     if args.json:
-        settings = {k: getattr(args, k) for k in ("budget_gib", "page_tokens", "chunk_tokens", "reserve_ratio", "seed")}
         with open(args.json, "w") as f:
-            json.dump({**settings, "runs": dump}, f, indent=1)
+            json.dump(
+                {**settings, "seeds": seeds, "rates": rates, "arrivals": args.arrivals, "runs": dump}, f, indent=1
+            )
         print(f"json: {args.json}")
+    return _status(dump)
+
+
+def _curves_path(base):
+    stem, dot, ext = base.rpartition(".")
+    return f"{stem}-curves.{ext}" if dot else f"{base}-curves"
+
+
+def _status(dump):
+    """1 if any run lost or dropped a request, else 0."""
     problems = [d for d in dump for r in d["setups"].values() if r.get("stuck") or r.get("lost")]
     return 1 if problems else 0

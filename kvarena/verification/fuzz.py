@@ -254,12 +254,18 @@ def targets():
     return [(label, p) for label, mod in MACHINES.items() for p in policies_for(mod)]
 
 
-def run_round(label, policy=None, device="cpu", examples=20, steps=None, database=None, shrink=True, derandomize=False):
-    """One run of a machine; a dict with examples, steps, cases and any failure."""
+def run_round(
+    label, policy=None, device="cpu", examples=20, steps=None, database=None, shrink=True, derandomize=False, seed=None
+):
+    """One run of a machine; a dict with examples, steps, cases and any
+    failure.  ``seed``: Hypothesis draws from it (as ``@seed`` would) instead
+    of from the OS."""
     mod = MACHINES[label]
     sink = {"examples": 0, "checks": 0, "trace": None}
     machine = mod.machine_for(device, policy) if policy is not None else mod.machine_for(device)
     cls = traced(machine, sink)
+    if seed is not None:
+        cls._hypothesis_internal_use_seed = seed
     opts = {
         **mod.PROFILES["ci"],
         **differential.COMMON,
@@ -373,8 +379,10 @@ def pytest_repro(path, digest, device="cpu"):
 
 def _worker(args):
     """One process of a campaign: rounds until the deadline or a failure.
-    Hypothesis seeds each process from the OS, so workers explore apart."""
-    index, deadline, db, device, examples, out_dir, shrink, min_rounds = args
+    Hypothesis seeds each process from the OS, so workers explore apart; with
+    a campaign ``seed``, worker ``i``'s round ``r`` draws from ``seed +
+    1000 * i + r`` (apart, and the same every run)."""
+    index, deadline, db, device, examples, out_dir, shrink, min_rounds, seed = args
     todo = targets()
     database = open_database(db)
     summary = {
@@ -390,7 +398,8 @@ def _worker(args):
     while time.time() < deadline or summary["rounds"] < min_rounds:
         label, policy = todo[k % len(todo)]
         k += 1
-        r = run_round(label, policy, device, examples=examples, database=database, shrink=shrink)
+        draw = None if seed is None else seed + 1000 * index + summary["rounds"]
+        r = run_round(label, policy, device, examples=examples, database=database, shrink=shrink, seed=draw)
         summary["rounds"] += 1
         summary["examples"] += r["examples"]
         summary["steps"] += r["steps"]
@@ -415,18 +424,21 @@ def campaign(
     out_dir: str = "fuzz-failures",
     shrink: bool = True,
     min_rounds: int | None = None,
+    seed: int | None = None,
 ) -> dict[str, Any]:
     """Fuzz for ``seconds`` in ``workers`` processes; the merged summary.
 
     Every worker stops at the deadline (a round in progress finishes first)
     or at its first failure, and not before it has run ``min_rounds``
-    rounds (default: one of every machine and policy).
+    rounds (default: one of every machine and policy).  ``seed`` makes the
+    workers' draws the same every run (``_worker``): a test then depends on
+    what the search draws, not on how fast the machine draws it.
     """
     deadline = time.time() + seconds
     if min_rounds is None:
         min_rounds = len(targets())
     jobs = [
-        (i, deadline, None if db is None else str(db), device, examples, str(out_dir), shrink, min_rounds)
+        (i, deadline, None if db is None else str(db), device, examples, str(out_dir), shrink, min_rounds, seed)
         for i in range(workers)
     ]
     t = time.perf_counter()

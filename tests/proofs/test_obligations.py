@@ -259,14 +259,36 @@ def _run(name):
     return run_obligation(REG[name])
 
 
-def test_mutation_ceil_to_floor_in_float_region(monkeypatch, results):
+def _fresh(names, patch):
+    """Obligations run in one fresh process after ``patch()`` (a function of
+    this module, so a spawned process can import it) mutated the spec there:
+    the verdict then does not depend on which tests this process ran before
+    (a worker of a parallel run searched ``layout.float_region.n3`` under
+    the mutation past its budget, where a fresh process refutes it in
+    seconds)."""
+    import multiprocessing
+
+    with multiprocessing.get_context("spawn").Pool(1) as pool:
+        return pool.apply(_patched_runs, (names, patch))
+
+
+def _patched_runs(names, patch):
+    patch()
+    return [run_obligation(REG[n]) for n in names]
+
+
+def _ceil_is_floor():
+    arith.cdiv = arith.fdiv
+
+
+def test_mutation_ceil_to_floor_in_float_region(results):
     """The float region's low edge rounded down (anchor bug 1) breaks the proofs."""
     assert results["layout.float_region.n3"]["result"] == "proved"
-    monkeypatch.setattr(arith, "cdiv", arith.fdiv)
-    assert _run("layout.float_region.n3")["result"] == "counterexample"
     # 3 pools: with conservation's clamped byte equation among the hypotheses the
     # 4-pool counterexample takes z3 10+ s under load (the 3-pool one about 2 s)
-    assert _run("inv.alloc_float_parked.order.n3")["result"] == "counterexample"
+    names = ["layout.float_region.n3", "inv.alloc_float_parked.order.n3"]
+    assert [r["result"] for r in _fresh(names, _ceil_is_floor)] == ["counterexample"] * 2
+    assert arith.cdiv is not arith.fdiv  # the mutation stayed in that process
 
 
 def test_mutation_end_available_ceil(monkeypatch, results):

@@ -54,6 +54,11 @@ def check_report(res, trace, s):
     assert (res.recomputed_tokens > 0) == (res.retractions > 0)
     assert res.bytes_allocated > 0
     assert math.isclose(res.moved_per_allocated, res.bytes_moved / res.bytes_allocated)
+    # every memory-bound step is one admission refusal under a named cause
+    assert set(res.blocked) <= set(engine.BLOCK_CAUSES)
+    assert sum(res.blocked.values()) == res.memory_bound_steps <= res.refusals
+    for cause in ("gate after relief", "state slot", "extend"):  # the gate is exact
+        assert res.blocked.get(cause, 0) == 0, (cause, res.blocked)
 
 
 @pytest.mark.parametrize("name", ["gpt-oss-120b", "qwen3-next-80b-a3b", "tri-synthetic"])
@@ -159,14 +164,39 @@ def test_unified_admits_more_than_the_default_split_on_a_skewed_trace():
     assert un.peak_concurrency > st.peak_concurrency
 
 
-def test_state_slot_priced_with_state_slot_token_cost():
+def test_admission_gate_is_the_composites_exact_fit():
+    """A state slot costs what extending the state END takes from the joint
+    view, to the page; a free slot (a lazy hole) costs nothing."""
     s = sizes("qwen3-next-80b-a3b")
     b = unified(s)
-    price = b.c.state_slot_token_cost()
-    assert b.state_price() == price == -(-s.slot // s.unit_full)
     room = b.available()
-    assert b.admits(room - price, 1, 0) and not b.admits(room - price + 1, 1, 0)
-    assert b.admits(room, 0, 0) and not b.admits(room, 0, 1)
+    assert b.admits(room, 0, 0) and not b.admits(room + 1, 0, 0)
+    assert b.admits(room - 1, 0, 1) and not b.admits(room, 0, 1)
+    with_slot = max(u for u in range(room + 1) if b.c.fits(u, 1))
+    assert b.admits(with_slot, 1, 0) and not b.admits(with_slot + 1, 1, 0)
+    assert room - with_slot <= b.c.state_slot_token_cost()  # never more than the conversion
+    slot = b.alloc_state()
+    b.release([], [slot])  # a lazy hole now: reusing it takes nothing from the view
+    assert b.arena.counts("state").holes == 1
+    assert b.admits(b.available(), 1, 0)
+
+
+def test_a_gate_that_overprices_state_slots_is_counted_not_hidden(monkeypatch):
+    """The old price gate charged a whole slot even when the state END had a
+    free one, so after a successful relief it still said no: the step was
+    memory-bound with no refusal.  Planted back, the cause is counted."""
+    s = sizes("tri-synthetic")
+    trace = traces.generate("balanced", 300, seed=1)
+
+    def overpriced(self, units, slots, reserve):
+        return units + reserve + slots * self.c.state_slot_token_cost() <= self.available()
+
+    good = run(unified(s, "planner"), s, trace)
+    check_report(good, trace, s)
+    monkeypatch.setattr(backends.Unified, "admits", overpriced)
+    bad = run(unified(s, "planner"), s, trace)
+    assert bad.blocked.get("gate after relief", 0) > 0
+    assert sum(bad.blocked.values()) == bad.memory_bound_steps
 
 
 def test_window_rule_is_the_anchors():
@@ -198,6 +228,32 @@ def test_best_static_is_at_least_every_grid_point_it_tried():
     assert best.capacity["state"] == split.slots
 
 
+def test_neighbours_reach_toward_an_open_bound():
+    rng = simulate.STATE_RANGE  # (0, 1), both open
+    assert simulate._neighbours([0.1, 0.5, 0.9], 0.5, rng) == pytest.approx([0.3, 0.7])
+    assert simulate._neighbours([0.1, 0.5, 0.9], 0.9, rng) == pytest.approx([0.7, 0.95])  # past the grid: toward 1
+    assert simulate._neighbours([0.1, 0.5, 0.9], 0.1, rng) == pytest.approx([0.05, 0.3])  # toward 0
+    swa = simulate.SWA_RANGE  # (0, 1]: 1 is a split, nothing past it
+    assert simulate._neighbours([0.5, 1.0], 1.0, swa) == pytest.approx([0.75])
+
+
+def test_best_static_searches_past_the_grid_and_says_when_it_stops_on_an_edge(monkeypatch):
+    """Nemotron-H on short requests wants nearly all of the buffer for state:
+    the search goes past the grid's 95% toward 100%, and with the
+    refinement cut off it reports the optimum on the edge it stopped at."""
+    s = sizes("nemotron-h-8b", 2.0)
+    trace = traces.generate("short", 300, seed=0)
+    cfg = engine.Config(record=False)
+    best, _, _ = simulate.best_static(s, trace, cfg)
+    assert best.split["state_share"] > max(simulate.STATE_GRID)
+    assert best.split["edge"] == []  # bracketed: a share further out was tried and was worse
+    monkeypatch.setattr(simulate, "REFINE_ROUNDS", 0)
+    cut, _, _ = simulate.best_static(s, trace, cfg)
+    assert cut.split["state_share"] == max(simulate.STATE_GRID)
+    assert cut.split["edge"] == ["state"]
+    assert "(edge: state)" in simulate._split_label(cut.split)
+
+
 def test_planner_setup_runs_or_says_it_is_missing():
     s = sizes("tri-synthetic")
     trace = traces.generate("balanced", 100, seed=8)
@@ -224,14 +280,32 @@ def test_traces_follow_their_documented_mixes():
         med = statistics.median(r.prompt_len for r in tr)
         assert 0.8 * mix.prompt_median <= med <= 1.25 * mix.prompt_median
         assert all(mix.prompt_range[0] <= r.prompt_len <= mix.prompt_range[1] for r in tr)
-        rate = n / tr[-1].arrival
-        assert 0.85 * mix.rate <= rate <= 1.15 * mix.rate
-        assert [r.arrival for r in tr] == sorted(r.arrival for r in tr)
+        assert all(r.arrival == 0.0 for r in tr)  # saturating: all queued at once
+        for arrivals in ("poisson", "bursty"):
+            at = traces.generate(kind, n, seed=0, arrivals=arrivals, rate=50.0)
+            assert [(r.prompt_len, r.output_len) for r in at] == [(r.prompt_len, r.output_len) for r in tr]
+            assert [r.arrival for r in at] == sorted(r.arrival for r in at)
+            assert 0.8 * 50 <= n / at[-1].arrival <= 1.25 * 50
     shift = traces.generate("shift", n, seed=0)
     first, second = shift[: n // 2], shift[n // 2 :]
     assert statistics.median(r.prompt_len for r in second) > 20 * statistics.median(r.prompt_len for r in first)
     with pytest.raises(ValueError, match="unknown trace"):
         traces.generate("nope", 5)
+    with pytest.raises(ValueError, match="rate must be"):
+        traces.generate("short", 5, arrivals="poisson")
+    with pytest.raises(ValueError, match="unknown arrivals"):
+        traces.generate("short", 5, arrivals="nope", rate=1.0)
+
+
+def test_bursty_gaps_are_burstier_than_poisson():
+    """Same mean gap; the squared coefficient of variation near 1 (Poisson)
+    and near ``BURST_CV2`` (bursty)."""
+    for arrivals, cv2 in (("poisson", 1.0), ("bursty", traces.BURST_CV2)):
+        t = traces.arrival_times(20_000, arrivals, 10.0, seed=1)
+        gaps = [b - a for a, b in zip([0.0, *t], t)]
+        m = statistics.fmean(gaps)
+        assert 0.09 <= m <= 0.11
+        assert 0.85 * cv2 <= statistics.pvariance(gaps) / m**2 <= 1.15 * cv2
 
 
 def test_jsonl_round_trip_and_bad_lines(tmp_path):
@@ -286,6 +360,10 @@ def test_simulate_command_json_and_plot(tmp_path, capsys):
             str(SMALL),
             "--setups",
             "unified,static-default",
+            "--seeds",
+            "2",
+            "--jobs",
+            "2",
             "--json",
             str(out),
             "--plot",
@@ -295,13 +373,42 @@ def test_simulate_command_json_and_plot(tmp_path, capsys):
     assert rc == 0
     text = capsys.readouterr().out
     assert "| unified | one buffer |" in text and "unified / static-default" in text
+    assert "tri-synthetic / shift / saturating (120 requests, 2 seeds: [0, 1])" in text
     data = json.loads(out.read_text())
-    run_ = data["runs"][0]
-    assert run_["preset"] == "tri-synthetic" and run_["requests"] == 120
-    u, d = run_["setups"]["unified"], run_["setups"]["static-default"]
-    assert math.isclose(run_["ratios"]["unified / static-default"], u["mean_concurrency"] / d["mean_concurrency"])
-    assert "series" not in u
+    assert data["seeds"] == [0, 1] and [r["seed"] for r in data["runs"]] == [0, 1]
+    per_seed = []
+    for run_ in data["runs"]:
+        assert run_["preset"] == "tri-synthetic" and run_["requests"] == 120
+        u, d = run_["setups"]["unified"], run_["setups"]["static-default"]
+        assert math.isclose(run_["ratios"]["unified / static-default"], u["mean_concurrency"] / d["mean_concurrency"])
+        assert "series" not in u
+        per_seed.append(run_["ratios"]["unified / static-default"])
+    assert per_seed[0] != per_seed[1]  # two traces, not one run twice
+    mean, half = simulate.aggregate(data["runs"])["ratios"]["unified / static-default"]
+    assert math.isclose(mean, statistics.fmean(per_seed)) and half > 0
+    assert f"unified / static-default: {mean:.2f}x ±{half:.2f}" in text
     assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and png.stat().st_size < 150_000
+    # in one process, the same numbers: the runs do not depend on where they ran
+    out1 = tmp_path / "r1.json"
+    args = ["simulate", "--preset", "tri-synthetic", "--trace", "shift", "--requests", "120"]
+    args += ["--budget-gib", str(SMALL), "--setups", "unified,static-default"]
+    args += ["--seeds", "2", "--jobs", "1"]
+    assert cli.main([*args, "--json", str(out1)]) == 0
+    strip = [{k: v for k, v in r.items() if k != "seconds"} for r in json.loads(out1.read_text())["runs"]]
+    assert strip == [{k: v for k, v in r.items() if k != "seconds"} for r in data["runs"]]
+    # a cluster's jobs, one seed each, merged: the same report
+    capsys.readouterr()
+    parts = []
+    for seed in (0, 1):
+        parts.append(tmp_path / f"part{seed}.json")
+        argv = [*args[:-4], "--seed", str(seed), "--seeds", "1", "--jobs", "1", "--json", str(parts[-1])]
+        assert cli.main(argv) == 0
+    capsys.readouterr()
+    assert cli.main(["simulate", "--merge", *map(str, parts)]) == 0
+    assert f"unified / static-default: {mean:.2f}x ±{half:.2f}" in capsys.readouterr().out
+    (tmp_path / "bad.json").write_text("{}")
+    assert cli.main(["simulate", "--merge", str(tmp_path / "bad.json")]) == 2
+    assert "not a --json file" in capsys.readouterr().err
 
 
 def test_simulate_command_reads_a_trace_file(tmp_path, capsys):
@@ -318,10 +425,12 @@ def test_simulate_command_reads_a_trace_file(tmp_path, capsys):
             "2",
             "--setups",
             "static-default",
+            "--seeds",
+            "3",  # a fixed trace is one run, whatever --seeds says
         ]
     )
     assert rc == 0
-    assert "(50 requests)" in capsys.readouterr().out
+    assert "/ saturating (50 requests, 1 seed: [0])" in capsys.readouterr().out
     assert cli.main(["simulate", "--setups", "nope"]) == 2
     assert "unknown setup 'nope'" in capsys.readouterr().err
 
@@ -340,9 +449,48 @@ def test_simulate_command_summarises_many_runs(capsys):
             "1",
             "--setups",
             "unified,static-default",
+            "--seeds",
+            "1",
+            "--jobs",
+            "1",
         ]
     )
     assert rc == 0
     text = capsys.readouterr().out
     summary = text[text.index("### summary") :]
     assert "| gpt-oss-120b | short |" in summary and "| nemotron-h-8b | short |" in summary
+
+
+def test_simulate_command_sweeps_rates(tmp_path, capsys):
+    """A sweep: the saturating run, then one run per rate with the split its
+    search found; a row per load, and the curves' PNG."""
+    out, png = tmp_path / "r.json", tmp_path / "p.png"
+    argv = ["simulate", "--preset", "gpt-oss-120b", "--trace", "short", "--requests", "150", "--budget-gib", "1"]
+    argv += ["--setups", "unified,static-best", "--seeds", "1", "--jobs", "1", "--rates", "2,400"]
+    argv += ["--arrivals", "bursty", "--json", str(out), "--plot", str(png)]
+    assert cli.main(argv) == 0
+    text = capsys.readouterr().out
+    for load in ("saturating", "bursty 2/s", "bursty 400/s"):
+        assert f"| gpt-oss-120b | short | {load} | 1 |" in text
+    runs = json.loads(out.read_text())["runs"]
+    assert [(r["arrivals"], r["rate"]) for r in runs] == [("saturating", None), ("bursty", 2.0), ("bursty", 400.0)]
+    split = runs[0]["setups"]["static-best"]["split"]["swa_ratio"]
+    assert all(r["setups"]["static-best"]["split"]["swa_ratio"] == split for r in runs[1:])
+    slow, fast = runs[1]["setups"]["unified"], runs[2]["setups"]["unified"]
+    assert slow["memory_bound_steps"] < fast["memory_bound_steps"]  # under load, memory rarely binds
+    assert slow["ttft_p99"] < fast["ttft_p99"]  # queueing
+    assert (tmp_path / "p-curves.png").read_bytes()[:4] == b"\x89PNG"
+    assert cli.main([*argv[:1], "--rates", "0"]) == 2
+    assert "--rates takes numbers > 0" in capsys.readouterr().err
+
+
+def test_a_backend_that_says_yes_and_refuses_fails_instead_of_spinning(monkeypatch):
+    """Relief that retracts nothing and a decode still refused: the run
+    stops with the setup named (it once spun forever on such a backend)."""
+    s = sizes("gpt-oss-120b", 1.0)
+    b = static(s)
+    monkeypatch.setattr(b, "relieve", lambda units, slots, evict=None: True)
+    real = b.decode
+    monkeypatch.setattr(b, "decode", lambda seqs, lasts: None if len(seqs) > 3 else real(seqs, lasts))
+    with pytest.raises(RuntimeError, match="spin-test: relief retracted nothing"):
+        run(b, s, traces.generate("short", 40, seed=1), engine.Config(record=False, alloc_time=False), "spin-test")
