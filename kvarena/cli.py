@@ -5,7 +5,7 @@
 - ``kvarena vectors``: conformance vectors: generate from the spec, replay on a target
 - ``kvarena fuzz``: the differential machines as a campaign over processes
 - ``kvarena planted``: apply each named planted bug and report which suite catches it
-- ``kvarena simulate``: serving simulator: unified arena against static splits and vLLM's padded pool
+- ``kvarena simulate``: serving simulator: unified arena against static splits
 - ``kvarena bench``: side-by-side benchmarks (ratios, one run)
 - ``kvarena policies``: anchor policy vs chain planner on the same random traces
 - ``kvarena conform``: differential campaign against the anchor's allocator (sglang 0.5.23)
