@@ -1197,6 +1197,9 @@ class Arena:
         for name in self.chain:
             b = self.bands[name]
             g, n = b.geom, b.geom.num_pages
+            tables = {"v2p": b.v2p[: b.id_end], "p2v": b.p2v[:n], "free_ids": b.queued_ids(), "holes": b.holes}
+            # SYNC: snapshot copies the tables to the host, in this one statement: a tool and test path
+            host = {k: t.tolist() for k, t in tables.items()}
             pools[name] = {
                 "pool": {
                     "entry_bytes": b.pool.entry_bytes,
@@ -1210,11 +1213,7 @@ class Arena:
                 "span": [b.lo, b.hi],
                 "frontiers": list(b.frontiers),
                 "live": b.live,
-                # SYNC: snapshot copies the tables to the host: a tool and test path
-                "v2p": b.v2p[: b.id_end].tolist(),
-                "p2v": b.p2v[:n].tolist(),
-                "free_ids": b.queued_ids().tolist(),
-                "holes": b.holes.tolist(),
+                **host,
             }
         return {
             "total_bytes": self.total_bytes,

@@ -29,6 +29,9 @@ import torch
 from kvarena.impl import MAX_EVICT_ROUNDS
 
 KINDS = ("state", "swa", "full")
+# SGLang's MAMBA_CACHE_SIZE_MAX_RUNNING_REQUESTS_RATIO (mem_cache/kv_cache_configurator.py):
+# with the radix cache on, max running requests = mamba slots // 3 (ratio 1 with it off).
+MAMBA_RUNNING_RATIO = 3
 
 
 def _slack(epp):
@@ -102,7 +105,7 @@ class Unified:
         self.allocated_bytes += self.epp["state"]
         return int(ids[0])
 
-    def extend(self, prefix, n, last):
+    def extend(self, prefix, n, last, own=None):
         ids = self.c.alloc_extend([prefix], [prefix + n], [last])
         if ids is None:
             return None
@@ -183,7 +186,7 @@ class StaticSplit:
 
     static = True
 
-    def __init__(self, sizes, split):
+    def __init__(self, sizes, split, prefix_cache=False):
         self.sizes, self.split = sizes, split
         kinds = sizes.preset.kinds
         self.has_swa, self.has_state = "swa" in kinds, "state" in kinds
@@ -193,6 +196,9 @@ class StaticSplit:
         if self.has_state:
             self.pools["state"] = FreeList("state", split.slots, sizes.slot)
         self.swa_of = [0] * (split.full_units + 1)
+        # SGLang with its radix cache caps running requests at a third of the
+        # mamba slots; the rest hold the cache's checkpoints.
+        self.max_running = split.slots // MAMBA_RUNNING_RATIO if prefix_cache and self.has_state else None
         self.epp = {n: p.epp for n, p in self.pools.items()}
         self.unit_bytes = self.epp["full"] + self.epp.get("swa", 0)
         self.slack_bytes = _slack(self.epp)
@@ -233,7 +239,7 @@ class StaticSplit:
         self.allocated_bytes += n * self.unit_bytes
         return ids
 
-    def extend(self, prefix, n, last):
+    def extend(self, prefix, n, last, own=None):
         return self._bind(n)
 
     def decode(self, seqs, lasts):

@@ -63,6 +63,8 @@ arrival at the queue head; one that the empty setup still refuses is
 finishes.
 """
 
+import bisect
+import dataclasses
 import math
 import time
 from collections import deque
@@ -75,6 +77,7 @@ BLOCK_CAUSES = (
     "gate after relief",  # the ladder said it fits, the gate still said no (expected never)
     "state slot",  # the gate said yes, alloc_state said no (expected never)
     "extend",  # the gate said yes, alloc_extend said no (expected never)
+    "running cap",  # a static mamba setup with a prefix cache: running requests at a third of its slots
 )
 
 
@@ -88,6 +91,7 @@ class Config:
     alloc_time: bool = False  # add the allocator's measured CPU time to each step (kvarena simulate --alloc-time)
     slo_ttft: float = 2.0  # seconds
     slo_itl: float = 0.05  # seconds, a request's mean inter-token latency
+    prefix_cache: bool = False  # a radix-style prefix cache on every setup (kvarena.sim.prefix)
 
     def check(self):
         if self.chunk_tokens < 1:
@@ -134,6 +138,10 @@ class Result:
     slo_met: int = 0
     alloc_seconds: float = 0.0  # the allocator's measured CPU time, all steps
     copy_seconds: float = 0.0  # relocation at copy bandwidth, all steps
+    prompt_tokens: int = 0  # prompt tokens of every admission (a retracted request's again)
+    cache_hit_tokens: int = 0  # of those, tokens read from the prefix cache, not computed
+    cache_hit_rate: float = 0.0
+    cache_evictions: int = 0  # cache nodes freed or tombstoned under pressure
     peak_live: dict = field(default_factory=dict)  # units (slots) per kind
     capacity: dict = field(default_factory=dict)  # a static split's walls, in units (slots)
     split: dict = field(default_factory=dict)  # a static split's ratios (set by kvarena simulate)
@@ -148,17 +156,21 @@ class _Req:
     __slots__ = (
         "admitted",
         "arrival",
+        "blocks",
         "ever_admitted",
         "first_token",
         "gaps",
         "generated",
         "ids",
         "last_token",
+        "no_match",
         "out_units",
         "output_len",
+        "path",
         "prefill_units",
         "prompt_len",
         "rid",
+        "shared",
         "slot",
         "swa_done",
     )
@@ -166,6 +178,9 @@ class _Req:
     def __init__(self, r, sizes):
         self.rid, self.prompt_len, self.output_len = r.rid, r.prompt_len, r.output_len
         self.arrival = r.arrival
+        self.blocks = r.blocks
+        self.path, self.shared = [], 0  # the prefix cache's locked match; its units (the first ids)
+        self.no_match = False  # refused alone with its match held: it tries again without one
         self.prefill_units = sizes.units(r.prompt_len)
         self.out_units = sizes.units(r.output_len)
         self.generated = 0
@@ -177,6 +192,11 @@ class _Req:
     @property
     def decoding(self):
         return len(self.ids) >= self.prefill_units
+
+    @property
+    def own(self):
+        """The ids this request holds itself (after its cached prefix)."""
+        return self.ids[self.shared :]
 
     @property
     def owed(self):
@@ -194,12 +214,17 @@ class _Sim:
         self.window = sizes.preset.window
         self.chunk = sizes.units(cfg.chunk_tokens)
         self.budget = self.chunk * self.pt  # units a step: one chunk per decode iteration
-        self.arrivals = deque(sorted(trace, key=lambda r: (r.arrival, r.rid)))
+        self.waiting = {}  # rid -> the requests that arrive once it finishes (later turns)
+        for r in trace:
+            if r.after >= 0:
+                self.waiting.setdefault(r.after, []).append(r)
+        self.arrivals = deque(sorted((r for r in trace if r.after < 0), key=lambda r: (r.arrival, r.rid)))
+        self.cache = _cache(trace, sizes, backend) if cfg.prefix_cache else None
         self.queue = deque()
         self.running = []  # admission order: the evictor takes the last
         self.prefilling = deque()
         self.owed = 0  # output units the decoding requests still owe: the reserve's base
-        self.res = Result(setup, requests=len(self.arrivals))
+        self.res = Result(setup, requests=len(trace))
         self.admitted_ids, self.finished_ids = set(), set()
         self.series = {"step": [], "concurrency": [], "utilisation": [], "bands": []}
         self.conc_sum = self.conc_bound_sum = self.util_sum = 0.0
@@ -211,6 +236,7 @@ class _Sim:
         self.step_kv = 0.0  # bytes of KV and state one iteration of this step reads
         self.step_decoded, self.step_first = [], []  # requests that decoded / finished prefill this step
         self.step_prefill = 0  # prefill tokens this step
+        self.step_released = []  # later turns released this step
         self.moved_before = 0
         self.done_reqs = []
 
@@ -257,6 +283,11 @@ class _Sim:
                 self.ttft.append(self.now - r.arrival)
         self.step_decoded, self.step_first = [], []
         self.step_kv, self.step_prefill = 0.0, 0
+        for f in self.step_released:  # later turns whose earlier one finished this step
+            t = max(f.arrival, self.now)
+            at = bisect.bisect_right(self.arrivals, (t, f.rid), key=lambda q: (q.arrival, q.rid))
+            self.arrivals.insert(at, dataclasses.replace(f, arrival=t))
+        self.step_released = []
 
     def _record(self, step):
         """End of a step: the requests admitted (they decode next step)."""
@@ -287,6 +318,8 @@ class _Sim:
             ids = self.b.decode([len(r.ids) + 1 for r in batch], [r.ids[-1] for r in batch])
             if ids is not None:
                 break
+            if self._evict_cache():  # the cache yields first, one node a try
+                continue
             if stalled:  # a backend whose relief says yes to a decode it then refuses: fail, do not spin
                 raise RuntimeError(f"simulate: {self.res.setup}: relief retracted nothing and the decode still fails")
             self._refused(len(batch), 0, None)
@@ -310,13 +343,61 @@ class _Sim:
         if done:
             keep = set(map(id, done))
             self.running = [r for r in self.running if id(r) not in keep]
-            self.b.release([i for r in done for i in r.ids], [r.slot for r in done if r.slot is not None])
+            if self.cache is None:
+                self.b.release([i for r in done for i in r.ids], [r.slot for r in done if r.slot is not None])
             for r in done:
+                if self.cache is not None:
+                    self._free(self.cache.insert(r.path, r.blocks, r.ids, r.swa_done, r.slot))
                 r.admitted = False
                 self.done_reqs.append(r)
                 self.res.finished += 1
                 self.finished_ids.add(r.rid)
                 self.tokens += r.prompt_len + r.output_len
+                self._follow(r.rid, True)
+
+    # --------------------------------------------------------- prefix cache
+
+    def _free(self, freed):
+        """Free what the cache handed back: ``(ids, window_ids, slots)``."""
+        ids, window, slots = freed
+        if window:
+            self.b.free_window(window)
+        if ids or slots:
+            self.b.release(ids, slots)
+
+    def _evict_cache(self):
+        """Free the cache's least recently used node; False when none can go."""
+        freed = self.cache.evict_one() if self.cache is not None else None
+        if freed is None:
+            return False
+        self._free(freed)
+        self.res.cache_evictions += 1
+        return True
+
+    def _match(self, r):
+        """Lock ``r``'s longest resumable cached prefix; it becomes ``r``'s first ids."""
+        if self.cache is None or not r.blocks or r.no_match:
+            return
+        r.path = self.cache.match(r.blocks, r.prefill_units - 1)
+        self.cache.lock(r.path)
+        r.ids = [i for n in r.path for i in n.ids]
+        r.shared = r.swa_done = len(r.ids)
+
+    def _unmatch(self, r):
+        """Drop ``r``'s hold on the cache (it releases its own ids itself)."""
+        if r.path:
+            self.cache.unlock(r.path)
+        r.path, r.shared = [], 0
+
+    def _follow(self, rid, finished):
+        """Request ``rid`` is done: its later turns arrive now (or, if it did
+        not finish, never: they count as rejected)."""
+        for f in self.waiting.pop(rid, ()):
+            if finished:
+                self.step_released.append(f)  # arrives at the end of this step (_tick)
+            else:
+                self.res.rejected += 1
+                self._follow(f.rid, False)
 
     def _evict(self, shortfall):
         """Retract the newest admitted request; units freed (0: none left)."""
@@ -325,8 +406,9 @@ class _Sim:
         r = self.running.pop()
         if r in self.prefilling:
             self.prefilling.remove(r)
-        self.b.release(r.ids, [r.slot] if r.slot is not None else [])
-        freed = len(r.ids)
+        self.b.release(r.own, [r.slot] if r.slot is not None else [])
+        freed = len(r.own)
+        self._unmatch(r)
         self.res.retractions += 1
         self.res.recomputed_tokens += freed * self.pt
         if r.decoding:
@@ -347,7 +429,7 @@ class _Sim:
         end = len(r.ids) - self.sizes.window_units
         if end <= r.swa_done:
             return []
-        out = r.ids[r.swa_done : end]
+        out = r.ids[r.swa_done : end]  # swa_done starts past a cached prefix: the cache owns that SWA
         r.swa_done = end
         return out
 
@@ -381,10 +463,19 @@ class _Sim:
             if first and not self.b.fits_empty(*self._footprint(r)):
                 self.queue.popleft()
                 self.res.rejected += 1
+                self._follow(r.rid, False)
                 continue
+            cap = getattr(self.b, "max_running", None)
+            if first and cap is not None and len(self.running) >= cap:
+                self.blocked = "running cap"
+                return
+            if first:
+                self._match(r)
             n = min(self.chunk, r.prefill_units - len(r.ids), budget)
             slots = 1 if first and self.b.has_state else 0
             reserve = math.ceil(self.cfg.reserve_ratio * self.owed)
+            while not self.b.admits(n, slots, reserve) and self._evict_cache():
+                pass  # the cache yields before any relief
             if not self.b.admits(n, slots, reserve):
                 # The ladder only when the free bytes could cover the demand:
                 # otherwise no placement fits it, and a flush would move data in vain.
@@ -408,7 +499,7 @@ class _Sim:
                     self._refused(n, slots, "state slot")
                     self._stuck_check(r, first)
                     return
-            ids = self.b.extend(len(r.ids), n, r.ids[-1] if r.ids else -1)
+            ids = self.b.extend(len(r.ids), n, r.ids[-1] if r.ids else -1, own=len(r.own))
             if ids is None:
                 self._refused(n, slots, "extend")
                 if slot is not None:
@@ -416,6 +507,8 @@ class _Sim:
                 self._stuck_check(r, first)
                 return
             if first:
+                self.res.cache_hit_tokens += r.shared * self.pt
+                self.res.prompt_tokens += r.prefill_units * self.pt
                 self.queue.popleft()
                 r.admitted = r.ever_admitted = True
                 r.slot = slot
@@ -435,15 +528,25 @@ class _Sim:
         """Nothing else runs and ``r`` is still refused: nothing will
         change, so drop it (counted as stuck; the run would never end)."""
         if any(o is not r for o in self.running):
+            if first:
+                self._unmatch(r)  # it matches again when next tried
+                r.ids = []
+            return
+        if first and r.path:  # alone, and its own match may be in the way: once more without one
+            self._unmatch(r)
+            r.ids, r.no_match = [], True
             return
         if first:
             self.queue.popleft()
         else:
             self.running.remove(r)
             self.prefilling.remove(r)
-            self.b.release(r.ids, [r.slot] if r.slot is not None else [])
+            self.b.release(r.own, [r.slot] if r.slot is not None else [])
             r.admitted = False
+        self._unmatch(r)
+        r.ids = []
         self.res.stuck += 1
+        self._follow(r.rid, False)
 
     # --------------------------------------------------------------- report
 
@@ -477,7 +580,22 @@ class _Sim:
             if r.first_token - r.arrival <= cfg.slo_ttft and r.gaps / max(1, r.generated * self.pt) <= cfg.slo_itl
         )
         res.goodput = res.slo_met / self.now if self.now > 0 else 0.0
+        res.cache_hit_rate = res.cache_hit_tokens / res.prompt_tokens if res.prompt_tokens else 0.0
         return res
+
+
+def _cache(trace, sizes, backend):
+    """The run's prefix cache, at the trace's block size."""
+    from kvarena.sim import prefix
+
+    sizes_seen = {r.block_tokens for r in trace if r.blocks}
+    if len(sizes_seen) > 1:
+        raise ValueError(f"simulate: one prefix block size a trace, got {sorted(sizes_seen)}")
+    bt = sizes_seen.pop() if sizes_seen else sizes.page_tokens
+    if bt % sizes.page_tokens:
+        raise ValueError(f"simulate: prefix blocks of {bt} tokens are not whole pages of {sizes.page_tokens}")
+    need = -(-sizes.preset.window // sizes.page_tokens)  # the units a resumed request attends over in SWA
+    return prefix.PrefixCache(bt // sizes.page_tokens, need, backend.has_swa, backend.has_state)
 
 
 def _quantile(xs, q):

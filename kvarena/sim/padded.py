@@ -157,8 +157,10 @@ class PaddedPool:
         self.allocated_bytes += sum(n for _, n in keys_units) * self.unit_bytes
         return out
 
-    def extend(self, prefix, n, last):
-        if last == -1:
+    def extend(self, prefix, n, last, own=None):
+        """``own``: units the request holds itself, 0 for its first chunk
+        (then ``last`` may be a cached prefix's, another key's)."""
+        if last == -1 or own == 0:
             self._next_key += 1
             key = self._next_key
         else:

@@ -27,6 +27,11 @@ The runs are independent and run in parallel, one process per core
 (``--jobs``); ``--merge`` reports the ``--json`` files of runs made
 elsewhere (one job per seed on a cluster) as one.
 
+``--prefix-cache on`` (or ``both``: each run off and on) gives every setup
+the same radix-style prefix cache (``kvarena.sim.prefix``); the static
+mamba splits then run at most a third of their slots' requests, as SGLang
+caps them (``backends.MAMBA_RUNNING_RATIO``).
+
 Saturating runs queue every request at time 0; ``--rates`` adds, per seed,
 one run per arrival rate (``--arrivals poisson`` or ``bursty``), with
 ``static-best`` keeping the split the saturating search found.  Times come
@@ -70,7 +75,7 @@ def _static(sizes, trace, cfg, swa_ratio, state_share, name):
     from kvarena.sim import backends, engine, presets
 
     split = presets.static_split(sizes, swa_ratio, state_share / (1 - state_share))
-    res = engine.run(backends.StaticSplit(sizes, split), sizes, trace, cfg, name)
+    res = engine.run(backends.StaticSplit(sizes, split, cfg.prefix_cache), sizes, trace, cfg, name)
     res.split = {
         "swa_ratio": split.swa_ratio,
         "state_share": round(state_share, 4) if "state" in sizes.preset.kinds else 0.0,
@@ -184,7 +189,7 @@ def run_one(sizes, trace, cfg, setups=SETUPS, progress=None, best_split=None):
             out[name] = engine.run(backend, sizes, trace, cfg, name)
         elif name == "static-default":
             split = presets.static_split(sizes)
-            out[name] = engine.run(backends.StaticSplit(sizes, split), sizes, trace, cfg, name)
+            out[name] = engine.run(backends.StaticSplit(sizes, split, cfg.prefix_cache), sizes, trace, cfg, name)
             out[name].split = {"swa_ratio": split.swa_ratio, "state_share": _share(split.mamba_ratio)}
             splits[name] = split
         elif name == "vllm-padded":
@@ -239,6 +244,7 @@ COLUMNS = (
     ("TTFT p50 / p99 s", ("ttft_p50", "ttft_p99"), "{:,.2f}"),
     ("ITL p50 / p99 ms", ("itl_p50", "itl_p99"), "{:,.1f}", 1000),
     ("goodput req/s", "goodput", "{:,.2f}"),
+    ("cache hit", "cache_hit_rate", "{:.0%}"),
     ("retractions", "retractions", "{:,.0f}"),
     ("evictions", "evictions", "{:,.0f}"),
     ("util", "utilisation", "{:.0%}"),
@@ -273,9 +279,12 @@ def _split_label(split):
 
 
 def _load(run):
-    """How a run's requests arrived: ``saturating``, or ``poisson 8/s``."""
+    """How a run's requests arrived, and whether a prefix cache served them:
+    ``saturating``, ``poisson 8/s``, ``trace file`` (its own arrivals),
+    ``saturating, cache``."""
     a = run.get("arrivals", "saturating")
-    return a if a == "saturating" else f"{a} {run['rate']:g}/s"
+    load = a if run.get("rate") is None else f"{a} {run['rate']:g}/s"
+    return load + (", cache" if run.get("prefix_cache") else "")
 
 
 def _groups(dump):
@@ -298,7 +307,7 @@ def aggregate(runs):
         if "unavailable" in rows[0]:
             setups[name] = {"unavailable": rows[0]["unavailable"]}
             continue
-        setups[name] = {key: stats.mean_ci(row[key] for row in rows) for col in COLUMNS for key in _keys(col)}
+        setups[name] = {key: stats.mean_ci(row.get(key, 0.0) for row in rows) for col in COLUMNS for key in _keys(col)}
     ratios_ = {k: stats.mean_ci(r["ratios"].get(k) for r in runs) for k in runs[0]["ratios"]}
     splits = [r["setups"]["static-best"]["split"] for r in runs if "static-best" in r["setups"]]
     return {"seeds": [r["seed"] for r in runs], "setups": setups, "ratios": ratios_, "best_splits": splits}
@@ -429,6 +438,12 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         help="requests a second, comma-separated: after the saturating run, one run per rate "
         "(static-best keeps the split the saturating search found)",
     )
+    p.add_argument(
+        "--prefix-cache",
+        default="off",
+        choices=("off", "on", "both"),
+        help="a radix-style prefix cache on every setup (kvarena.sim.prefix); both: each run twice, off and on",
+    )
     p.add_argument("--accelerator", default="h200", help="the time model's accelerator profile (h200, h100)")
     p.add_argument("--slo-ttft", type=float, default=2.0, help="goodput's time-to-first-token SLO, seconds")
     p.add_argument(
@@ -499,17 +514,19 @@ SETTINGS = (
 )
 
 
-def run_unit(pname, tname, seed, settings, setups, trace_file=None, plot=False, load=None, best_split=None):
-    """One (preset, trace, seed, load): every setup, as a ``--json`` run
-    entry (and the results and splits the plot needs when ``plot``).
-    ``load`` is ``(arrivals, rate)``, None for saturating.  Runs in a worker
-    process; everything it returns pickles."""
+def run_unit(
+    pname, tname, seed, settings, setups, trace_file=None, plot=False, load=None, best_split=None, cache=False
+):
+    """One (preset, trace, seed, load, prefix cache on or off): every setup,
+    as a ``--json`` run entry (and the results and splits the plot needs
+    when ``plot``).  ``load`` is ``(arrivals, rate)``, None for saturating.
+    Runs in a worker process; everything it returns pickles."""
     import torch
 
     from kvarena.sim import engine, presets, traces
 
     torch.set_num_threads(1)  # small tensors: threads cost more than they give on a loaded CPU
-    arrivals, rate = load or ("saturating", None)
+    arrivals, rate = load or ("trace file" if trace_file else "saturating", None)
     if trace_file:
         trace = traces.read_jsonl(trace_file)
     else:
@@ -523,6 +540,7 @@ def run_unit(pname, tname, seed, settings, setups, trace_file=None, plot=False, 
         alloc_time=settings["alloc_time"],
         slo_ttft=settings["slo_ttft"],
         slo_itl=settings["slo_itl"],
+        prefix_cache=cache,
     )
     results, splits, seconds = run_one(sizes, trace, cfg, setups, best_split=best_split)
     entry = {
@@ -531,6 +549,7 @@ def run_unit(pname, tname, seed, settings, setups, trace_file=None, plot=False, 
         "seed": seed,
         "arrivals": arrivals,
         "rate": rate,
+        "prefix_cache": cache,
         "requests": len(trace),
         "setups": {k: (r if isinstance(r, dict) else r.numbers()) for k, r in results.items()},
         "ratios": ratios(results),
@@ -618,7 +637,9 @@ def run(args: argparse.Namespace) -> int:
     settings = {k: getattr(args, k) for k in SETTINGS}
     jobs = args.jobs or os.cpu_count() or 1
     done = []
-    total = len(preset_names) * len(trace_names) * len(seeds) * (1 + len(rates))
+    total = (
+        len(preset_names) * len(trace_names) * len(seeds) * (1 + len(rates)) * (2 if args.prefix_cache == "both" else 1)
+    )
 
     def progress(entry):
         done.append(entry)
@@ -627,10 +648,23 @@ def run(args: argparse.Namespace) -> int:
             flush=True,
         )
 
+    caches = {"off": [False], "on": [True], "both": [False, True]}[args.prefix_cache]
     units = [
-        (p, t, s, settings, tuple(setups), args.trace_file, bool(args.plot) and s == seeds[0])
+        (
+            p,
+            t,
+            s,
+            settings,
+            tuple(setups),
+            args.trace_file,
+            bool(args.plot) and s == seeds[0] and c == caches[0],
+            None,
+            None,
+            c,
+        )
         for p in preset_names
         for t in trace_names
+        for c in caches
         for s in seeds
     ]
     outs = _run_units(units, jobs, progress)
@@ -647,6 +681,7 @@ def run(args: argparse.Namespace) -> int:
                 False,
                 (args.arrivals, r),
                 _best_split(e),
+                e["prefix_cache"],
             )
             for e in dump
             for r in rates
@@ -667,13 +702,26 @@ def run(args: argparse.Namespace) -> int:
             for pname in preset_names:
                 for tname in trace_names:
                     path = _plot_path(_curves_path(args.plot), pname, tname, many)
-                    runs = [e for e in dump if e["preset"] == pname and e["trace"] == tname and e["rate"]]
+                    runs = [
+                        e
+                        for e in dump
+                        if e["preset"] == pname and e["trace"] == tname and e["rate"] and e["prefix_cache"] == caches[0]
+                    ]
                     plot.curves(path, runs, f"{pname} / {tname} ({args.arrivals})", args.slo_ttft, args.slo_itl)
                     print(f"plot: {path}")
     if args.json:
         with open(args.json, "w") as f:
             json.dump(
-                {**settings, "seeds": seeds, "rates": rates, "arrivals": args.arrivals, "runs": dump}, f, indent=1
+                {
+                    **settings,
+                    "seeds": seeds,
+                    "rates": rates,
+                    "arrivals": args.arrivals,
+                    "prefix_cache": args.prefix_cache,
+                    "runs": dump,
+                },
+                f,
+                indent=1,
             )
         print(f"json: {args.json}")
     return _status(dump)

@@ -13,6 +13,16 @@ short         lognormal, median 128, sigma 0.6, [16, 1,024]    median 128, sigma
 shift         ``short`` for the first half, then ``long``      (as those)
 ============  ==============================================  ====================================
 
+Three more kinds take their lengths from public datasets' published
+summaries (``PUBLISHED``, each with its source): ``sharegpt`` and
+``mooncake`` are single requests, ``lmsys`` is multi-turn chat, whose turn
+``k + 1`` arrives when turn ``k`` finishes (no think time) with the whole
+conversation so far as its prompt: the prefix a cache can reuse
+(``blocks``, ``kvarena.sim.prefix``).  Where a source gives only means, the
+shape is lognormal with an assumed sigma (the median follows: ``mean *
+exp(-sigma**2 / 2)``); the table says which figures are published and which
+assumed.
+
 Arrivals (``ARRIVALS``): ``saturating``, every request at time 0, so a queue
 builds and memory, not arrivals, limits how many requests run; ``poisson``
 at ``rate`` requests a second; ``bursty``, the same mean rate with gamma
@@ -35,6 +45,12 @@ class Request:
     arrival: float
     prompt_len: int
     output_len: int
+    # Prefix caching (``kvarena.sim.prefix``): the keys of the whole blocks of
+    # ``block_tokens`` tokens that this request's prompt and output fill, in
+    # order; two requests share a prefix exactly as far as their keys agree.
+    blocks: tuple = ()
+    block_tokens: int = 0
+    after: int = -1  # a later turn: arrives no earlier than request ``after`` finishes
 
 
 @dataclass(frozen=True)
@@ -52,7 +68,74 @@ MIXES = {
     "long": Mix(8192, 0.6, (1024, 32_768), 256, 0.6, (16, 2048)),
     "short": Mix(128, 0.6, (16, 1024), 128, 0.6, (16, 1024)),
 }
-KINDS = ("balanced", "long", "short", "shift")
+
+
+@dataclass(frozen=True)
+class Published:
+    """Lengths from a dataset's published summary.  ``*_median`` and
+    ``*_sigma`` are a lognormal's; ``turns`` is the mean turns a conversation
+    (1: single requests; more: geometric turn counts)."""
+
+    source: str
+    prompt_median: float
+    prompt_sigma: float
+    prompt_range: tuple
+    output_median: float
+    output_sigma: float
+    output_range: tuple
+    turns: float = 1.0
+
+
+def _median(mean, sigma):
+    """A lognormal's median from its mean and sigma."""
+    return mean * math.exp(-(sigma**2) / 2)
+
+
+ASSUMED_SIGMA = 1.0  # where a source publishes means only
+PUBLISHED = {
+    "sharegpt": Published(
+        "Kwon et al., 'Efficient Memory Management for Large Language Model Serving with PagedAttention', "
+        "SOSP 2023, section 6.1 and figure 11: ShareGPT means 161.31 input and 337.99 output tokens. "
+        "Sigma 1.0 assumed; range as vLLM's ShareGPT benchmark filter (prompts up to 1,024 tokens)",
+        _median(161.31, ASSUMED_SIGMA),
+        ASSUMED_SIGMA,
+        (4, 1024),
+        _median(337.99, ASSUMED_SIGMA),
+        ASSUMED_SIGMA,
+        (4, 2048),
+    ),
+    "lmsys": Published(
+        "Zheng et al., 'LMSYS-Chat-1M: A Large-Scale Real-World LLM Conversation Dataset', ICLR 2024, table 1: "
+        "2.0 turns a conversation, 69.5 tokens a user prompt and 214.5 a response (means). Sigma 1.0 and "
+        "geometric turn counts assumed",
+        _median(69.5, ASSUMED_SIGMA),
+        ASSUMED_SIGMA,
+        (1, 4096),
+        _median(214.5, ASSUMED_SIGMA),
+        ASSUMED_SIGMA,
+        (1, 2048),
+        turns=2.0,
+    ),
+    "mooncake": Published(
+        "Qin et al., 'Mooncake: Trading More Storage for Less Computation', FAST 2025: its published "
+        "conversation trace (github.com/kvcache-ai/Mooncake, FAST25-release/traces/conversation_trace.jsonl, "
+        "12,031 requests), fitted here: input median 6,909, log-sd 1.199, range [891, 126,195]; "
+        "output median 350, log-sd 1.358, range [1, 2,000]",
+        6909,
+        1.199,
+        (891, 126_195),
+        350,
+        1.358,
+        (1, 2000),
+    ),
+}
+# A generated chat trace's prefix blocks: one page of the default page size.
+# A turn's blocks cover its conversation so far, its last partly filled block
+# included (the simulator holds whole pages), so the next turn may be
+# credited at most one page more than it truly shares.
+CHAT_BLOCK_TOKENS = 16
+MAX_TURNS = 32
+KINDS = ("balanced", "long", "short", "shift", *PUBLISHED)
 ARRIVALS = ("saturating", "poisson", "bursty")
 BURST_CV2 = 4.0  # squared coefficient of variation of a bursty trace's gaps (Poisson: 1)
 
@@ -87,6 +170,8 @@ def generate(kind, n, seed=0, arrivals="saturating", rate=None):
         raise ValueError(f"trace {kind!r}: n must be >= 1, got {n}")
     times = arrival_times(n, arrivals, rate, seed)
     rng = random.Random(f"{kind}/{seed}")
+    if kind in PUBLISHED:
+        return _published(PUBLISHED[kind], n, rng, times)
     out = []
     for i in range(n):
         mix = MIXES[("short" if i < n // 2 else "long") if kind == "shift" else kind]
@@ -101,11 +186,79 @@ def generate(kind, n, seed=0, arrivals="saturating", rate=None):
     return out
 
 
+def _published(pub, n, rng, times):
+    """``n`` requests of a ``Published`` kind: single requests, or
+    conversations (``times[c]`` is conversation ``c``'s start) whose turns
+    each carry the conversation so far."""
+    out, c = [], 0
+    while len(out) < n:
+        turns = 1
+        if pub.turns > 1:  # geometric, mean pub.turns
+            while turns < MAX_TURNS and rng.random() > 1 / pub.turns:
+                turns += 1
+        context, prev = 0, -1
+        for _ in range(min(turns, n - len(out))):
+            prompt = context + _length(rng, pub.prompt_median, pub.prompt_sigma, pub.prompt_range)
+            output = _length(rng, pub.output_median, pub.output_sigma, pub.output_range)
+            blocks, bt = (), 0
+            if pub.turns > 1:
+                bt = CHAT_BLOCK_TOKENS
+                blocks = tuple((c, i) for i in range(-(-(prompt + output) // bt)))
+            out.append(Request(len(out), times[c], prompt, output, blocks, bt, prev))
+            prev, context = len(out) - 1, prompt + output
+        c += 1
+    return out
+
+
+MOONCAKE_BLOCK_TOKENS = 512  # the block size of the Mooncake traces' hash_ids
+
+
+def _row(row, where):
+    """One JSONL line as ``(arrival, prompt, output, blocks, block_tokens,
+    after)``: kvarena's own fields, or a Mooncake trace's (``timestamp`` in
+    ms, ``input_length``, ``output_length``, ``hash_ids`` of 512-token
+    blocks, of which the whole ones of the prompt are its prefix keys)."""
+    if isinstance(row, dict) and {"timestamp", "input_length", "output_length"} <= row.keys():
+        ts = row["timestamp"]
+        arrival = ts / 1000 if isinstance(ts, (int, float)) and not isinstance(ts, bool) else ts
+        prompt, output = row["input_length"], row["output_length"]
+        hashes = row.get("hash_ids", [])
+        if not isinstance(hashes, list):
+            raise ValueError(f"{where}: hash_ids must be a list, got {hashes!r}")
+        keys = tuple(hashes[: prompt // MOONCAKE_BLOCK_TOKENS]) if isinstance(prompt, int) else ()
+        blocks, bt, after = keys, MOONCAKE_BLOCK_TOKENS if keys else 0, -1
+    elif isinstance(row, dict) and {"arrival", "prompt_len", "output_len"} <= row.keys():
+        arrival, prompt, output = row["arrival"], row["prompt_len"], row["output_len"]
+        blocks, bt, after = row.get("blocks", []), row.get("block_tokens", 0), row.get("after", -1)
+        if not isinstance(blocks, list):
+            raise ValueError(f"{where}: blocks must be a list, got {blocks!r}")
+        blocks = tuple(tuple(b) if isinstance(b, list) else b for b in blocks)
+        for what, v, least in (("block_tokens", bt, 0), ("after", after, -1)):
+            if isinstance(v, bool) or not isinstance(v, int) or v < least:
+                raise ValueError(f"{where}: {what} must be an int >= {least}, got {v!r}")
+        if blocks and not bt:
+            raise ValueError(f"{where}: blocks need block_tokens > 0")
+    else:
+        raise ValueError(
+            f"{where}: needs arrival, prompt_len and output_len (or a Mooncake trace's timestamp, "
+            "input_length and output_length)"
+        )
+    if isinstance(arrival, bool) or not isinstance(arrival, (int, float)) or not math.isfinite(arrival) or arrival < 0:
+        raise ValueError(f"{where}: arrival must be a number >= 0, got {arrival!r}")
+    for what, v in (("prompt_len", prompt), ("output_len", output)):
+        if isinstance(v, bool) or not isinstance(v, int) or v < 1:
+            raise ValueError(f"{where}: {what} must be an int >= 1, got {v!r}")
+    return float(arrival), prompt, output, blocks, bt, after
+
+
 def read_jsonl(path):
-    """Requests from a JSONL file: ``{"arrival": .., "prompt_len": .., "output_len": ..}``
-    a line (blank lines skipped), sorted by arrival (stable).  A bad line is a
+    """Requests from a JSONL file: ``{"arrival": .., "prompt_len": ..,
+    "output_len": ..}`` a line, with optional prefix fields (``blocks``,
+    ``block_tokens``, and ``after``: the 0-based line of the request this
+    turn follows), or a Mooncake trace's lines (``_row``).  Blank lines are
+    skipped; requests are sorted by arrival (stable).  A bad line is a
     ``ValueError`` naming the file and the line."""
-    out = []
+    rows = []
     with open(path) as f:
         for no, line in enumerate(f, 1):
             if not line.strip():
@@ -115,27 +268,29 @@ def read_jsonl(path):
                 row = json.loads(line)
             except json.JSONDecodeError as e:
                 raise ValueError(f"{where}: not JSON ({e.msg})") from None
-            if not isinstance(row, dict) or not {"arrival", "prompt_len", "output_len"} <= row.keys():
-                raise ValueError(f"{where}: needs arrival, prompt_len and output_len")
-            arrival, prompt, output = row["arrival"], row["prompt_len"], row["output_len"]
-            if (
-                isinstance(arrival, bool)
-                or not isinstance(arrival, (int, float))
-                or not math.isfinite(arrival)
-                or arrival < 0
-            ):
-                raise ValueError(f"{where}: arrival must be a number >= 0, got {arrival!r}")
-            for what, v, least in (("prompt_len", prompt, 1), ("output_len", output, 1)):
-                if isinstance(v, bool) or not isinstance(v, int) or v < least:
-                    raise ValueError(f"{where}: {what} must be an int >= {least}, got {v!r}")
-            out.append(Request(len(out), float(arrival), prompt, output))
-    if not out:
+            rows.append(_row(row, where))
+    if not rows:
         raise ValueError(f"trace {path}: no requests")
-    out.sort(key=lambda r: r.arrival)
-    return [Request(i, r.arrival, r.prompt_len, r.output_len) for i, r in enumerate(out)]
+    sizes = {bt for *_, bt, _ in rows if bt}
+    if len(sizes) > 1:
+        raise ValueError(f"trace {path}: one block_tokens a trace, got {sorted(sizes)}")
+    for i, (*_, after) in enumerate(rows):
+        if after >= i:
+            raise ValueError(f"trace {path}: request {i} follows request {after}, which is not before it")
+    order = sorted(range(len(rows)), key=lambda i: rows[i][0])
+    new = {old: k for k, old in enumerate(order)}
+    return [
+        Request(k, a, p, o, b, bt, new[after] if after >= 0 else -1)
+        for k, (a, p, o, b, bt, after) in enumerate(rows[i] for i in order)
+    ]
 
 
 def write_jsonl(requests, path):
     with open(path, "w") as f:
         for r in requests:
-            f.write(json.dumps({"arrival": r.arrival, "prompt_len": r.prompt_len, "output_len": r.output_len}) + "\n")
+            row = {"arrival": r.arrival, "prompt_len": r.prompt_len, "output_len": r.output_len}
+            if r.blocks:
+                row.update(blocks=list(r.blocks), block_tokens=r.block_tokens)
+            if r.after >= 0:
+                row["after"] = r.after
+            f.write(json.dumps(row) + "\n")

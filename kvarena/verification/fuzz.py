@@ -265,6 +265,8 @@ def run_round(
     machine = mod.machine_for(device, policy) if policy is not None else mod.machine_for(device)
     cls = traced(machine, sink)
     if seed is not None:
+        # What hypothesis.seed sets; the decorator would also turn the example
+        # database off, and a campaign shares its database between workers.
         cls._hypothesis_internal_use_seed = seed
     opts = {
         **mod.PROFILES["ci"],

@@ -430,7 +430,7 @@ def test_simulate_command_reads_a_trace_file(tmp_path, capsys):
         ]
     )
     assert rc == 0
-    assert "/ saturating (50 requests, 1 seed: [0])" in capsys.readouterr().out
+    assert "/ trace file (50 requests, 1 seed: [0])" in capsys.readouterr().out  # its own arrivals
     assert cli.main(["simulate", "--setups", "nope"]) == 2
     assert "unknown setup 'nope'" in capsys.readouterr().err
 

@@ -1,0 +1,241 @@
+"""The simulator's prefix cache (``kvarena.sim.prefix``), its traces, and
+the engine with it on: matching by the hybrid rules, locking, LRU eviction
+and tombstones, no leak on any setup, later turns after their earlier ones,
+SGLang's one-third running cap on the static mamba splits, and the
+published-statistics traces against their sources' figures."""
+
+import json
+import statistics
+
+import pytest
+
+from kvarena.sim import backends, engine, padded, prefix, presets, traces
+
+pytestmark = pytest.mark.usefixtures("one_thread")
+
+
+# ------------------------------------------------------------------ the tree
+
+
+def _insert(c, blocks, n_ids, start=0, swa_from=0, slot=None, path=()):
+    ids = list(range(start, start + n_ids))
+    return ids, c.insert(list(path), blocks, ids, swa_from, slot)
+
+
+def test_match_takes_the_deepest_node_it_can_resume_from():
+    c = prefix.PrefixCache(block_units=2, window_units=0, has_swa=False, has_state=False)
+    _ids, (release, window, slots) = _insert(c, ("a", "b", "c"), 7)
+    assert release == [6] and window == [] and slots == []  # the partial tail is not cached
+    assert [n.key for n in c.match(("a", "b", "x"), 100)] == ["a", "b"]
+    assert [n.key for n in c.match(("a", "b", "c"), 5)] == ["a", "b"]  # leaves a token to compute
+    assert c.match(("z",), 100) == []
+    c.check()
+
+
+def test_state_needs_a_checkpoint_and_swa_its_window():
+    st = prefix.PrefixCache(2, 0, has_swa=False, has_state=True)
+    _insert(st, ("a", "b"), 4, slot=9)
+    assert [n.key for n in st.match(("a", "b", "c"), 100)] == ["a", "b"]  # the checkpoint is at b
+    assert st.match(("a", "x"), 100) == []  # a has no checkpoint: nothing to resume from
+    sw = prefix.PrefixCache(2, window_units=3, has_swa=True, has_state=False)
+    # SWA held from unit 3 on: block [2, 4) only half, so it keeps none and frees unit 3's
+    _, (release, window, _) = _insert(sw, ("a", "b", "c"), 6, swa_from=3)
+    assert window == [3] and release == []
+    assert sw.match(("a", "b", "c", "d"), 100) == []  # c's window reaches into b, which has no SWA
+    _insert(sw, ("p", "q", "r"), 6, start=100, swa_from=2)
+    assert [n.key for n in sw.match(("p", "q", "r", "s"), 100)] == ["p", "q", "r"]
+    assert sw.match(("p", "q", "x"), 100) == []  # q's window reaches into p, which holds no SWA
+    sw.check()
+
+
+def test_locked_nodes_stay_and_eviction_goes_least_recent_first():
+    c = prefix.PrefixCache(1, 0, has_swa=False, has_state=True)
+    _insert(c, ("a",), 1, start=0, slot=1)
+    _insert(c, ("b",), 1, start=1, slot=2)
+    path = c.match(("a", "z"), 100)
+    c.lock(path)
+    assert c.evict_one() == ([1], [], [2])  # b: a is locked
+    assert c.evict_one() is None
+    c.unlock(path)
+    assert c.evict_one() == ([0], [], [1])
+    assert c.evict_one() is None and c.nodes == c.units == c.slots == 0
+    c.check()
+
+
+def test_an_inner_node_is_tombstoned_and_a_duplicate_is_freed():
+    c = prefix.PrefixCache(1, 1, has_swa=True, has_state=True)
+    _insert(c, ("a",), 1, start=0, slot=1)
+    path = c.match(("a", "b"), 100)
+    c.lock(path)
+    _ids, (release, _, slots) = _insert(c, ("a", "b"), 2, start=0, slot=2, path=path)  # a turn that continues a
+    assert release == [] and slots == []
+    both = c.match(("a", "b", "c"), 100)
+    c.lock(both)
+    c.unlock(both)  # a and b last used together; a is older in the queue
+    assert c.evict_one() == ([], [0], [1])  # a: its checkpoint and SWA go, its KV stays (b needs it)
+    assert c.match(("a", "z"), 100) == []  # a cannot be resumed from now
+    _, (release, _, slots) = _insert(c, ("a", "b"), 2, start=50, slot=3)  # the same blocks again
+    assert release == [50, 51] and slots == [3]  # the older copies stay
+    c.check()
+
+
+# ----------------------------------------------------------------- the traces
+
+
+def test_published_traces_follow_their_sources():
+    n = 4000
+    share = traces.generate("sharegpt", n, seed=0)
+    assert share == traces.generate("sharegpt", n, seed=0)  # seeded
+    # Means of the published summary within 10% (the clipping moves them a little).
+    assert abs(statistics.fmean(r.prompt_len for r in share) / 161.31 - 1) < 0.1
+    assert abs(statistics.fmean(r.output_len for r in share) / 337.99 - 1) < 0.1
+    chat = traces.generate("lmsys", n, seed=0)
+    firsts = [r for r in chat if r.after < 0]
+    assert abs(len(chat) / len(firsts) / 2.0 - 1) < 0.1  # 2.0 turns a conversation
+    assert abs(statistics.fmean(r.prompt_len for r in firsts) / 69.5 - 1) < 0.1
+    assert abs(statistics.fmean(r.output_len for r in chat) / 214.5 - 1) < 0.1
+    for r in chat:  # a later turn carries the conversation so far: its blocks extend the last turn's
+        if r.after >= 0:
+            prev = chat[r.after]
+            assert r.prompt_len > prev.prompt_len + prev.output_len - 1
+            assert r.blocks[: len(prev.blocks)] == prev.blocks
+    moon = traces.generate("mooncake", n, seed=0)
+    assert 0.9 * 6909 <= statistics.median(r.prompt_len for r in moon) <= 1.1 * 6909
+    assert 0.9 * 350 <= statistics.median(r.output_len for r in moon) <= 1.1 * 350
+    assert all(p.source for p in traces.PUBLISHED.values())
+
+
+def test_mooncake_lines_and_prefix_fields_read_back(tmp_path):
+    p = tmp_path / "m.jsonl"
+    p.write_text(
+        '{"timestamp": 2000, "input_length": 1100, "output_length": 5, "hash_ids": [7, 8, 9]}\n'
+        '{"timestamp": 500, "input_length": 600, "output_length": 3, "hash_ids": [7, 4]}\n'
+    )
+    a, b = traces.read_jsonl(p)
+    assert (a.arrival, a.prompt_len, a.blocks, a.block_tokens) == (0.5, 600, (7,), 512)  # whole blocks only
+    assert (b.arrival, b.blocks) == (2.0, (7, 8))
+    chat = traces.generate("lmsys", 40, seed=3)
+    q = tmp_path / "c.jsonl"
+    traces.write_jsonl(chat, q)
+    assert traces.read_jsonl(q) == chat
+    for line, msg in (
+        ('{"arrival": 1, "prompt_len": 5, "output_len": 1, "after": 1}', "follows request 1"),
+        ('{"arrival": 1, "prompt_len": 5, "output_len": 1, "blocks": [1]}', "block_tokens"),
+        ('{"timestamp": 1, "input_length": 5, "output_length": 1, "hash_ids": 3}', "hash_ids"),
+    ):
+        p.write_text('{"arrival": 0, "prompt_len": 5, "output_len": 1}\n' + line + "\n")
+        with pytest.raises(ValueError, match=msg):
+            traces.read_jsonl(p)
+
+
+# ----------------------------------------------------------------- the engine
+
+SETUPS = {
+    "unified": lambda s, cache: backends.Unified(s),
+    "static": lambda s, cache: backends.StaticSplit(s, presets.static_split(s), cache),
+    "padded": lambda s, cache: padded.PaddedPool(s),
+}
+
+
+def _sim(name, setup, trace, cache=True, gib=1.0):
+    s = presets.Sizes.of(presets.preset(name), gib)
+    b = SETUPS[setup](s, cache)
+    sim = engine._Sim(b, s, trace, engine.Config(record=False, prefix_cache=cache), setup)
+    return sim, sim.run(), b
+
+
+@pytest.mark.parametrize("name", ["gpt-oss-120b", "qwen3-next-80b-a3b", "tri-synthetic"])
+@pytest.mark.parametrize("setup", list(SETUPS))
+def test_cache_serves_later_turns_and_leaks_nothing(name, setup):
+    trace = traces.generate("lmsys", 240, seed=1, arrivals="poisson", rate=2.0)
+    sim, res, b = _sim(name, setup, trace)
+    assert res.finished + res.rejected + res.stuck == res.requests == len(trace)
+    assert res.lost == res.stuck == res.rejected == 0
+    assert res.cache_hit_tokens > 0 and 0 < res.cache_hit_rate < 1
+    assert sum(res.blocked.values()) == res.memory_bound_steps
+    b.verify()
+    sim.cache.check()
+    done = {r.rid: r for r in sim.done_reqs}
+    for r in trace:  # a later turn arrives once its earlier one finished
+        if r.after >= 0:
+            assert done[r.rid].arrival >= done[r.after].last_token
+    while sim._evict_cache():  # with the cache emptied, nothing is left live: no leak
+        pass
+    assert sim.cache.nodes == sim.cache.units == sim.cache.slots == 0
+    assert b.live_bytes() == 0
+
+
+def test_cache_off_hits_nothing_and_a_cache_that_never_matches_is_seen(monkeypatch):
+    trace = traces.generate("lmsys", 160, seed=2, arrivals="poisson", rate=2.0)
+    _, off, _ = _sim("gpt-oss-120b", "unified", trace, cache=False)
+    _, on, _ = _sim("gpt-oss-120b", "unified", trace)
+    assert off.cache_hit_tokens == 0 and on.cache_hit_tokens > 0
+    assert on.ttft_p50 <= off.ttft_p50  # a hit computes less prefill
+    monkeypatch.setattr(prefix.PrefixCache, "match", lambda self, blocks, max_units: [])
+    _, never, _ = _sim("gpt-oss-120b", "unified", trace)
+    assert never.cache_hit_tokens == 0
+
+
+def test_static_mamba_split_runs_a_third_of_its_slots_with_the_cache():
+    trace = traces.generate("lmsys", 200, seed=4)
+    s = presets.Sizes.of(presets.preset("qwen3-next-80b-a3b"), 1.0)
+    split = presets.static_split(s)
+    assert split.slots // backends.MAMBA_RUNNING_RATIO >= 1
+    _, off, _ = _sim("qwen3-next-80b-a3b", "static", trace, cache=False)
+    _, on, b = _sim("qwen3-next-80b-a3b", "static", trace)
+    assert b.max_running == split.slots // backends.MAMBA_RUNNING_RATIO
+    assert on.peak_concurrency <= b.max_running < off.peak_concurrency
+    assert on.blocked.get("running cap", 0) > 0
+    _, uni, ub = _sim("qwen3-next-80b-a3b", "unified", trace)
+    assert getattr(ub, "max_running", None) is None and uni.peak_concurrency > b.max_running
+
+
+def test_a_dropped_turn_drops_the_turns_after_it():
+    big = 10**6  # larger than any buffer here: rejected on arrival
+    trace = [
+        traces.Request(0, 0.0, big, 16),
+        traces.Request(1, 0.0, big + 100, 16, after=0),
+        traces.Request(2, 0.0, 64, 16),
+    ]
+    _, res, _ = _sim("gpt-oss-120b", "unified", trace)
+    assert (res.finished, res.rejected, res.stuck) == (1, 2, 0)
+
+
+def test_blocks_must_be_whole_pages():
+    trace = [traces.Request(0, 0.0, 64, 16, blocks=(1, 2), block_tokens=24)]
+    with pytest.raises(ValueError, match="not whole pages"):
+        _sim("gpt-oss-120b", "unified", trace)
+
+
+def test_simulate_reports_cache_on_and_off(tmp_path, capsys):
+    from kvarena import cli
+
+    out = tmp_path / "r.json"
+    rc = cli.main(
+        [
+            "simulate",
+            "--preset",
+            "gpt-oss-120b",
+            "--trace",
+            "lmsys",
+            "--requests",
+            "60",
+            "--seeds",
+            "1",
+            "--jobs",
+            "1",
+            "--budget-gib",
+            "0.5",
+            "--setups",
+            "unified,static-default",
+            "--prefix-cache",
+            "both",
+            "--json",
+            str(out),
+        ]
+    )
+    assert rc == 0
+    text = capsys.readouterr().out
+    assert "saturating, cache" in text and "cache hit" in text
+    runs = json.loads(out.read_text())["runs"]
+    assert sorted(r["prefix_cache"] for r in runs) == [False, True]
