@@ -1198,8 +1198,7 @@ class Arena:
             b = self.bands[name]
             g, n = b.geom, b.geom.num_pages
             tables = {"v2p": b.v2p[: b.id_end], "p2v": b.p2v[:n], "free_ids": b.queued_ids(), "holes": b.holes}
-            # SYNC: snapshot copies the tables to the host, in this one statement: a tool and test path
-            host = {k: t.tolist() for k, t in tables.items()}
+            host = {k: t.tolist() for k, t in tables.items()}  # SYNC: snapshot, a tool and test path
             pools[name] = {
                 "pool": {
                     "entry_bytes": b.pool.entry_bytes,

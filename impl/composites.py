@@ -387,9 +387,10 @@ class _Composite:
             for i, s in enumerate(seq.tolist()):  # SYNC: error path only, about to raise
                 if s < 1:
                     raise ValueError(f"{what}: request {i}: seq_len must be >= 1, got {s}")
-        v2p = self.arena.v2p(FULL).tolist()
+        v2p = self.arena.v2p(FULL).tolist()  # SYNC: error path only, about to raise
         continued: dict[int, int] = {}
-        for i, (p, s, last) in enumerate(zip(prefix.tolist(), seq.tolist(), loc.tolist())):
+        rows = zip(prefix.tolist(), seq.tolist(), loc.tolist())  # SYNC: error path only, about to raise
+        for i, (p, s, last) in enumerate(rows):
             if p < 0:
                 raise ValueError(f"{what}: request {i}: prefix_len {p} < 0")
             if s < p:
