@@ -6,7 +6,7 @@ Modules: ``capacity`` (torch-free scalar arithmetic), ``memo`` (epoch
 fields and the capacity memo), ``band`` (one pool's device tables),
 ``journal`` (the undo log that makes every changing call all or nothing),
 ``arena`` (chain walks, operations, relieve, verify, bytes), ``composites``
-(the token-level HybridSWA, MambaHybrid, TriPool; DESIGN section 6; they
+(the token-level HybridSWA, MambaHybrid, TriPool; docs/design.md §6; they
 use only ``Arena``'s public methods).
 
 May import: ``kvarena.spec``.

@@ -2,8 +2,8 @@
 
 Same behaviour as ``kvarena.spec.Arena`` page for page (the differential
 tests hold the two equal), written independently over tensors.  From the
-spec it imports ``geometry``'s boot-time layout and validation (DESIGN
-section 2) and ``planner``'s decision, which ``plan_floats`` calls on this
+spec it imports ``geometry``'s boot-time layout and validation (docs/design.md
+§2) and ``planner``'s decision, which ``plan_floats`` calls on this
 arena's host counters (the names: ``kvarena.impl``'s docstring); every
 other per-operation step is here.
 
@@ -191,7 +191,7 @@ def _check_buffer(buffer: object, total_bytes: int, device: str | torch.device) 
 
 
 class Arena:
-    """The arena (DESIGN section 3).  ``buffer`` lends it an existing byte
+    """The arena (docs/design.md §3).  ``buffer`` lends it an existing byte
     buffer (an engine's KV storage; the arena then adds tables, not
     memory) and ``mover`` routes every relocation's bytes through the
     engine's own page copy (``Mover``); both default to the arena's own."""
@@ -207,7 +207,7 @@ class Arena:
         buffer: torch.Tensor | None = None,
         mover: Mover | None = None,
     ) -> None:
-        # Boot-time validation is the spec's (DESIGN section 2): configuration, not an operation.
+        # Boot-time validation is the spec's (docs/design.md §2): configuration, not an operation.
         layout = make_layout(total_bytes, pools)
         if buffer is not None:
             _check_buffer(buffer, total_bytes, device)
@@ -1001,7 +1001,7 @@ class Arena:
 
     @_all_or_nothing
     def plan_floats(self, demand: Mapping[str, int]) -> int:
-        """The planner's rung (DESIGN section 4b); pages moved.
+        """The planner's rung (docs/design.md §4b); pages moved.
 
         The decision is the spec's own ``planner.plan_chain`` (one source,
         like ``check_policy``), fed from this arena's host counters; the

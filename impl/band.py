@@ -4,7 +4,7 @@ Page tables are int64 tensors of ``num_pages + 1`` rows: row 0 pins the sink
 (virtual 0 <-> physical 0) and the trailing row is a ``-1`` sentinel, so an
 index of ``num_pages`` reads ``-1`` and, clamped, lands on the sink.
 
-A band that borrows its ids (DESIGN section 3) has ``v2p`` rows for its
+A band that borrows its ids (docs/design.md §3) has ``v2p`` rows for its
 lender's ids and no free-id queue.
 
 ``lo``/``hi``/``live``/``holes`` are capacity-bearing ``CapField``s: host

@@ -1,6 +1,6 @@
 """The token-level composites on torch: ``HybridSWA``, ``MambaHybrid``, ``TriPool``.
 
-DESIGN section 6; ANCHOR sections 1-3.  Same behaviour as
+docs/design.md §6; docs/anchor.md §1 to §3.  Same behaviour as
 ``kvarena.spec.composites`` token for token and page for page (the
 differential tests hold the two equal), written independently over tensors:
 this module never imports the spec's composites.
@@ -143,7 +143,7 @@ def _count(what: str, v: SupportsIndex) -> int:
 def swa_window_end(seq_len: int, window: int, page_size: int) -> int:
     """Token position below which a request's SWA pages may be freed.
 
-    The anchor's rule (ANCHOR section 2): ``floor_to_page(seq_len - window -
+    The anchor's rule (docs/anchor.md §2): ``floor_to_page(seq_len - window -
     page_size)``, clamped at 0.  ``window`` is the engine's window (the
     model's ``sliding_window - 1``).  Each step a scheduler calls
     ``free_swa(tokens[done:end], start_pos=done)`` with ``end =
@@ -254,7 +254,7 @@ class _Composite:
             return self._memo.put(*self._joint_key, self._joint_pages(0))
 
     def available_size(self) -> int:
-        """The joint view, in tokens (DESIGN section 6; anchor bug 7): the
+        """The joint view, in tokens (docs/design.md §6; anchor bug 7): the
         largest ``n`` for which ``alloc_extend([0], [n], [-1])`` succeeds now
         without relief.  It can be below the ``min`` of the per-component
         views: each of those assumes the shared gap is its own."""
@@ -268,7 +268,7 @@ class _Composite:
         tokens (empty prefix) both succeed now, without relief?  Host ints
         only, nothing changes.
 
-        ``swa_tokens`` (the uneven demand, DESIGN section 11): full binds
+        ``swa_tokens`` (the uneven demand, docs/design.md §11): full binds
         ``P_f = cdiv(tokens, ps)`` new pages and swa only the last ``P_s =
         cdiv(swa_tokens, ps)`` of those ids; None means ``tokens``.  It must
         be ``<= tokens``; a composite without swa takes only None, 0 or
@@ -437,7 +437,7 @@ class _Composite:
         extend_num_tokens: int | None = None,
     ) -> torch.Tensor | None:
         """Slots for positions ``[prefix_i, seq_i)`` of each request, flat and
-        request-major (int64 tensor), or None.  ANCHOR section 1 to the slot:
+        request-major (int64 tensor), or None.  docs/anchor.md §1 to the slot:
         request ``i`` takes ``ceil(seq/ps) - ceil(prefix/ps)`` new pages, in
         batch order from one coupled bind; its slots are (1) ``last_loc+1,
         ...`` continuing its partly filled page for ``min(seq,
@@ -700,7 +700,7 @@ class _Composite:
         evict: Callable[[int], object] | None = None,
         swa_tokens: int | None = None,
     ) -> bool:
-        """The shortfall ladder for a demand; True once it fits (DESIGN 4, 6).
+        """The shortfall ladder for a demand; True once it fits (docs/design.md §4, §6).
 
         Demand vector ``{full: ceil(tokens/ps), swa: ceil(swa_tokens/ps)
         (where present; None: as full), state: state_slots (where
@@ -836,7 +836,7 @@ class _WithSWA(_Composite):
     """Calls of a composite with an SWA band (``HybridSWA``, ``TriPool``)."""
 
     def free_swa(self, token_ids: IntsLike, start_pos: int, check: bool = True) -> None:
-        """The per-step window free (ANCHOR section 1, ``free_segment``).
+        """The per-step window free (docs/anchor.md §1, ``free_segment``).
 
         ``start_pos`` must be a non-negative multiple of ``ps`` (else
         ``ValueError``); the page representatives are ``token_ids[::ps]``.

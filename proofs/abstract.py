@@ -8,7 +8,7 @@ view (walks, regions, gaps, capacity) and every operation's update
 on z3 terms: the obligations are about the functions ``spec.Arena`` calls
 on every operation.  What this module adds is what the proofs need and
 the arena does not: symbolic states, the invariants (written here, from
-DESIGN section 7, independently of ``Arena.verify``), the layout facts
+docs/design.md §7, independently of ``Arena.verify``), the layout facts
 ``make_layout`` guarantees, and each operation as a relation ``rel(s, t,
 ...)``: "``t`` is the state the spec's transition gives from ``s``, and the
 operation's precondition holds".  Where the spec's outcome depends on where

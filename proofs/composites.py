@@ -183,7 +183,7 @@ add(
 )
 
 
-# HybridSWA, uneven demand (DESIGN section 11): full binds Pf pages, swa the last Ps <= Pf of those ids.
+# HybridSWA, uneven demand (docs/design.md §11): full binds Pf pages, swa the last Ps <= Pf of those ids.
 
 
 def _hybrid_uneven_sound():

@@ -26,7 +26,7 @@ finds the counterexample, which is a documented finding.
 Every obligation also gets a cheap **tautology check** (a short budget,
 ``TAUTOLOGY_S`` by default): is its goal, or any top-level conjunct of it,
 valid with *no* hypotheses at all?  A goal that is valid alone proves
-nothing about the state (DESIGN section 7: a telescoping sum is not
+nothing about the state (docs/design.md §7: a telescoping sum is not
 conservation).  The result is reported as ``tautology``:
 
 - ``"none"``      neither the goal nor any conjunct is valid alone;

@@ -16,7 +16,7 @@ refer here), about 3,000 lines in all:
 - ``planner``     kvarena's chain planner: one placement of every float;
 - ``evict``       the eviction callback's contract: rounds, the count it returns;
 - ``arena``       the API: views and operations over chain and transitions, relieve, verify;
-- ``composites``  the token-level composites over one arena (DESIGN section 6);
+- ``composites``  the token-level composites over one arena (docs/design.md §6);
 - ``contracts``   the run-time checker of the ``pre:``/``post:``/``inv:`` docstring lines.
 
 May import: nothing outside ``kvarena.spec``: the standard library only

@@ -243,7 +243,7 @@ class Arena:
         """Validate ids against pool ``b``; ``bound`` says they must be allocated.
 
         A borrower binds only ids live in its lender; a lender frees only ids
-        no borrower still holds (DESIGN section 3, borrowing).
+        no borrower still holds (docs/design.md §3, borrowing).
         """
         try:
             ids = [_index(i) for i in ids]
@@ -479,7 +479,7 @@ class Arena:
     def open_short_side(self, name: str, demand: Mapping[str, int]) -> int:
         """Slide float ``name`` for a demand vector ``{pool: pages}``; pages moved.
 
-        DESIGN section 4, demand vector: skips a transparent float, an empty
+        docs/design.md §4, demand vector: skips a transparent float, an empty
         demand, and a demand some pool cannot meet for lack of virtual ids
         (step 1: bytes cannot fix that); gathers ``sides``, ``band`` and
         ``Fb`` (steps 2, 3, 5) and the slack (step 6); the decision itself
@@ -506,7 +506,7 @@ class Arena:
         return [demand.get(n, 0) for n in self.chain]
 
     def plan_floats(self, demand: Mapping[str, int]) -> int:
-        """The planner's rung (DESIGN section 4b): place every float at once so
+        """The planner's rung (docs/design.md §4b): place every float at once so
         that the demand vector ``{pool: pages}`` fits; pages moved.
 
         Asks ``planner.plan_chain`` (its inputs: ``chain.planner_inputs``),
@@ -587,7 +587,7 @@ class Arena:
     def relieve(self, name: str, need_pages: int, evict: Evictor | None = None) -> bool:
         """The shortfall ladder; True once ``need_pages`` fits in ``name``.
 
-        DESIGN section 4, relieve.  Until the need fits:
+        docs/design.md §4, relieve.  Until the need fits:
 
         1. ``urgent_flush``, recheck;
         2. ``slide_floats`` (rechecks after each float);
@@ -654,7 +654,7 @@ class Arena:
         self._conservation(opaque)
 
     def _conservation(self, opaque: list[str]) -> None:
-        """DESIGN section 5: the sink, every opaque band's pages *counted*
+        """docs/design.md §5: the sink, every opaque band's pages *counted*
         (live + holes, not read off its frontiers), and the free bytes
         before, between and after the bands, each clamped at 0, add up to the
         buffer (``chain.counted_bytes``, the sum the proofs reason about).

@@ -141,7 +141,7 @@ def first_pages(grids: list[tuple[int, int, int]]) -> list[tuple[int, bool]]:
     lowest page of its own grid above the pool before it, the down END its
     top page.  Returns ``[(page, fits), ...]``: a layout is valid iff every
     ``fits`` holds, and then every pool can hand out a page in the empty
-    arena (DESIGN section 3: checked on each pool's grid, not in bytes).
+    arena (docs/design.md §3: checked on each pool's grid, not in bytes).
     """
     epp, n, m = grids[0]
     out = [(m, m < n)]
@@ -290,7 +290,7 @@ def two_end_gates(
 ) -> bool:
     """The two END gates of a bind that is uneven: ``a`` binds ``pages_a``
     pages, then ``b`` binds ``pages_b`` (a composite's SWA side binding only
-    the tail of full's new ids, DESIGN section 11, "Uneven demand").
+    the tail of full's new ids, docs/design.md §11, "Uneven demand").
 
     ``a`` takes ``min(pages_a, holes_a)`` holes and extends ``m_a =
     max(0, pages_a - holes_a)`` pages, gated by ``end_available``; ``b``

@@ -11,7 +11,7 @@ Every band is a span ``[lo, hi)`` of physical pages on its pool's grid:
 Inside the span a page is either live (bound to a virtual id) or a hole.
 Holes are kept in the order they were made: reuse takes the oldest first.
 
-A band that **borrows** its ids (DESIGN section 3) indexes ``v2p`` by its
+A band that **borrows** its ids (docs/design.md §3) indexes ``v2p`` by its
 lender's ids, keeps no FIFO, and binds only ids its lender has live; its
 physical pages still come from its own grid.
 

@@ -251,7 +251,7 @@ def demand_skipped(s: Chain, i: int, d: list[int]) -> bool:
 
 def short_side_inputs(s: Chain, i: int, d: list[int]) -> dict[str, int]:
     """``short_side_decision``'s arguments for float ``i`` and demand ``d``
-    (DESIGN section 4, steps 2, 3, 5 and 6): each END's demand beyond its
+    (docs/design.md §4, steps 2, 3, 5 and 6): each END's demand beyond its
     holes in bytes, the float's two bands, the float's own demand beyond its
     holes, and the slack (the largest epp among the demanded pools)."""
 

@@ -1,8 +1,8 @@
 """The token-level composites: ``HybridSWA``, ``MambaHybrid``, ``TriPool``.
 
-DESIGN section 6.  Serving engines allocate tokens, not pages; a composite
+docs/design.md §6.  Serving engines allocate tokens, not pages; a composite
 wraps one ``Arena`` with fixed roles and speaks the paged-allocator
-interface that engines already call (ANCHOR section 1):
+interface that engines already call (docs/anchor.md §1):
 
 =============  =========================================  =====================
 composite      chain (low bytes -> high)                  ids
@@ -29,8 +29,8 @@ first.  Whether that succeeds is always decided first, on the arena's
 numbers, by ``transitions.coupled_fits`` (full's gate, then swa's gate on
 the state full's ``alloc`` leaves: the function the proofs run too), so a
 refusal changes nothing at all: the anchor's static SWA allocator ran both
-sides with no pre-check and leaked the side that succeeded (ANCHOR
-section 2); this one cannot.
+sides with no pre-check and leaked the side that succeeded (docs/anchor.md
+§2); this one cannot.
 
 Methods a composite does not have are absent, not stubs: ``HybridSWA`` has
 no ``alloc_state``/``free_state``/``state_available_size``/
@@ -94,7 +94,7 @@ def _count(what: str, v: SupportsIndex) -> int:
 def swa_window_end(seq_len: int, window: int, page_size: int) -> int:
     """Token position below which a request's SWA pages may be freed.
 
-    ANCHOR section 2: a request's SWA pages below
+    docs/anchor.md §2: a request's SWA pages below
     ``floor_to_page(seq_len - window - page_size)`` have left the window,
     clamped at 0.  ``window`` is the *engine's* window, the model's
     ``sliding_window - 1`` (gpt-oss: 127; Gemma 3: 1023).  The extra page
@@ -180,8 +180,8 @@ class _Composite:
     def _coupled(self, s: Chain, n: int, swa_n: int | None = None) -> bool:
         """Would the coupled bind of ``n`` pages succeed on an arena in
         state ``s``, swa binding the last ``swa_n`` of them (``0 <= swa_n
-        <= n``; None: all)?  ``swa_n < n`` is the uneven demand (DESIGN
-        section 11), whose SWA side needs only the tail of the new pages.
+        <= n``; None: all)?  ``swa_n < n`` is the uneven demand (docs/design.md
+        §11), whose SWA side needs only the tail of the new pages.
         ``transitions.coupled_fits``: the gate the proofs reason about."""
         chain = self.arena.chain
         follower = chain.index(SWA) if self._has(SWA) else None
@@ -214,7 +214,7 @@ class _Composite:
         holes first and then lowers full's low frontier by
         ``max(0, P - holes)`` pages, so the bytes left below full only
         shrink as ``P`` grows, and swa's gate (its gap as an up END, or its
-        grid-aware region as a float, DESIGN section 3) is a non-increasing
+        grid-aware region as a float, docs/design.md §3) is a non-increasing
         function of those bytes, asked for more pages.
         """
         lo, hi = 0, available(s, self.arena.chain.index(FULL))  # fits(lo); nothing above hi fits
@@ -227,7 +227,7 @@ class _Composite:
         return lo
 
     def _take_pages(self, n: int) -> list[int] | None:
-        """The gate of one batch that needs ``n`` new pages (DESIGN section 6).
+        """The gate of one batch that needs ``n`` new pages (docs/design.md §6).
 
         Decided by ``_coupled``; on a shortfall the relief ladder runs without
         eviction (flush, slide) and the gate is asked once more.  None
@@ -294,7 +294,7 @@ class _Composite:
         return list(zip(prefix, seq, last))
 
     def _alloc(self, reqs: list[Request]) -> list[int] | None:
-        """ANCHOR section 1, to the slot.
+        """docs/anchor.md §1, to the slot.
 
         Request ``i`` needs ``ceil(seq/ps) - ceil(prefix/ps)`` new pages;
         the batch takes them in one coupled bind, and requests take them in
@@ -330,11 +330,11 @@ class _Composite:
         extend_num_tokens: int | None = None,
     ) -> list[int] | None:
         """Slots for positions ``[prefix_i, seq_i)`` of each request, flat and
-        request-major, or None (DESIGN section 6; ANCHOR section 1).
+        request-major, or None (docs/design.md §6; docs/anchor.md §1).
 
         See ``_alloc`` for the rule and ``_requests`` for what is checked.
         ``prefix_lens_cpu``, ``seq_lens_cpu`` and ``extend_num_tokens`` are
-        the host copies an engine already holds (ANCHOR section 1); the
+        the host copies an engine already holds (docs/anchor.md §1); the
         implementation sizes the call from them instead of reading the
         device.  Given, they must agree with the lists (``ValueError``).
         A shortfall runs ``relieve(tokens=n*ps)`` without eviction (``n``
@@ -386,7 +386,7 @@ class _Composite:
     # ------------------------------------------------------------ free
 
     def free(self, token_ids: Sequence[int]) -> None:
-        """Free the pages of these tokens (DESIGN section 6; ANCHOR section 1).
+        """Free the pages of these tokens (docs/design.md §6; docs/anchor.md §1).
 
         The pages are ``sorted(set(t // ps))``.  Every token must be live
         in full: ``-1``, a token of page 0, a token out of range, an
@@ -415,7 +415,7 @@ class _Composite:
     # ------------------------------------------------------------ views
 
     def available_size(self) -> int:
-        """The joint view, in tokens (DESIGN section 6; anchor bug 7).
+        """The joint view, in tokens (docs/design.md §6; anchor bug 7).
 
         The largest ``n`` for which ``alloc_extend([0], [n], [-1])``
         succeeds now, without relief: ``P*ps`` for the largest ``P`` whose
@@ -432,7 +432,7 @@ class _Composite:
 
     def full_available_size(self) -> int:
         """Tokens full alone could take now (``arena.available_size("full")``;
-        DESIGN sections 5 and 6).  Not the gate: see ``available_size``."""
+        docs/design.md §5 and §6).  Not the gate: see ``available_size``."""
         return self.arena.available_size(FULL)
 
     def fits(self, tokens: int = 0, state_slots: int = 0, swa_tokens: int | None = None) -> bool:
@@ -442,7 +442,7 @@ class _Composite:
         ``transitions.coupled_fits``): nothing changes.  This is ``relieve``'s
         verdict and the gate of every allocation.
 
-        ``swa_tokens`` prices the SWA side on its own (DESIGN section 11,
+        ``swa_tokens`` prices the SWA side on its own (docs/design.md §11,
         "Uneven demand": a prefill over a cached prefix needs fewer SWA
         pages than full ones).  None means ``tokens`` (the coupled demand).
         Otherwise full binds ``P_f = cdiv(tokens, ps)`` new pages and swa
@@ -591,12 +591,12 @@ class _Composite:
     ) -> bool:
         """The shortfall ladder for a demand; True once it fits.
 
-        DESIGN sections 4 (relieve) and 6.  The demand vector is
+        docs/design.md §4 (relieve) and 6.  The demand vector is
         ``{full: ceil(tokens/ps), swa: ceil(swa_tokens/ps) (where present;
         None: the same as full), state: state_slots (where present)}``;
         "fits" is ``self.fits(tokens, state_slots, swa_tokens)``, which
         also says which ``swa_tokens`` are accepted (an uneven demand,
-        DESIGN section 11: an engine calls ``relieve(full, swa_tokens=swa)``
+        docs/design.md §11: an engine calls ``relieve(full, swa_tokens=swa)``
         and then allocates).  Unless it fits at once:
 
         1. **absorb**: every member settles the holes at its frontier
@@ -676,7 +676,7 @@ class _Composite:
     # -------------------------------------------------------- translate
 
     def translate(self, token_ids: Sequence[int], pool: str = "full") -> list[int]:
-        """Physical slots: ``v2p[t // ps] * ps + t % ps`` (DESIGN section 6).
+        """Physical slots: ``v2p[t // ps] * ps + t % ps`` (docs/design.md §6).
 
         ``pool`` is ``"full"``, ``"swa"`` (token ids; where present) or
         ``"state"`` (state slots, page size 1; where present).  A token
@@ -701,8 +701,8 @@ class _Composite:
     # ----------------------------------------------------------- checks
 
     def verify(self) -> None:
-        """DESIGN sections 5 and 6: ``arena.verify()`` (which already checks
-        that every live swa id is live in full, DESIGN section 3), plus the
+        """docs/design.md §5 and §6: ``arena.verify()`` (which already checks
+        that every live swa id is live in full, docs/design.md §3), plus the
         composite's roles: the chain and the borrowing are the ones this
         composite was built with.  Nothing else is composite state: every
         token and slot lives in the arena's tables.
@@ -718,7 +718,7 @@ class _Composite:
 
     def snapshot(self) -> dict[str, object]:
         """The whole state as JSON-able data, the arena's snapshot included
-        (DESIGN section 10)."""
+        (docs/design.md §10)."""
         return {"composite": type(self).__name__, "page_size": self.page_size, "arena": self.arena.snapshot()}
 
 
@@ -726,7 +726,7 @@ class _WithSWA(_Composite):
     """The calls of a composite with an SWA band (``HybridSWA``, ``TriPool``)."""
 
     def free_swa(self, token_ids: Sequence[int], start_pos: int) -> None:
-        """The per-step window free (DESIGN section 6; ANCHOR section 1,
+        """The per-step window free (docs/design.md §6; docs/anchor.md §1,
         ``free_segment``).
 
         ``start_pos`` (the position of ``token_ids[0]`` in its request)
@@ -754,7 +754,7 @@ class _WithSWA(_Composite):
 
     def swa_available_size(self) -> int:
         """Tokens swa alone could take now (``arena.available_size("swa")``;
-        DESIGN sections 5 and 6).  Binding them also needs full ids and
+        docs/design.md §5 and §6).  Binding them also needs full ids and
         full's bytes: the gate is ``available_size``."""
         return self.arena.available_size(SWA)
 
@@ -767,7 +767,7 @@ class _WithState(_Composite):
 
     def alloc_state(self, n: int = 1) -> list[int] | None:
         """``n`` state slots (state-pool virtual ids, FIFO), or None
-        (DESIGN sections 6 and 9, bug 6; ANCHOR section 2: slots from the
+        (docs/design.md §6 and §9, bug 6; docs/anchor.md §2: slots from the
         first page above the sink, and None rather than an assertion).
 
         On a shortfall, ``relieve(state_slots=n)`` without eviction, then
@@ -785,9 +785,9 @@ class _WithState(_Composite):
         return ids
 
     def free_state(self, slots: Sequence[int]) -> None:
-        """Free state slots (DESIGN section 6); an unknown, freed, repeated,
+        """Free state slots (docs/design.md §6); an unknown, freed, repeated,
         sink (0) or out-of-range slot is a ``ValueError``, with nothing
-        changed.  The state END frees as any END does (DESIGN section 4:
+        changed.  The state END frees as any END does (docs/design.md §4:
         an eager one compacts, a lazy one leaves holes).
 
         post: all(p == 0 for p in self.translate(slots, "state"))
@@ -801,11 +801,11 @@ class _WithState(_Composite):
 
     def state_available_size(self) -> int:
         """Slots the state pool could take now, without relief
-        (``arena.available_size("state")``; DESIGN section 6)."""
+        (``arena.available_size("state")``; docs/design.md §6)."""
         return self.arena.available_size(STATE)
 
     def state_slot_token_cost(self) -> int:
-        """Tokens one state slot displaces (DESIGN section 6; ANCHOR section 3):
+        """Tokens one state slot displaces (docs/design.md §6; docs/anchor.md §3):
         ``ceil(state_bytes / per-token bytes of the KV a token takes)``."""
         return arith.cdiv(self.state_bytes, self._token_entry_bytes)
 

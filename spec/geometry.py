@@ -11,7 +11,7 @@ from typing import NoReturn
 from . import arith
 
 GROW = ("up", "down", "float")
-POLICIES = ("anchor", "planner")  # who slides the floats (DESIGN sections 4 and 4b)
+POLICIES = ("anchor", "planner")  # who slides the floats (docs/design.md §4 and §4b)
 KINDS = ("kv", "state")
 
 
@@ -142,7 +142,7 @@ def make_layout(total_bytes: int, pools: Iterable[SubPool]) -> Layout:
 
 
 def check_policy(policy: object) -> None:
-    """``policy`` must name a relief policy (DESIGN section 4)."""
+    """``policy`` must name a relief policy (docs/design.md §4)."""
     if not isinstance(policy, str) or policy not in POLICIES:
         raise ValueError(f"arena: policy must be one of {POLICIES}, got {policy!r}")
 
@@ -168,7 +168,7 @@ def lazy_ends(layout: Layout, lazy: object) -> set[str]:
 
 
 def borrowing(layout: Layout, borrow: object) -> dict[str, str]:
-    """``{borrower: lender}`` from ``borrow`` (DESIGN section 3, borrowing).
+    """``{borrower: lender}`` from ``borrow`` (docs/design.md §3, borrowing).
 
     Both must be pools of the arena and distinct; a lender does not itself
     borrow, and both share a page size, so one token id addresses both.

@@ -2,7 +2,7 @@
 
 Every relocation in the arena is planned here and applied by
 ``Band.move``: a plan is ``(dst, src)``, two ascending lists of physical
-pages paired in order (DESIGN section 4).  A plan reads page numbers only,
+pages paired in order (docs/design.md §4).  A plan reads page numbers only,
 so each one can be read, tested and argued about on its own; the arena
 gathers the inputs and applies the result.
 
@@ -18,7 +18,7 @@ MovePlan = tuple[list[int], list[int]]  # (dst, src)
 
 def flush_plan(grow: str, live: list[int], holes: list[int], edge: int, max_moves: int | None = None) -> MovePlan:
     """A lazy END's flush: survivors nearest the frontier into the holes
-    furthest from it (DESIGN section 4, lazy END pools).
+    furthest from it (docs/design.md §4, lazy END pools).
 
     ``edge`` is where the packed band would end: ``min_page + live`` for the
     up END, ``num_pages - live`` for the down END.  A survivor beyond the
@@ -46,7 +46,7 @@ def make_room_plan(
 ) -> MovePlan:
     """``make_room``'s relocation: clear ``edge_pages`` pages at ``side``.
 
-    Two cases (DESIGN section 4, make_room):
+    Two cases (docs/design.md §4, make_room):
 
     - **leapfrog** (``edge_pages >= len(live)``): every live page packs
       against the far edge of the region; pages already in the target stay.

@@ -1,4 +1,4 @@
-"""The chain planner: kvarena's relief policy (DESIGN section 4b).
+"""The chain planner: kvarena's relief policy (docs/design.md §4b).
 
 The anchor's policy (``policy.short_side_decision``) looks at one float and
 its two sides.  The planner makes one decision over the whole chain: where

@@ -26,7 +26,7 @@ from .arith import ite, max_
 def short_side_decision(
     sides_low: int, sides_high: int, band_low: int, band_high: int, float_bytes: int, slack: int
 ) -> tuple[bool, bool, int]:
-    """Decide one float's move for a demand vector (DESIGN section 4, step 7).
+    """Decide one float's move for a demand vector (docs/design.md §4, step 7).
 
     With ``surplus[s] = band[s] - sides[s]`` (step 4), the plain decision:
 

@@ -1,4 +1,4 @@
-"""Conformance with the anchor engine (DESIGN section 9b).
+"""Conformance with the anchor engine (docs/design.md §9b).
 
 The anchor's own allocator classes (sglang 0.5.23's ``UnifiedKVPool``,
 ``MultiEndedAllocator``, ``FloatMultiEndedAllocator``) run on CPU over a

@@ -206,7 +206,7 @@ class AnchorArena:
         pages; for page sizes above 1 it recovers pages with ``torch.unique``,
         which sorts them, so they join the id FIFO in ascending order.
         ``segment=True`` calls ``free_segment(tokens, start_pos=0)``
-        instead, which keeps the caller's order (ANCHOR.md section 1).
+        instead, which keeps the caller's order (docs/anchor.md §1).
         Returns pages the fake cache copied (eager compaction)."""
         a = self.alloc_of[name]
         toks = self._tokens(name, ids)

@@ -328,8 +328,8 @@ COMPOSITE_CLASSES = {
         "refuses in one call and the anchor's three-pool ladder makes: sglang's "
         "TriPool ensure_capacity has rungs beyond the seed's demand-vector policy "
         "(END-only flushes under a reclaim certificate, a high-side make_room target "
-        "for the float), which kvarena's 'anchor' policy reproduces as DESIGN "
-        "section 4 states it (one ladder run; README finding 6); the spec accepts "
+        "for the float), which kvarena's 'anchor' policy reproduces as docs/design.md "
+        "§4 states it (one ladder run; README finding 6); the spec accepts "
         "the anchor's result, and kvarena's policy 'planner' makes the call at once",
     ),
     "state-slot-ladder": (

@@ -1,5 +1,5 @@
 """SGLang on kvarena: kvarena's composites as the allocator of sglang 0.5.23's
-unified-memory stack (DESIGN section 11).
+unified-memory stack (docs/design.md §11).
 
 ``install()`` makes SGLang's three factories (``init_unified_swa_pools``,
 ``init_unified_mamba_pools``, ``init_unified_mamba_swa_pools``, which a

@@ -464,8 +464,8 @@ class _Dropin:
         last_loc: torch.Tensor,
         extend_num_tokens: int,
     ) -> torch.Tensor | None:
-        """Slots for positions ``[prefix, seq)`` of each request (ANCHOR
-        section 1), or None; no device read."""
+        """Slots for positions ``[prefix, seq)`` of each request (docs/anchor.md
+        §1), or None; no device read."""
         out = self.composite.alloc_extend(
             prefix_lens.to(I64),
             seq_lens.to(I64),

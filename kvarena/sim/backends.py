@@ -210,7 +210,7 @@ class StaticSplit:
         return len(p.free) if p is not None else 0
 
     def available(self):
-        """``min(full, swa)`` free units (ANCHOR section 2)."""
+        """``min(full, swa)`` free units (docs/anchor.md §2)."""
         return min(self._free("full"), self._free("swa")) if self.has_swa else self._free("full")
 
     def _fits(self, units, slots):

@@ -67,8 +67,8 @@ def _fmt_ratio(s, unit="x"):
 
 
 class StaticFreeList:
-    """The textbook static SWA + full allocator on the device (ANCHOR
-    section 2): a free-id ring per pool, a full-to-SWA page map, the
+    """The textbook static SWA + full allocator on the device (docs/anchor.md
+    §2): a free-id ring per pool, a full-to-SWA page map, the
     anchor's slot rules, and the composite's host reads: one per
     ``free_swa`` (the count that sizes the call), and one per
     ``alloc_decode`` unless it is given the engine's ``seq_lens_cpu``."""

@@ -8,7 +8,7 @@ still holds it) and, on a model with recurrent state, may own a
 **checkpoint**: a state slot holding the state at the node's end.
 
 A new request **matches** the deepest node on its path that it can resume
-from (SGLang's hybrid radix caches, ANCHOR section 3 and DESIGN section 11):
+from (SGLang's hybrid radix caches, docs/anchor.md §3 and docs/design.md §11):
 
 - with state, the node must hold a checkpoint (a recurrent state cannot be
   rebuilt from KV without recomputing the prefix);

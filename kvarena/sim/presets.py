@@ -1,8 +1,8 @@
-"""Model geometries for the serving simulator (ANCHOR section 4).
+"""Model geometries for the serving simulator (docs/anchor.md §4).
 
 Bytes per token are ``layers x 2 x kv_heads x head_dim x 2`` (bf16) summed
 over a kind's layers; state per request is conv (bf16) plus SSM (fp32) over
-the state layers.  The figures and their sources are in ANCHOR section 4 and
+the state layers.  The figures and their sources are in docs/anchor.md §4 and
 the README's Results section.
 
 The simulator is **page-granular**: one simulated unit is one KV page of
@@ -166,7 +166,7 @@ class Sizes:
         )
 
 
-# ANCHOR section 2: the static engine's sizing defaults.
+# docs/anchor.md §2: the static engine's sizing defaults.
 DEFAULT_SWA_RATIO = 0.8  # swa_full_tokens_ratio: SWA tokens per full token
 DEFAULT_MAMBA_RATIO = 0.9  # mamba_full_memory_ratio: state memory per KV memory
 
@@ -195,7 +195,7 @@ class Split:
 
 
 def static_split(s, swa_ratio=DEFAULT_SWA_RATIO, mamba_ratio=DEFAULT_MAMBA_RATIO):
-    """The anchor's static sizing (ANCHOR section 2) of buffer ``s.total``.
+    """The anchor's static sizing (docs/anchor.md §2) of buffer ``s.total``.
 
     State gets ``mamba_ratio / (1 + mamba_ratio)`` of the memory (whole
     slots); the KV rest ``M`` gives ``full = M / (e_full + swa_ratio *

@@ -7,7 +7,7 @@ Five setups:
 - ``planner``: the same with ``policy="planner"`` (reported as unavailable
   where this build does not have the planner);
 - ``static-default``: a static split at the engine defaults (SWA-to-full
-  token ratio 0.8, mamba-to-full memory ratio 0.9; ANCHOR section 2);
+  token ratio 0.8, mamba-to-full memory ratio 0.9; docs/anchor.md §2);
 - ``static-best``: the static split that, in hindsight, admitted the most
   (mean admitted concurrency over its memory-bound steps), found by a grid
   search over each ratio's whole range (SWA tokens per full token in (0, 1],

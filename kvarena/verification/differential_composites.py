@@ -3,7 +3,7 @@
 A Hypothesis state machine boots a spec composite and an impl composite of
 one random kind (``HybridSWA``, ``MambaHybrid`` or ``TriPool``), page size,
 entry sizes, window and laziness, and drives both as a serving scheduler
-would (DESIGN section 6): admit a request (a state slot, then
+would (docs/design.md §6): admit a request (a state slot, then
 ``alloc_extend`` of its prompt), extend it, decode a batch
 (``alloc_decode``), free the SWA tokens that left the window (``free_swa``
 up to ``swa_window_end``; the impl's decode-path calls drawn checked or on
@@ -387,7 +387,7 @@ class CompositeMachine(RuleBasedStateMachine):
 
     @rule(data=st.data())
     def uneven_demand(self, data):
-        """An uneven demand (DESIGN section 11, SGLang's admission): full
+        """An uneven demand (docs/design.md §11, SGLang's admission): full
         tokens around what fits now and a bit past (up to past full's own
         view), SWA tokens a tail of them.  ``fits`` agrees in both twins;
         then, drawn (a third of the time), ``relieve`` for it agrees (verdict and the shortfalls

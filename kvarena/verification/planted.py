@@ -1,8 +1,8 @@
 """``kvarena planted``: named bugs planted one at a time, and who catches them.
 
 Each ``Mutation`` is a small text edit of one source file of the spec or
-the implementation that recreates one of the anchor's bugs (DESIGN section
-9) or another plausible slip.  For each, a fresh copy of the package is
+the implementation that recreates one of the anchor's bugs (docs/design.md
+§9) or another plausible slip.  For each, a fresh copy of the package is
 made with the edit applied (``kvarena/`` with ``spec/``, ``impl/`` and
 ``proofs/`` inside, first on ``PYTHONPATH``), and the suites run against
 that copy in a subprocess, cheapest first:
@@ -314,7 +314,7 @@ MUTATIONS = [
 # each one is in the code the arena runs (spec/chain.py, spec/transitions.py,
 # spec/bands.py) or in a closed form the implementation's gate is proved
 # equal to (spec/arith.py), and `kvarena prove` must refute an obligation for each
-# (tests/proofs/test_planted.py).  DESIGN section 7: a bug planted in the arena
+# (tests/proofs/test_planted.py).  docs/design.md §7: a bug planted in the arena
 # must fail an obligation, not only a test.
 PROOF_PLANTS = [
     Mutation(

@@ -8,7 +8,7 @@ implementation accept, so the planner's cases appear as soon as it lands.
 
 Tags say what a case covers: ``call:<name>`` (added from the steps),
 ``allocator:<kind>``, ``policy:<name>``, ``anchor-bug:<n>`` for the anchor's
-bugs of DESIGN section 9, ``bad-input``.  ``REQUIRED_TAGS`` lists what the
+bugs of docs/design.md §9, ``bad-input``.  ``REQUIRED_TAGS`` lists what the
 shipped set must cover; ``tests/verification/test_vectors.py`` checks it.
 """
 
@@ -225,7 +225,7 @@ def _plan_floats(r):
     r("plan_floats", demand={"f1": 8, "down": 4})
     r("plan_floats", demand={})
     return (
-        "the chain planner's rung (DESIGN section 4b) on two floats: a feasible demand is met, "
+        "the chain planner's rung (docs/design.md §4b) on two floats: a feasible demand is met, "
         "one that fits moves nothing, an infeasible one moves nothing",
         (),
     )

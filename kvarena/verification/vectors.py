@@ -22,7 +22,7 @@ One JSON object per file::
      "ops":  [step, ...],                               # the operations under test
      "post": observation}                               # the state after them
 
-``config`` holds the constructor's keyword arguments as DESIGN section 10
+``config`` holds the constructor's keyword arguments as docs/design.md §10
 names them: for ``"arena"`` ``total_bytes``, ``pools`` (a list of
 ``{name, entry_bytes, page_size, grow, kind}``), ``lazy`` (a bool or a list
 of END names), ``policy`` and ``borrow`` (``{borrower: lender}`` or null);
@@ -30,8 +30,8 @@ for a composite ``total_bytes``, ``full_entry_bytes``, ``swa_entry_bytes``
 (``HybridSWA``, ``TriPool``), ``state_bytes`` (``MambaHybrid``,
 ``TriPool``), ``page_size``, ``lazy`` and ``policy``.
 
-A **step** calls one method with keyword arguments named as in DESIGN
-section 10 and says what it returns::
+A **step** calls one method with keyword arguments named as in docs/design.md
+§10 and says what it returns::
 
     {"call": "alloc", "args": {"name": "full", "n": 4}, "returns": [40, 41, 42, 43]}
     {"call": "free", "args": {"name": "full", "ids": [0]}, "raises": "ValueError"}

@@ -1,5 +1,5 @@
 """The Arena's behaviour both packages share, run on each: the constructor's
-``lazy``, ``policy`` and ``borrow`` arguments (DESIGN sections 3, 4 and 10)
+``lazy``, ``policy`` and ``borrow`` arguments (docs/design.md §3, §4 and §10)
 and bools where counts or ids belong, borrowing, a pool that could never
 allocate, ``relieve``'s verdict (an evictor that frees but returns 0;
 the ladder's edges) and the conservation rule.

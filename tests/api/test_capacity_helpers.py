@@ -1,6 +1,6 @@
 """The scalar capacity helpers (``impl/capacity.py`` and their ``spec`` twins)
 against independent oracles: pages counted one by one on a small grid, and
-the demand-vector policy's decision table (DESIGN section 4, step 7) written
+the demand-vector policy's decision table (docs/design.md §4, step 7) written
 case by case.  They pin corners the arena never reaches on its own (an id
 room below the gap's pages, a region edge past the grid) and the policy's
 one-byte edges; README "Mutation score" lists what they kill."""
@@ -68,7 +68,7 @@ def test_float_available_keeps_its_post_on_any_span(mod):
 
 
 def _table(sides_low, sides_high, band_low, band_high, float_bytes, slack):
-    """DESIGN section 4, step 7, one row at a time: ``(act, side_is_low,
+    """docs/design.md §4, step 7, one row at a time: ``(act, side_is_low,
     target)``, with side and target meaningful only when ``act``."""
     short = {"low": sides_low > band_low, "high": sides_high > band_high}
     need = {"low": sides_low, "high": sides_high}

@@ -1,4 +1,4 @@
-"""The token-level composites (DESIGN section 6; ANCHOR sections 1-3):
+"""The token-level composites (docs/design.md §6; docs/anchor.md §1 to §3):
 HybridSWA, MambaHybrid and TriPool at page sizes 1, 16 and 64, in both
 packages.
 
@@ -88,7 +88,7 @@ def fifo(c):
 
 
 def anchor_slots(free_ids, ps, prefix, seq, last):
-    """ANCHOR section 1, position by position (written apart from either
+    """docs/anchor.md §1, position by position (written apart from either
     package): a position before the prefix's page end continues
     ``last_loc``; a position at a page start takes the next id off the
     FIFO, in batch order."""
@@ -214,7 +214,7 @@ def test_swa_window_end(pkg):
     assert swa_window_end(2048, 1023, 64) == 960
     for s in range(0, 200, 7):
         for w in (0, 3, 31, 127):
-            for ps in PAGE_SIZES:  # ANCHOR section 2: floor_to_page(seq_len - window - page_size), clamped at 0
+            for ps in PAGE_SIZES:  # docs/anchor.md §2: floor_to_page(seq_len - window - page_size), clamped at 0
                 assert swa_window_end(s, w, ps) == max(0, (s - w - ps) // ps * ps)
     for args in [(-1, 1, 1), (1, -1, 1), (1, 1, 0), (1.0, 1, 1), (True, 1, 1)]:
         with pytest.raises(ValueError):
@@ -516,7 +516,7 @@ def test_anchor_policy_refuses_a_feasible_coupled_demand_once(pkg, ps):
 
 
 def test_planner_meets_the_coupled_demand_in_one_call(pkg):
-    """The same state under ``policy="planner"`` (DESIGN section 4b, the fix):
+    """The same state under ``policy="planner"`` (docs/design.md §4b, the fix):
     the first call succeeds."""
     c = swa_one_page_mid_region(pkg, 16, "planner")
     assert c.alloc_extend([0], [10 * 16], [-1]) is not None

@@ -1,5 +1,5 @@
 """The engine's host copies (``prefix_lens_cpu``, ``seq_lens_cpu``,
-``extend_num_tokens``; ANCHOR section 1) in both packages: given and agreeing
+``extend_num_tokens``; docs/anchor.md §1) in both packages: given and agreeing
 they change nothing; disagreeing they are a ``ValueError`` with nothing
 changed; on the implementation's trusted path they size the call (the
 read-free path, ``tests/impl/test_host_sync.py``) and give the same slots."""

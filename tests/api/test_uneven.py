@@ -1,4 +1,4 @@
-"""The uneven demand (DESIGN section 11): ``fits`` and ``relieve`` with
+"""The uneven demand (docs/design.md §11): ``fits`` and ``relieve`` with
 ``swa_tokens``, in both packages.
 
 Full binds ``P_f = cdiv(tokens, ps)`` new pages and swa only the last ``P_s
@@ -271,9 +271,8 @@ def test_ps_rounding_of_the_swa_tail(pkg):
 
 @pytest.mark.parametrize("kind", KINDS)
 def test_impl_uneven_fits_reads_nothing_from_the_device(pkg, kind, monkeypatch):
-    """The implementation's uneven gate is host ints only (DESIGN section
-    11: admission asks it per request): every sync-forcing tensor method
-    raises while ``fits`` with ``swa_tokens`` runs."""
+    """The implementation's uneven gate is host ints only (docs/design.md §11:
+    admission asks it per request): every sync-forcing tensor method raises while ``fits`` with ``swa_tokens`` runs."""
     if pkg is not impl:
         pytest.skip("the implementation's host counters")
     ps = 4

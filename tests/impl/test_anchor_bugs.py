@@ -1,4 +1,4 @@
-"""Regression tests for the anchor's bugs (DESIGN section 9) against the impl.
+"""Regression tests for the anchor's bugs (docs/design.md §9) against the impl.
 
 Each test runs the correct code, then plants the bug (monkeypatch) and shows
 that the same check fails, so none of them can pass vacuously.

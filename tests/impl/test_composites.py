@@ -1,4 +1,4 @@
-"""The implementation's token-level composites (DESIGN section 6), what only
+"""The implementation's token-level composites (docs/design.md §6), what only
 the torch package has: no page copied where ``tests/api/test_composites.py``
 sees no move (counted at the arena's one move primitive), tensors'
 out-of-range ids, the joint view's closed forms against a linear scan, its

@@ -159,7 +159,7 @@ def test_make_layout_accepts_exactly_first_pages(total, cfg, rnd):
 
 
 def test_design_example_float_never_gets_a_page():
-    """DESIGN section 3: F's only page would overlap the up END's first page."""
+    """docs/design.md §3: F's only page would overlap the up END's first page."""
     pools = [SubPool("U", 10, 1, "up"), SubPool("F", 33, 1, "float"), SubPool("D", 10, 1, "down")]
     with pytest.raises(ValueError, match="'F'"):
         make_layout(86, pools)

@@ -56,7 +56,7 @@ def test_registry_covers_the_issue():
     ):
         assert REG[name].expect == "proved", name
     assert REG["golden.tripool_empty_float.exact_off_grid"].expect == "counterexample"
-    for n in (3, 4):  # the planner: every pool of chains of 3 and 4 (DESIGN section 4b)
+    for n in (3, 4):  # the planner: every pool of chains of 3 and 4 (docs/design.md §4b)
         for j in range(n):
             for what in ("complete", "sound.meets", "stays"):
                 assert REG[f"planner.{what}.n{n}.pool{j}"].expect == "proved"
@@ -231,7 +231,7 @@ def _telescoping(s):
 
 @pytest.mark.parametrize("n", [2, 3, 4])
 def test_conservation_goal_is_not_a_tautology(n):
-    """DESIGN section 7: conservation must be able to fail.  With no
+    """docs/design.md §7: conservation must be able to fail.  With no
     hypotheses at all z3 finds a state that breaks verify()'s byte equation
     (and the whole invariant); the old telescoping sum held for every state."""
     from kvarena.proofs import abstract as A
@@ -483,7 +483,7 @@ def test_source_mutation_first_pages_raw_bytes(monkeypatch, results):
     monkeypatch.setattr(arith, "first_pages", m.first_pages)
     r = _run("layout.every_pool_allocates.n3")
     assert r["result"] == "counterexample", r
-    # the DESIGN example, concretely: the mutant accepts F, whose region is empty
+    # the design's example (docs/design.md §3), concretely: the mutant accepts F, whose region is empty
     grids = [(10, 8, 4), (33, 2, 1), (10, 8, 4)]
     assert all(f for _, f in m.first_pages(grids)) and not all(f for _, f in real(grids))
 

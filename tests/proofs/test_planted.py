@@ -1,5 +1,5 @@
-"""Bugs planted in the code the arena runs fail `kvarena prove` (DESIGN
-section 7, "proofs about the code that runs").
+"""Bugs planted in the code the arena runs fail `kvarena prove` (docs/design.md
+§7, "proofs about the code that runs").
 
 Each ``planted.PROOF_PLANTS`` mutation edits ``spec/chain.py``,
 ``spec/transitions.py`` or ``spec/bands.py`` -- the views, the transitions
@@ -36,7 +36,7 @@ def test_at_least_three_plants_in_the_arenas_own_code():
     names = {m.name for m in planted.PROOF_PLANTS}
     # the audit's three: a view dropping holes, a float free losing a hole, a flipped side choice
     assert {"view-drops-holes", "float-free-loses-a-hole", "float-extends-toward-smaller-gap"} <= names
-    # the uneven joint gate (DESIGN section 11): a closed form blind to swa's holes
+    # the uneven joint gate (docs/design.md §11): a closed form blind to swa's holes
     assert "uneven-gate-ignores-swa-holes" in names
 
 

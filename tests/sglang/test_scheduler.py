@@ -1,5 +1,5 @@
 """SGLang's scheduler-level code over kvarena's drop-in and over SGLang's own
-allocator, side by side (issue 22 item 6; DESIGN section 11).
+allocator, side by side (issue 22 item 6; docs/design.md §11).
 
 Each case builds two stacks with SGLang's own factories (``stacks.build``):
 one after ``kvarena.sglang.install()``, one after ``uninstall()``, SGLang's

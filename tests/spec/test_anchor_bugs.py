@@ -1,4 +1,4 @@
-"""DESIGN §9: the anchor's bugs that apply to the spec.  Each test is paired with
+"""docs/design.md §9: the anchor's bugs that apply to the spec.  Each test is paired with
 a planted version of the bug that the test's own check must catch."""
 
 import copy

@@ -1,4 +1,4 @@
-"""The spec composites' own contracts (DESIGN section 6): the behaviour both
+"""The spec composites' own contracts (docs/design.md §6): the behaviour both
 packages share is in ``tests/api/test_composites.py``, which runs every test
 on the spec plain and under ``spec.contracts.checking()``; this checks that
 the checking really covers the composites' methods."""

@@ -39,7 +39,7 @@ CONFIG_ERRORS = [
         "f",
         lambda: Arena(150, [SubPool("u", 8, 1, "up"), SubPool("f", 80, 1, "float"), SubPool("d", 8, 1, "down")]),
     ),
-    # DESIGN section 3: F's only page overlaps U's empty frontier, so F never allocates
+    # docs/design.md §3: F's only page overlaps U's empty frontier, so F never allocates
     (
         "float's only page overlaps an END",
         "F",

@@ -1,4 +1,4 @@
-"""The chain planner (DESIGN section 4b), against a brute-force oracle and the
+"""The chain planner (docs/design.md §4b), against a brute-force oracle and the
 anchor policy's findings.
 
 The oracle shares no code with the spec: it enumerates every page-aligned

@@ -4,7 +4,7 @@ was ``test_relieve_findings.py``).
 
 The property under test: right after ``relieve(name, need)`` (no ``evict``)
 returned False, a second identical ``relieve(name, need)`` also returns False.
-Under the anchor policy (DESIGN section 4, demand vector) it does NOT hold
+Under the anchor policy (docs/design.md §4, demand vector) it does NOT hold
 in general.  A random-walk search over spec arenas (1-3 floats, mixed grids,
 lazy/eager ENDs, alloc/free/flush/make_room histories) found two ways the
 first run leaves a state in which a second run succeeds; both are kept here
@@ -28,7 +28,7 @@ succeeds_on_two_floats``).  Chain ``u | f1 | f2 | d``, 10 pages of 16 bytes
 
 The first run's vain slide of the non-adjacent float unblocked the adjacent
 one, but ``slide_floats`` visits each float once, so only a second run
-uses it (compare DESIGN section 4b: "a float that is not adjacent to the
+uses it (compare docs/design.md §4b: "a float that is not adjacent to the
 short END slides in vain while the adjacent one is blocked").
 
 Finding 2: ONE float, short on its own pages (``test_finding_second_relieve_
@@ -46,7 +46,7 @@ frees 2, leaving 2 holes; f1 asks for 5.
   live pages move into the far gap, the low band becomes 96 bytes: True.
 
 The first run's target counted holes that its own move then consumed (the
-DESIGN section 4b weakness "a float short on its own pages moves edge pages
+docs/design.md §4b weakness "a float short on its own pages moves edge pages
 into its holes, which gains it nothing").  So even one float breaks the
 property, when the shortfall is the float's own.
 
