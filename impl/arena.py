@@ -1,4 +1,4 @@
-"""The production arena on torch: one byte buffer, bands on one chain.
+"""The production arena on torch: one byte buffer, bands on one chain (docs/design.md §3, §4, §10).
 
 Same behaviour as ``kvarena.spec.Arena`` page for page (the differential
 tests hold the two equal), written independently over tensors.  From the
@@ -65,7 +65,8 @@ class SrcRun:
     """``_move``'s ``disjoint`` when the caller knows, without reading the
     device, that the sets are disjoint (but for self-pairs) and that the
     sources are the ascending pages ``start, start + 1, ...``: the copy then
-    reads them as one slice, in one pass and sync-free.  Always truthy."""
+    reads them as one slice, in one pass and sync-free (docs/design.md §8).
+    Always truthy."""
 
     start: int
 
@@ -113,10 +114,15 @@ def _copy_in_chunks(
 
 
 class Scope:
-    """``Arena.atomic()``: a block of arena calls that is all or nothing.
+    """``Arena.atomic()``: a block of arena calls that is all or nothing (docs/design.md §9c).
+
     The outermost scope keeps the journal (``impl/journal.py``); one opened
     inside it joins it.  On a raise the outermost undoes the whole block,
-    then lets the exception go on."""
+    then lets the exception go on.
+
+    Args:
+        arena: the arena the block changes.
+    """
 
     __slots__ = ("arena", "journal")
 
@@ -191,10 +197,28 @@ def _check_buffer(buffer: object, total_bytes: int, device: str | torch.device) 
 
 
 class Arena:
-    """The arena (docs/design.md §3).  ``buffer`` lends it an existing byte
-    buffer (an engine's KV storage; the arena then adds tables, not
-    memory) and ``mover`` routes every relocation's bytes through the
-    engine's own page copy (``Mover``); both default to the arena's own."""
+    """The arena (docs/design.md §3), with the public API of docs/design.md §10.
+
+    ``buffer`` lends it an existing byte buffer (an engine's KV storage; the
+    arena then adds tables, not memory) and ``mover`` routes every
+    relocation's bytes through the engine's own page copy (``Mover``); both
+    default to the arena's own (docs/design.md §11).
+
+    Args:
+        total_bytes: the byte buffer's size.
+        pools: the sub-pools; the chain is ``[up, floats in this order, down]``.
+        lazy: True, False, or the set of END pools that free lazily.
+        policy: ``"anchor"`` (the seed's short-side slide) or ``"planner"`` (docs/design.md §4b).
+        borrow: ``{borrower: lender}``, e.g. ``{"swa": "full"}``; None for none.
+        device: where the tables and the buffer live.
+        buffer: an engine's contiguous 1-D uint8 tensor of ``total_bytes`` on ``device``, or None.
+        mover: ``mover(pool, dst_pages, src_pages)``, the engine's page copy, or None.
+
+    Raises:
+        ValueError: a bad configuration (docs/design.md §3), naming the pool, a
+            bad ``lazy``, ``policy`` or ``borrow``, a ``buffer`` that does not
+            fit, or a ``mover`` that is not callable.
+    """
 
     def __init__(
         self,
@@ -258,30 +282,119 @@ class Arena:
         return b
 
     def geometry(self, name: str) -> Geometry:
+        """``name``'s grid (docs/design.md §3); as the spec's.
+
+        Args:
+            name: the pool.
+
+        Returns:
+            Its ``epp``, ``num_pages`` and ``min_page``.
+
+        Raises:
+            ValueError: an unknown pool, naming it.
+        """
         return self._band(name).geom
 
     def pool(self, name: str) -> SubPool:
+        """``name``'s ``SubPool``, as given (docs/design.md §3); as the spec's.
+
+        Args:
+            name: the pool.
+
+        Returns:
+            The sub-pool.
+
+        Raises:
+            ValueError: an unknown pool, naming it.
+        """
         return self._band(name).pool
 
     def is_lazy(self, name: str) -> bool:
+        """Whether ``name`` frees lazily (leaves holes; docs/design.md §4); as the spec's.
+
+        Args:
+            name: the pool.
+
+        Returns:
+            True for a lazy END; False for an eager END and for every float.
+
+        Raises:
+            ValueError: an unknown pool, naming it.
+        """
         return self._band(name).lazy
 
     def live_pages(self, name: str) -> int:
-        """How many pages are allocated (live)."""
+        """How many pages are allocated (live; docs/design.md §3); as the spec's.
+
+        A host counter: no host read.
+
+        Args:
+            name: the pool.
+
+        Returns:
+            The live pages.
+
+        Raises:
+            ValueError: an unknown pool, naming it.
+        """
         return self._band(name).live
 
     def lender(self, name: str) -> str | None:
+        """The pool whose ids ``name`` borrows (docs/design.md §3); as the spec's.
+
+        Args:
+            name: the pool.
+
+        Returns:
+            The lender, or None.
+
+        Raises:
+            ValueError: an unknown pool, naming it.
+        """
         return self._band(name).lender
 
     def borrowers(self, name: str) -> list[str]:
+        """The pools that borrow ``name``'s ids (docs/design.md §3); as the spec's.
+
+        Args:
+            name: the pool.
+
+        Returns:
+            The borrowers' names.
+
+        Raises:
+            ValueError: an unknown pool, naming it.
+        """
         self._band(name)
         return [n for n, lender in self.lenders.items() if lender == name]
 
     def v2p(self, name: str) -> torch.Tensor:
+        """``name``'s virtual-to-physical table, a copy (docs/design.md §3).
+
+        Args:
+            name: the pool.
+
+        Returns:
+            Rows ``[0, id_end)`` (the lender's ids for a borrower), int64; ``-1`` unbound.
+
+        Raises:
+            ValueError: an unknown pool, naming it.
+        """
         b = self._band(name)
         return b.v2p[: b.id_end].clone()
 
     def p2v(self, name: str) -> torch.Tensor:
+        """``name``'s physical-to-virtual table, a copy (docs/design.md §3).
+
+        Args:
+            name: the pool.
+
+        Returns:
+            Rows ``[0, num_pages)``, int64; ``-1`` free.
+
+        Raises:
+            ValueError: an unknown pool, naming it.
+        """
         b = self._band(name)
         return b.p2v[: b.geom.num_pages].clone()
 
@@ -290,27 +403,93 @@ class Arena:
         num_pages]``), each with its ``-1`` sentinel row last, themselves, not copies:
         views the arena keeps updating in place, for an engine whose kernels
         gather through them (a captured graph keeps their addresses).  Read
-        only: a write through them is a write the arena does not know of."""
+        only: a write through them is a write the arena does not know of
+        (docs/design.md §3, §11).
+
+        Args:
+            name: the pool.
+
+        Returns:
+            ``(v2p, p2v)``, live views.
+
+        Raises:
+            ValueError: an unknown pool, naming it.
+        """
         b = self._band(name)
         return b.v2p[: b.id_end + 1], b.p2v[: b.geom.num_pages + 1]
 
     def free_ids(self, name: str) -> torch.Tensor:
-        """The FIFO of unbound virtual ids, front first."""
+        """The FIFO of unbound virtual ids, front first (docs/design.md §3).
+
+        Args:
+            name: the pool.
+
+        Returns:
+            The ids, int64; empty for a borrower.
+
+        Raises:
+            ValueError: an unknown pool, naming it.
+        """
         return self._band(name).queued_ids()
 
     def frontiers(self, name: str) -> tuple[int, int]:
+        """``name``'s frontiers in bytes (docs/design.md §3); as the spec's.
+
+        A parked float reports ``(num_pages*epp, num_pages*epp)`` (docs/design.md §4).
+
+        Args:
+            name: the pool.
+
+        Returns:
+            ``(low_bytes, high_bytes)``.
+
+        Raises:
+            ValueError: an unknown pool, naming it.
+        """
         return self._band(name).frontiers
 
     def holes(self, name: str) -> torch.Tensor:
+        """``name``'s holes (docs/design.md §4, §10).
+
+        Args:
+            name: the pool.
+
+        Returns:
+            The physical pages, sorted, int64 (a new tensor).
+
+        Raises:
+            ValueError: an unknown pool, naming it.
+        """
         return torch.sort(self._band(name).holes).values
 
     def counts(self, name: str) -> BandCounts:
-        """``name``'s span, live and hole counts and rooms: host ints, a copy."""
+        """``name``'s span, live and hole counts and rooms: host ints, a copy
+        (docs/design.md §3, §5).  No host read.
+
+        Args:
+            name: the pool.
+
+        Returns:
+            The counts, in pages of ``name``'s grid.
+
+        Raises:
+            ValueError: an unknown pool, naming it.
+        """
         return self._band(name).counts
 
     def id_end(self, name: str) -> int:
         """One past ``name``'s last id (its lender's, for a borrower): the
-        index of ``v2p``'s ``-1`` sentinel row."""
+        index of ``v2p``'s ``-1`` sentinel row (docs/design.md §3).
+
+        Args:
+            name: the pool.
+
+        Returns:
+            The id end.
+
+        Raises:
+            ValueError: an unknown pool, naming it.
+        """
         return self._band(name).id_end
 
     def v2p_at(self, name: str, rows: torch.Tensor) -> torch.Tensor:
@@ -319,13 +498,35 @@ class Arena:
 
         Sync-free and unchecked: the composites' way to read the table on
         their hot paths (row ``id_end`` reads ``-1``; an index outside the
-        table fails the gather on CPU and is a device-side assert on CUDA)."""
+        table fails the gather on CPU and is a device-side assert on CUDA;
+        docs/design.md §3, §8).
+
+        Args:
+            name: the pool.
+            rows: the rows to read.
+
+        Returns:
+            The rows' entries, int64, in a new tensor.
+
+        Raises:
+            ValueError: an unknown pool, naming it.
+        """
         return self._band(name).v2p.index_select(0, rows)
 
     # ----------------------------------------------------------- bytes
 
     def page_view(self, name: str) -> torch.Tensor:
-        """Raw page envelopes of ``name``'s grid: uint8 ``[num_pages, epp]``."""
+        """Raw page envelopes of ``name``'s grid (impl only: the bytes, docs/design.md §10).
+
+        Args:
+            name: the pool.
+
+        Returns:
+            A uint8 ``[num_pages, epp]`` view of the buffer (not a copy).
+
+        Raises:
+            ValueError: an unknown pool, naming it.
+        """
         g = self._band(name).geom
         return self.buffer[: g.num_pages * g.epp].view(g.num_pages, g.epp)
 
@@ -341,7 +542,19 @@ class Arena:
 
     def kv_view(self, name: str, dtype: torch.dtype = torch.uint8) -> torch.Tensor:
         """A KV pool's pages as ``[num_pages, page_size, entry_bytes/itemsize]``;
-        a state pool's slots as ``[num_pages, entry_bytes/itemsize]``."""
+        a state pool's slots as ``[num_pages, entry_bytes/itemsize]``
+        (impl only: the bytes, docs/design.md §10).
+
+        Args:
+            name: the pool.
+            dtype: the element type the bytes are read as.
+
+        Returns:
+            A typed view of the buffer (not a copy).
+
+        Raises:
+            ValueError: an unknown pool, naming it.
+        """
         b = self._band(name)
         g, p = b.geom, b.pool
         raw = self.page_view(name)
@@ -349,7 +562,20 @@ class Arena:
         return raw.view(shape).view(dtype)
 
     def write_pages(self, name: str, ids: Ids, data: torch.Tensor) -> None:
-        """Write whole page envelopes ``data`` (uint8 ``[len(ids), epp]``) at ``ids``."""
+        """Write whole page envelopes ``data`` (uint8 ``[len(ids), epp]``) at ``ids``
+        (impl only: the bytes, docs/design.md §10).
+
+        The ids are validated with one documented host read.
+
+        Args:
+            name: the pool.
+            ids: live virtual ids.
+            data: the envelopes, one row per id.
+
+        Raises:
+            ValueError: an unknown pool, an id that is not live, or ``data``
+                that is not a tensor of shape ``[len(ids), epp]``, naming the pool.
+        """
         b = self._band(name)
         ids = self._bound_ids(b, ids)
         want = (ids.numel(), b.geom.epp)
@@ -363,7 +589,20 @@ class Arena:
         rows.index_copy_(0, pages, data.to(self.device, torch.uint8))
 
     def read_pages(self, name: str, ids: Ids) -> torch.Tensor:
-        """Page envelopes of ``ids``: uint8 ``[len(ids), epp]``."""
+        """Page envelopes of ``ids`` (impl only: the bytes, docs/design.md §10).
+
+        The ids are validated with one documented host read.
+
+        Args:
+            name: the pool.
+            ids: live virtual ids.
+
+        Returns:
+            uint8 ``[len(ids), epp]``, a new tensor.
+
+        Raises:
+            ValueError: an unknown pool or an id that is not live, naming the pool.
+        """
         b = self._band(name)
         ids = self._bound_ids(b, ids)
         return self.page_view(name).index_select(0, b.v2p.index_select(0, ids))
@@ -509,14 +748,52 @@ class Arena:
         return None
 
     def above(self, name: str) -> int:
+        """Low frontier of the first opaque band above ``name``, or ``total_bytes``
+        (docs/design.md §3); as the spec's.
+
+        Args:
+            name: the pool.
+
+        Returns:
+            The frontier, in bytes.
+
+        Raises:
+            ValueError: an unknown pool, naming it.
+        """
+        self._band(name)  # an unknown pool: the ValueError that names it
         nb = self._neighbour(name, True)
         return self.total_bytes if nb is None else nb.frontiers[0]
 
     def below(self, name: str) -> int:
+        """High frontier of the first opaque band below ``name``, or 0
+        (docs/design.md §3); as the spec's.
+
+        Args:
+            name: the pool.
+
+        Returns:
+            The frontier, in bytes.
+
+        Raises:
+            ValueError: an unknown pool, naming it.
+        """
+        self._band(name)  # an unknown pool: the ValueError that names it
         nb = self._neighbour(name, False)
         return 0 if nb is None else nb.frontiers[1]
 
     def region(self, name: str) -> tuple[int, int]:
+        """A float's pages ``[lo, hi)`` between its opaque neighbours, rounded
+        inward on its own grid (docs/design.md §3, "Float region"); as the spec's.
+
+        Args:
+            name: the pool.
+
+        Returns:
+            ``(lo, hi)``, in pages of ``name``'s grid.
+
+        Raises:
+            ValueError: an unknown pool, naming it.
+        """
         g = self._band(name).geom
         return cap.float_region(self.below(name), self.above(name), g.epp, g.min_page, g.num_pages)
 
@@ -565,26 +842,104 @@ class Arena:
     def new_memo(self) -> Memo:
         """An empty ``Memo`` on this arena's clock: any capacity change of any
         band empties it.  For views this arena does not know (a composite's
-        joint view); ``verify`` does not check it, its owner does."""
+        joint view); ``verify`` does not check it, its owner does
+        (docs/design.md §5).
+
+        Returns:
+            The memo.
+        """
         return Memo(self._memo.clock)
 
     def fresh_view(self, view: str, name: str) -> int:
-        """A view recomputed from the fields, bypassing the memo."""
+        """A view recomputed from the fields, bypassing the memo (docs/design.md §5).
+
+        Args:
+            view: ``"available_pages"``, ``"schedulable_pages"`` or ``"gap_bytes"``.
+            name: the pool.
+
+        Returns:
+            The view's value.
+
+        Raises:
+            ValueError: an unknown view, or an unknown pool, naming it.
+        """
+        if view not in self._FRESH:
+            raise ValueError(f"fresh_view: unknown view {view!r} (views: {', '.join(self._FRESH)})")
         return self._FRESH[view](self, self._band(name))
 
     def gap_bytes(self, name: str) -> int:
+        """Free bytes an END can grow into; for a float, free bytes on both
+        sides (docs/design.md §3, "Gap"); as the spec's.  Memoised (docs/design.md §5).
+
+        Args:
+            name: the pool.
+
+        Returns:
+            The bytes, at least 0.
+
+        Raises:
+            ValueError: an unknown pool, naming it.
+        """
         return self._view("gap_bytes", name)
 
     def available_pages(self, name: str) -> int:
+        """Pages ``alloc`` hands out now, with no relocation: the gate
+        (docs/design.md §5); as the spec's.  Memoised, from host counters: no host read.
+
+        Args:
+            name: the pool.
+
+        Returns:
+            The pages.
+
+        Raises:
+            ValueError: an unknown pool, naming it.
+        """
         return self._view("available_pages", name)
 
     def available_size(self, name: str) -> int:
+        """Tokens (slots) ``alloc`` hands out now (docs/design.md §5); as the spec's.
+
+        Args:
+            name: the pool.
+
+        Returns:
+            ``available_pages(name) * page_size``.
+
+        Raises:
+            ValueError: an unknown pool, naming it.
+        """
         return self.available_pages(name) * self._band(name).pool.page_size
 
     def schedulable_available_size(self, name: str) -> int:
+        """Tokens available once the growth-side neighbour flushes: a lazy END
+        neighbour's holes are credited, in bytes, to this END's gap
+        (docs/design.md §5); as the spec's.  A float's is its available size.
+
+        Args:
+            name: the pool.
+
+        Returns:
+            The tokens.
+
+        Raises:
+            ValueError: an unknown pool, naming it.
+        """
         return self._view("schedulable_pages", name) * self._band(name).pool.page_size
 
     def conserved_available_size(self, name: str) -> int:
+        """Capacity minus allocated tokens: the leak invariant's view
+        (docs/design.md §5); as the spec's.
+
+        Args:
+            name: the pool.
+
+        Returns:
+            The tokens.
+
+        Raises:
+            ValueError: an unknown pool, naming it.
+        """
         b = self._band(name)
         return b.index_room * b.pool.page_size
 
@@ -669,12 +1024,16 @@ class Arena:
         the rule).  Every changing call is such a block on its own; a block
         inside one joins it.  ``relieve`` with an evictor cannot run inside
         one (``ValueError``): the evictor's frees are the engine's, past
-        undoing."""
+        undoing (docs/design.md §9c).
+
+        Returns:
+            The scope, a context manager.
+        """
         return Scope(self)
 
     @property
     def in_atomic(self) -> bool:
-        """Whether an ``atomic()`` block is open."""
+        """Whether an ``atomic()`` block is open (docs/design.md §9c)."""
         return self._journal is not None
 
     def _open(self) -> Journal:
@@ -691,6 +1050,23 @@ class Arena:
         unless it validates given ids: ``check=False`` is the decode path's
         way to bind ids it knows are valid (a borrower binding its lender's
         fresh ids), with no host read; bad ids there are undefined behaviour.
+        As the spec's (docs/design.md §4); one ``atomic()`` scope (docs/design.md §9c).
+
+        Args:
+            name: the pool.
+            n: pages wanted, at least 0; 0 gives an empty tensor.
+            ids: the virtual ids to bind (a borrower must give them: each live
+                in its lender, not in itself); None takes the FIFO's oldest.
+            check: False to bind ``ids`` unchecked.
+
+        Returns:
+            The virtual ids (a new tensor), or None when ``n > available_pages(name)``,
+            nothing changed.
+
+        Raises:
+            ValueError: an unknown pool, ``n`` not an int >= 0, ``len(ids) != n``,
+                a borrower without ``ids``, or a bad id (checked), naming the
+                pool; nothing changed.
         """
         b = self._band(name)
         n = self._count(name, n)
@@ -716,7 +1092,18 @@ class Arena:
         The coupled bind of a composite, whose joint gate has already
         decided that both binds fit (the lender's, then each borrower's in
         what the lender left): no gate here, no check, no host sync.  A
-        bind that does not fit is undefined behaviour."""
+        bind that does not fit is undefined behaviour (docs/design.md §3, §6, §8).
+
+        Args:
+            name: the lender.
+            n: pages to bind, at least 1.
+
+        Returns:
+            The ids, int64.
+
+        Raises:
+            ValueError: an unknown pool, naming it.
+        """
         ids = self._bind(self._band(name), n)
         for borrower in self.borrowers(name):
             self._bind(self.bands[borrower], n, ids)
@@ -776,6 +1163,17 @@ class Arena:
         (decode, which frees only pages with ``v2p > 0``); bad ids there are
         undefined behaviour (a ``-1`` fails the table gather on CPU and is
         a device-side assert on CUDA; it never reaches the FIFO silently).
+        As the spec's (docs/design.md §4, §8); one ``atomic()`` scope (docs/design.md §9c).
+
+        Args:
+            name: the pool.
+            ids: live virtual ids.
+            check: False for the sync-free path.
+
+        Raises:
+            ValueError: an unknown pool, or (checked) an id that is repeated,
+                the sink, out of range, not allocated, or still bound in a
+                borrower, naming the pool; nothing changed.
         """
         b = self._band(name)
         ids = self._checked(b, ids, bound=True, freeing=True) if check else self._as_tensor(b, ids)
@@ -833,7 +1231,19 @@ class Arena:
 
         A lazy END absorbs frontier holes and moves the survivors nearest the
         frontier into the holes furthest from it (at most ``max_moves``).  A
-        float only absorbs its boundary holes.
+        float only absorbs its boundary holes.  As the spec's (docs/design.md §4).
+        A cold path that reads the host (``# SYNC:``): the move set depends on
+        which pages are live.
+
+        Args:
+            name: the pool.
+            max_moves: the most pages to move; None for no cap, 0 to absorb only.
+
+        Returns:
+            The pages moved.
+
+        Raises:
+            ValueError: an unknown pool, or ``max_moves`` not an int >= 0, naming the pool.
         """
         b = self._band(name)
         if max_moves is not None:
@@ -887,6 +1297,21 @@ class Arena:
 
         Returns pages moved; 0 with nothing changed when the side already has
         it, the float is transparent, or even a leapfrog cannot reach it.
+        As the spec's (docs/design.md §4).  A cold path that reads the host
+        (``# SYNC:``): the move set depends on the live pages.
+
+        Args:
+            name: the float.
+            side: ``"low"`` or ``"high"``.
+            min_bytes: the bytes wanted between the float and its neighbour on
+                ``side``: a target for the whole band, not an increment.
+
+        Returns:
+            The pages moved.
+
+        Raises:
+            ValueError: an unknown pool or an END, a bad ``side``, or
+                ``min_bytes`` not an int >= 0, naming the pool.
         """
         b = self._float(name)
         if side not in SIDES:
@@ -930,7 +1355,20 @@ class Arena:
     @_all_or_nothing
     def compact_holes(self, name: str, retreat_side: str) -> int:
         """Pack a float's live pages toward the edge opposite ``retreat_side``,
-        keeping their order.  Pages moved."""
+        keeping their order.  As the spec's (docs/design.md §4).  A cold path
+        that reads the host (``# SYNC:``): the move set depends on the live pages.
+
+        Args:
+            name: the float.
+            retreat_side: ``"low"`` or ``"high"``, the side it leaves.
+
+        Returns:
+            The pages moved.
+
+        Raises:
+            ValueError: an unknown pool or an END, or a bad ``retreat_side``,
+                naming the pool.
+        """
         b = self._float(name)
         if retreat_side not in SIDES:
             raise ValueError(f"pool {name!r}: retreat_side must be 'low' or 'high', got {retreat_side!r}")
@@ -951,7 +1389,18 @@ class Arena:
         the ``-1`` sentinel row, so nothing reads out of range, and the
         result is computed into a temporary before ``out`` is written, so
         ``out`` may alias ``ids``.  A host sequence is range-checked like the
-        spec (``ValueError``).
+        spec (docs/design.md §4, §8).
+
+        Args:
+            name: the pool.
+            ids: virtual ids, a tensor (any shape) or a host sequence.
+            out: a tensor of ``ids``' shape to write the pages into, or None.
+
+        Returns:
+            The physical pages (``out`` when given), int64, of ``ids``' shape.
+
+        Raises:
+            ValueError: an unknown pool, or a host id outside ``[-1, id_end)``, naming the pool.
         """
         b = self._band(name)
         n = b.id_end
@@ -972,7 +1421,20 @@ class Arena:
 
     @_all_or_nothing
     def open_short_side(self, name: str, demand: Mapping[str, int]) -> int:
-        """Slide float ``name`` for a demand vector ``{pool: pages}``; pages moved."""
+        """Slide float ``name`` for a demand vector ``{pool: pages}``: the anchor
+        policy's rung (docs/design.md §4, "Demand vector"); as the spec's.
+
+        Args:
+            name: the float.
+            demand: pages each pool needs; 0 for pools the operation does not touch.
+
+        Returns:
+            The pages moved (``make_room``'s), 0 when the policy does nothing.
+
+        Raises:
+            ValueError: an unknown pool or an END, or a demand not an int >= 0,
+                naming the pool.
+        """
         b = self._float(name)
         for n in demand:
             self._band(n)
@@ -1005,7 +1467,18 @@ class Arena:
 
         The decision is the spec's own ``planner.plan_chain`` (one source,
         like ``check_policy``), fed from this arena's host counters; the
-        repacks run in ``planner.move_order``, each one batched move."""
+        repacks run in ``planner.move_order``, each one batched move (a cold
+        path: each move set is read from the live pages, ``# SYNC:``).  As the spec's.
+
+        Args:
+            demand: pages each pool needs; 0 for pools the operation does not touch.
+
+        Returns:
+            The pages moved; 0 when the demand already fits or cannot be met.
+
+        Raises:
+            ValueError: an unknown pool, or a demand not an int >= 0, naming the pool.
+        """
         for n in demand:
             self._band(n)
         demand = {n: self._count(n, d, "demand") for n, d in demand.items()}
@@ -1042,7 +1515,17 @@ class Arena:
     def flush_targets(self, name: str) -> list[str]:
         """The bands an urgent flush visits for a shortfall in ``name``: the
         nearest opaque band on each side the band grows toward (an END
-        grows one way, a float both)."""
+        grows one way, a float both; docs/design.md §4, relieve's rung 1).
+
+        Args:
+            name: the pool.
+
+        Returns:
+            Their names.
+
+        Raises:
+            ValueError: an unknown pool, naming it.
+        """
         b = self._band(name)
         ways = {"up": (True,), "down": (False,), "float": (False, True)}[b.grow]
         return [nb.name for nb in (self._neighbour(name, up) for up in ways) if nb is not None]
@@ -1059,7 +1542,23 @@ class Arena:
         The verdict is read after the last step.  Never raises on a
         shortfall.  Each attempt's rungs are one ``atomic()`` scope and the
         evictor runs between them (its frees are the engine's), so a fault
-        leaves the state where an attempt or an evictor call ended.
+        leaves the state where an attempt or an evictor call ended
+        (docs/design.md §4, §9c).
+
+        Args:
+            name: the pool.
+            need_pages: the pages wanted.
+            evict: ``evict(shortfall_pages)`` frees what it can and returns the
+                count freed; None for no eviction.
+
+        Returns:
+            Whether ``need_pages`` fits now.
+
+        Raises:
+            ValueError: an unknown pool, ``need_pages`` not an int >= 0, an
+                ``evict`` that is not callable, an evictor inside an open
+                ``atomic()`` block, or an ``evict`` return that is not a count,
+                naming the pool.
         """
         self._band(name)
         need = self._count(name, need_pages, "need_pages")
@@ -1100,7 +1599,10 @@ class Arena:
 
         The memo is checked first, so a write around a ``CapField`` is
         reported as what it is.  Everything else is recounted from the
-        device tables (SYNC: a cold path).
+        device tables (SYNC: a cold path).  The checks of docs/design.md §5.
+
+        Raises:
+            AccountingError: a rule is broken, naming the pool and the rule.
         """
         for view, pool, value in self._memo.entries():
             fresh = self.fresh_view(view, pool)
@@ -1192,6 +1694,12 @@ class Arena:
         """The whole state as JSON-able data (same shape as the spec's).
 
         Copies every table to the host: a tool and test path, never a hot one.
+        docs/design.md §10.
+
+        Returns:
+            The total and sink bytes, the policy, the chain, and per pool its
+            sub-pool, grid, laziness, lender, span, frontiers, live count,
+            tables, free ids and holes, as host lists.
         """
         pools = {}
         for name in self.chain:

@@ -27,7 +27,7 @@ I64 = torch.int64
 class BandCounts(NamedTuple):
     """A band's counts on the host, as ``Arena.counts`` hands them out: a
     copy, so whoever reads it cannot write the band.  In pages of the
-    band's own grid."""
+    band's own grid (spans and rooms: docs/design.md §3, §5)."""
 
     lo: int  # the span [lo, hi)
     hi: int
@@ -39,7 +39,13 @@ class BandCounts(NamedTuple):
 
 
 class FreeIds:
-    """FIFO of unbound virtual ids as a device ring; head/count on the host."""
+    """FIFO of unbound virtual ids as a device ring; head/count on the host (docs/design.md §3).
+
+    Args:
+        first: the first id the pool owns (its ``min_page``).
+        end: one past the last id (its ``num_pages``).
+        device: where the ring lives.
+    """
 
     def __init__(self, first: int, end: int, device: torch.device) -> None:
         self.cap = end - first
@@ -50,19 +56,42 @@ class FreeIds:
         return (torch.arange(n, dtype=I64, device=self.buf.device) + start) % self.cap
 
     def tail_slots(self, n: int) -> torch.Tensor:
-        """The ``n`` slots ``put`` writes next (outside the queue)."""
+        """The ``n`` slots ``put`` writes next (outside the queue; the journal keeps them, docs/design.md §9c).
+
+        Args:
+            n: how many slots.
+
+        Returns:
+            Their ring indices, int64.
+        """
         return self._slots(self.head + self.count, n)
 
     def state(self) -> tuple[torch.Tensor, int, int]:
-        """What ``restore`` needs: the buffer (rebound, never rewritten,
-        where the queue's order changes) and head and count."""
+        """What ``restore`` needs (docs/design.md §9c).
+
+        Returns:
+            The buffer (rebound, never rewritten, where the queue's order
+            changes), head and count.
+        """
         return self.buf, self.head, self.count
 
     def restore(self, state: tuple[torch.Tensor, int, int]) -> None:
+        """Put the ring back as ``state`` found it, on a failed scope (docs/design.md §9c).
+
+        Args:
+            state: what ``state()`` returned.
+        """
         self.buf, self.head, self.count = state
 
     def take(self, n: int) -> torch.Tensor:
-        """Pop the ``n`` oldest ids (a fresh tensor)."""
+        """Pop the ``n`` oldest ids: ids go out FIFO (docs/design.md §3).
+
+        Args:
+            n: how many ids; at most ``count``.
+
+        Returns:
+            The ids, int64, in a fresh tensor.
+        """
         if self.head + n <= self.cap:  # no wrap: one copy of a slice, not an index gather
             out = self.buf[self.head : self.head + n].clone()
         else:
@@ -71,19 +100,33 @@ class FreeIds:
         return out
 
     def put(self, ids: torch.Tensor) -> None:
-        """Append ids at the back (no host sync: the length is a shape)."""
+        """Append ids at the back: freed ids queue last (docs/design.md §3).
+
+        No host sync: the length is a shape.
+
+        Args:
+            ids: int64 ids, not in the queue.
+        """
         k = ids.numel()
         self.buf.index_copy_(0, self.tail_slots(k), ids)
         self.count += k
 
     def queue(self) -> torch.Tensor:
+        """The queued ids, front first (docs/design.md §3).
+
+        Returns:
+            A fresh int64 tensor of ``count`` ids.
+        """
         return self.buf.index_select(0, self._slots(self.head, self.count))
 
     def remove(self, ids: torch.Tensor) -> None:
-        """Drop borrowed ``ids`` (all queued), keeping the others' order.
+        """Drop borrowed ``ids`` (all queued), keeping the others' order (docs/design.md §3).
 
         A stable sort on the "drop" flag moves the kept ids to the front, so
         no mask indexing is needed; the kept count is known on the host.
+
+        Args:
+            ids: int64 ids, each in the queue once.
         """
         q = self.queue()
         drop = torch.isin(q, ids).to(torch.int8)
@@ -95,6 +138,17 @@ class FreeIds:
 
 
 class Band:
+    """One pool's band: its span, page tables, holes and free-id queue (docs/design.md §3).
+
+    Args:
+        pool: the pool.
+        geom: its grid.
+        lazy: whether an END pool frees lazily (leaves holes).
+        device: where the tables live.
+        lender: the pool whose ids it borrows, or None.
+        lender_geom: the lender's grid, when it borrows: its tables cover the lender's ids.
+    """
+
     lo = CapField[int]()
     hi = CapField[int]()
     live = CapField[int]()
@@ -129,53 +183,79 @@ class Band:
 
     @property
     def is_end(self) -> bool:
+        """Whether the pool is an END (grows up or down), not a float (docs/design.md §3)."""
         return self.grow != "float"
 
     @property
     def opaque(self) -> bool:
+        """An END, or a float with a live page; a transparent float is absent from walks (docs/design.md §3)."""
         return self.is_end or self.live > 0
 
     @property
     def n_holes(self) -> int:
+        """How many holes, read from a shape: no host sync (docs/design.md §8)."""
         return self.holes.numel()  # a shape: no sync
 
     @property
     def index_room(self) -> int:
+        """Grid pages not bound: the index space left (docs/design.md §4, §5)."""
         return self.geom.num_pages - self.geom.min_page - self.live
 
     @property
     def span_room(self) -> int:
-        """Grid pages outside the span: how far an END may still extend."""
+        """Grid pages outside the span: how far an END may still extend (docs/design.md §5)."""
         return self.geom.num_pages - self.geom.min_page - (self.hi - self.lo)
 
     @property
     def counts(self) -> BandCounts:
+        """The host counts, a copy (docs/design.md §3, §5)."""
         return BandCounts(self.lo, self.hi, self.live, self.n_holes, self.opaque, self.index_room, self.span_room)
 
     @property
     def frontiers(self) -> tuple[int, int]:
+        """``(low, high)`` frontiers in bytes, from the span (docs/design.md §3)."""
         return self.lo * self.geom.epp, self.hi * self.geom.epp
 
     def pages(self, start: int, stop: int) -> torch.Tensor:
+        """Physical pages ``[start, stop)`` of this band's grid (docs/design.md §3).
+
+        Args:
+            start: the first page.
+            stop: one past the last page.
+
+        Returns:
+            The pages, int64, on the band's device.
+        """
         return torch.arange(start, stop, dtype=I64, device=self.device)
 
     @property
     def id_end(self) -> int:
-        """One past the last id: the index of ``v2p``'s sentinel row."""
+        """One past the last id: the index of ``v2p``'s sentinel row (docs/design.md §3)."""
         return self.id_range[1]
 
     def queued_ids(self) -> torch.Tensor:
-        """The free-id queue, front first (empty for a borrower)."""
+        """The free-id queue, front first (docs/design.md §3).
+
+        Returns:
+            The queued ids, int64; empty for a borrower.
+        """
         if self.free_ids is None:
             return torch.empty(0, dtype=I64, device=self.device)
         return self.free_ids.queue()
 
     def occupied_pages(self) -> torch.Tensor:
-        """Live physical pages, ascending.  Host sync (nonzero): only the cold
-        paths that compute move sets (flush, make_room, compact) call it."""
+        """Live physical pages, ascending (docs/design.md §3).
+
+        Host sync (nonzero): only the cold paths that compute move sets
+        (flush, make_room, compact) call it (docs/design.md §8).
+
+        Returns:
+            The pages, int64.
+        """
         g = self.geom
         return torch.nonzero(self.p2v[g.min_page : g.num_pages] >= 0).flatten() + g.min_page
 
     def park(self) -> None:
+        """Park a float: empty span at ``num_pages``, no holes (docs/design.md §3, §4)."""
         self.lo = self.hi = self.geom.num_pages
         self.holes = self.holes[:0]

@@ -1,4 +1,4 @@
-"""Scalar capacity and policy arithmetic of the implementation.
+"""Scalar capacity and policy arithmetic of the implementation (docs/design.md §5, §4, §7).
 
 Torch-free, pure int functions.  They are written afresh (not imported from
 ``kvarena.spec.arith``/``policy``) but keep the spec helpers' names and
@@ -19,7 +19,17 @@ def _ceil(a: int, b: int) -> int:
 
 def end_available(gap: int, epp: int, index_room: int, holes: int) -> int:
     """Pages an END hands out: whole pages of its gap, capped by the ids it
-    has left, plus its lazy holes (0 when eager)."""
+    has left, plus its lazy holes (docs/design.md §5).  As ``spec/arith.py``'s twin.
+
+    Args:
+        gap: free bytes on the END's growth side.
+        epp: bytes per page of the END.
+        index_room: pages left on its grid (``num_pages - min_page - span``).
+        holes: its lazy holes (0 when eager).
+
+    Returns:
+        The pages an ``alloc`` of the END can take now.
+    """
     ext = _floor(gap, epp)
     if index_room < ext:
         ext = index_room
@@ -28,7 +38,21 @@ def end_available(gap: int, epp: int, index_room: int, holes: int) -> int:
 
 def float_available(parked: bool, lo: int, hi: int, lo_wm: int, hi_wm: int, holes: int, index_room: int) -> int:
     """Pages a float hands out without moving: its whole region when parked,
-    else holes plus the larger free side; never more than its free ids."""
+    else holes plus the larger free side; never more than its free ids
+    (docs/design.md §5).  As ``spec/arith.py``'s twin.
+
+    Args:
+        parked: whether the float has no live page.
+        lo: the first page of its region.
+        hi: one past the last page of its region.
+        lo_wm: the first page of its span.
+        hi_wm: one past the last page of its span.
+        holes: its holes.
+        index_room: its ids not bound.
+
+    Returns:
+        The pages, at least 0.
+    """
     if parked:
         free = hi - lo if hi - lo > 0 else 0
     else:
@@ -41,7 +65,19 @@ def float_available(parked: bool, lo: int, hi: int, lo_wm: int, hi_wm: int, hole
 
 def float_region(below: int, above: int, epp: int, lowest: int, num_pages: int) -> tuple[int, int]:
     """Pages ``[lo, hi)`` of a float's grid strictly between its neighbours'
-    frontiers: round the low edge up and the high edge down (anchor bug 1)."""
+    frontiers: round the low edge up and the high edge down (anchor bug 1;
+    docs/design.md §3, "Float region").  As ``spec/arith.py``'s twin.
+
+    Args:
+        below: the high frontier of the first opaque member below, in bytes.
+        above: the low frontier of the first opaque member above, in bytes.
+        epp: bytes per page of the float.
+        lowest: its ``min_page``.
+        num_pages: its grid's page count.
+
+    Returns:
+        ``(lo, hi)``, in pages of the float's grid.
+    """
     lo = _ceil(below, epp)
     if lo < lowest:
         lo = lowest
@@ -52,28 +88,77 @@ def float_region(below: int, above: int, epp: int, lowest: int, num_pages: int) 
 
 
 def park_start(lo: int, hi: int, n: int) -> int:
-    """First page of a new span of ``n`` pages centred in ``[lo, hi)``."""
+    """First page of a parked float's new span of ``n`` pages, centred in ``[lo, hi)``
+    (docs/design.md §4).  As ``spec/arith.py``'s twin.
+
+    Args:
+        lo: the first page of the region.
+        hi: one past its last page.
+        n: the span's pages.
+
+    Returns:
+        ``lo + (hi - lo - n) // 2``.
+    """
     return lo + _floor(hi - lo - n, 2)
 
 
 def make_room_feasible(
     side_is_low: bool, below: int, above: int, lo: int, hi: int, live: int, epp: int, min_bytes: int
 ) -> bool:
-    """Would packing the live pages against the far edge open ``min_bytes``?"""
+    """Would packing the live pages against the far edge open ``min_bytes``?
+    (``make_room``'s first test, docs/design.md §4.)  As ``spec/arith.py``'s twin.
+
+    Args:
+        side_is_low: whether the side to open is the float's low side.
+        below: the high frontier of the first opaque member below, in bytes.
+        above: the low frontier of the first opaque member above, in bytes.
+        lo: the first page of the float's region.
+        hi: one past the last page of its region.
+        live: its live pages.
+        epp: bytes per page of the float.
+        min_bytes: the band wanted on that side, in bytes.
+
+    Returns:
+        Whether a leapfrog would leave at least ``min_bytes`` on that side.
+    """
     if side_is_low:
         return (hi - live) * epp - below >= min_bytes
     return above - (lo + live) * epp >= min_bytes
 
 
 def make_room_need(band_side: int, min_bytes: int, epp: int) -> int:
-    """Edge pages to clear so the side band reaches ``min_bytes``."""
+    """Edge pages to clear so the side band reaches ``min_bytes`` (``make_room``'s
+    ``need``, docs/design.md §4).  As ``spec/arith.py``'s twin.
+
+    Args:
+        band_side: the band's bytes on that side now.
+        min_bytes: the bytes wanted there.
+        epp: bytes per page of the float.
+
+    Returns:
+        ``ceil((min_bytes - band_side) / epp)``.
+    """
     return _ceil(min_bytes - band_side, epp)
 
 
 def short_side_decision(
     sides_low: int, sides_high: int, band_low: int, band_high: int, float_bytes: int, slack: int
 ) -> tuple[bool, bool, int]:
-    """``(act, side_is_low, target)`` for one float and one demand vector."""
+    """One float's move for one demand vector (``open_short_side``'s step 7,
+    docs/design.md §4).  As ``spec/policy.py``'s twin.
+
+    Args:
+        sides_low: bytes the END pools on the low side need.
+        sides_high: bytes the END pools on the high side need.
+        band_low: free bytes between the float and the member below it.
+        band_high: free bytes between the float and the member above it.
+        float_bytes: bytes the float itself needs beyond its holes.
+        slack: the largest ``epp`` among the demanded pools.
+
+    Returns:
+        ``(act, side_is_low, target)``: whether to call ``make_room``, on
+        which side, and the bytes wanted on that side.
+    """
     surplus_low = band_low - sides_low
     surplus_high = band_high - sides_high
     low_short, high_short = surplus_low < 0, surplus_high < 0
@@ -108,7 +193,23 @@ def two_end_joint_pages(gap: int, epp_a: int, holes_a: int, room_a: int, epp_b: 
     by ``epp_a + epp_b`` after; so the largest ``P`` within the gap is
     ``lo + gap // e_x`` when ``gap < (hi - lo)*e_x``, else ``hi + (gap -
     (hi - lo)*e_x) // (epp_a + epp_b)``.  The room caps are ``holes +
-    room`` per side.  Bad sizes are a ``ValueError``."""
+    room`` per side.  The closed form of the joint view (docs/design.md §6).
+
+    Args:
+        gap: free bytes between the two ENDs.
+        epp_a: bytes per page of ``a``.
+        holes_a: ``a``'s lazy holes.
+        room_a: ``a``'s grid pages outside its span.
+        epp_b: bytes per page of ``b``.
+        holes_b: ``b``'s lazy holes.
+        room_b: ``b``'s grid pages outside its span.
+
+    Returns:
+        The largest ``P``, at least 0.
+
+    Raises:
+        ValueError: a size is negative or an epp is not positive.
+    """
     if gap < 0 or epp_a <= 0 or epp_b <= 0 or holes_a < 0 or room_a < 0 or holes_b < 0 or room_b < 0:
         raise ValueError("two_end_joint_pages: sizes must be >= 0 and epps > 0")
     lo, hi = (holes_a, holes_b) if holes_a <= holes_b else (holes_b, holes_a)
@@ -134,8 +235,26 @@ def two_end_uneven_fits(
     ``HybridSWA``'s uneven demand, ``a`` = full, ``b`` = swa binding only a
     tail of full's new ids.  Each side takes its holes first and extends
     ``m = max(0, pages - holes)`` pages: both gates pass iff each ``m`` is
-    within its room and ``m_a*epp_a + m_b*epp_b <= gap``.  Bad sizes are a
-    ``ValueError``."""
+    within its room and ``m_a*epp_a + m_b*epp_b <= gap`` (docs/design.md §6;
+    the uneven demand of docs/design.md §11).
+
+    Args:
+        pages_a: pages ``a`` binds.
+        pages_b: pages ``b`` binds.
+        gap: free bytes between the two ENDs.
+        epp_a: bytes per page of ``a``.
+        holes_a: ``a``'s lazy holes.
+        room_a: ``a``'s grid pages outside its span.
+        epp_b: bytes per page of ``b``.
+        holes_b: ``b``'s lazy holes.
+        room_b: ``b``'s grid pages outside its span.
+
+    Returns:
+        Whether both gates pass.
+
+    Raises:
+        ValueError: a size is negative or an epp is not positive.
+    """
     if gap < 0 or epp_a <= 0 or epp_b <= 0 or holes_a < 0 or room_a < 0 or holes_b < 0 or room_b < 0:
         raise ValueError("two_end_uneven_fits: sizes must be >= 0 and epps > 0")
     m_a = pages_a - holes_a if pages_a > holes_a else 0

@@ -141,13 +141,24 @@ def _count(what: str, v: SupportsIndex) -> int:
 
 
 def swa_window_end(seq_len: int, window: int, page_size: int) -> int:
-    """Token position below which a request's SWA pages may be freed.
+    """Token position below which a request's SWA pages may be freed (docs/design.md §6).
 
     The anchor's rule (docs/anchor.md §2): ``floor_to_page(seq_len - window -
-    page_size)``, clamped at 0.  ``window`` is the engine's window (the
-    model's ``sliding_window - 1``).  Each step a scheduler calls
+    page_size)``, clamped at 0.  Each step a scheduler calls
     ``free_swa(tokens[done:end], start_pos=done)`` with ``end =
     swa_window_end(...)`` whenever ``end > done``; both ends are page-aligned.
+
+    Args:
+        seq_len: the request's length in tokens, at least 0.
+        window: the engine's window (the model's ``sliding_window - 1``), at least 0.
+        page_size: tokens per page, at least 1.
+
+    Returns:
+        The position, a multiple of ``page_size``, at least 0.
+
+    Raises:
+        ValueError: an argument is not an int, ``seq_len`` or ``window`` is
+            negative, or ``page_size`` is below 1.
     """
     seq_len = _count("swa_window_end: seq_len", seq_len)
     window = _count("swa_window_end: window", window)
@@ -176,7 +187,7 @@ def _live_token(v2p: list[int], t: int, ps: int, what: str) -> None:
 
 
 class _Composite:
-    """What every composite shares: token allocation, free, views, relief."""
+    """What every composite shares: token allocation, free, views, relief (docs/design.md §6)."""
 
     CHAIN: ClassVar[tuple[str, ...]] = ()
     BORROW: ClassVar[dict[str, str]] = {}
@@ -247,7 +258,11 @@ class _Composite:
 
     def joint_pages(self) -> int:
         """The joint view in pages, memoised on the arena's clock: a hit is
-        one dict lookup."""
+        one dict lookup (docs/design.md §5, §6).
+
+        Returns:
+            The largest ``P`` whose coupled bind succeeds now, without relief.
+        """
         try:
             return self._memo.cache[self._joint_key]
         except KeyError:
@@ -257,10 +272,19 @@ class _Composite:
         """The joint view, in tokens (docs/design.md §6; anchor bug 7): the
         largest ``n`` for which ``alloc_extend([0], [n], [-1])`` succeeds now
         without relief.  It can be below the ``min`` of the per-component
-        views: each of those assumes the shared gap is its own."""
+        views: each of those assumes the shared gap is its own.
+
+        Returns:
+            The tokens, a multiple of ``page_size``.
+        """
         return self.joint_pages() * self.page_size
 
     def full_available_size(self) -> int:
+        """Full's own view in tokens: ``arena.available_size("full")`` (docs/design.md §5, §6).
+
+        Returns:
+            The tokens.
+        """
         return self.arena.available_size(FULL)
 
     def fits(self, tokens: int = 0, state_slots: int = 0, swa_tokens: int | None = None) -> bool:
@@ -272,7 +296,21 @@ class _Composite:
         ``P_f = cdiv(tokens, ps)`` new pages and swa only the last ``P_s =
         cdiv(swa_tokens, ps)`` of those ids; None means ``tokens``.  It must
         be ``<= tokens``; a composite without swa takes only None, 0 or
-        ``tokens``.  Else ``ValueError`` (the spec's rule and words)."""
+        ``tokens`` (docs/design.md §6).
+
+        Args:
+            tokens: new tokens of the one request.
+            state_slots: state slots first (a composite with a state pool).
+            swa_tokens: of those tokens, how many swa binds; None for all.
+
+        Returns:
+            Whether both would succeed.
+
+        Raises:
+            ValueError: a count is not an int >= 0, ``state_slots`` without a
+                state pool, or ``swa_tokens`` against the rule above (the spec's
+                rule and words).
+        """
         tokens, state_slots = self._demand_args("fits", tokens, state_slots)
         if swa_tokens is None:  # the coupled demand: no further call on the hot path
             return self._fits(tokens, state_slots)
@@ -451,7 +489,29 @@ class _Composite:
         the call's one read also checks they agree with the device tensors.
         ``check=False`` is the trusted path (the arguments are ones the
         checked call accepts, as 1-D int64 tensors on the arena's device):
-        with both host copies it reads nothing from the device."""
+        with both host copies it reads nothing from the device
+        (docs/design.md §6, §8).  One ``atomic()`` scope: relief, bind and
+        slots (docs/design.md §9c).
+
+        Args:
+            prefix_lens: each request's cached prefix, in tokens.
+            seq_lens: each request's length after the extend.
+            last_loc: each request's slot at position ``prefix - 1``; ``-1``
+                for an empty prefix.
+            check: False for the trusted path.
+            prefix_lens_cpu: the engine's host copy of ``prefix_lens``.
+            seq_lens_cpu: the engine's host copy of ``seq_lens``.
+            extend_num_tokens: the engine's count of tokens asked (``sum(seq - prefix)``).
+
+        Returns:
+            The slots, or None on a shortfall relief could not cover.
+
+        Raises:
+            ValueError: bad input (negative or mismatched lengths, ``seq <
+                prefix``, a ``last_loc`` that is not the live slot of position
+                ``prefix - 1``, two requests continuing one page) or host copies
+                that disagree; nothing changed.
+        """
         what = "alloc_extend"
         if not check:
             prefix, seq, loc = (cast(torch.Tensor, x) for x in (prefix_lens, seq_lens, last_loc))
@@ -548,7 +608,23 @@ class _Composite:
         requests continue one page).  Same slots and state; with
         ``seq_lens_cpu`` (the engine's host copy) it reads nothing from the
         device, without it once.  Checked, the one read also checks the
-        host copy agrees."""
+        host copy agrees (docs/design.md §6, §8).
+
+        Args:
+            seq_lens: each request's length after this step, at least 1.
+            last_loc: each request's slot at position ``seq - 2``; ``-1`` when ``seq`` is 1.
+            check: False for the trusted decode path.
+            seq_lens_cpu: the engine's host copy of ``seq_lens``.
+
+        Returns:
+            The slots, or None on a shortfall relief could not cover.
+
+        Raises:
+            ValueError: bad input (mismatched lengths, ``seq < 1``, a
+                ``last_loc`` that is not the live slot of position ``seq - 2``,
+                two requests continuing one page) or a host copy that
+                disagrees; nothing changed.
+        """
         if not check:
             return self._decode_trusted(cast(torch.Tensor, seq_lens), cast(torch.Tensor, last_loc), seq_lens_cpu)
         what = "alloc_decode"
@@ -636,7 +712,15 @@ class _Composite:
         the full pages, both in ascending page order.  Every token must be
         live in full (``-1``, page 0, out of range, unknown, freed or
         repeated: ``ValueError``, nothing changed).  A cold path: it
-        validates on the host."""
+        validates on the host.  Both frees are one ``atomic()`` scope
+        (docs/design.md §6, §9c).
+
+        Args:
+            token_ids: tokens live in full.
+
+        Raises:
+            ValueError: a token is not an int, is repeated or is not live in full; nothing changed.
+        """
         toks = self._vec("free: token_ids", token_ids).tolist()  # SYNC: validation (cold path)
         ps = self.page_size
         if len(set(toks)) != len(toks):
@@ -719,7 +803,23 @@ class _Composite:
         rungs, a falsy return ending the rounds.  The verdict is judged
         after the last step that ran.  Each attempt's rungs are one
         ``atomic()`` scope, the evictor running between them
-        (``impl/journal.py``)."""
+        (``impl/journal.py``, docs/design.md §9c).
+
+        Args:
+            tokens: new tokens of one request (empty prefix).
+            state_slots: state slots wanted (a composite with a state pool).
+            evict: ``evict(shortfall_tokens)`` frees what it can and returns the
+                count freed; None for no eviction.
+            swa_tokens: of ``tokens``, how many swa binds; None for all.
+
+        Returns:
+            Whether the demand fits now.
+
+        Raises:
+            ValueError: a bad count (as ``fits``), an ``evict`` that is not
+                callable, an evictor inside an open ``atomic()`` block, or an
+                ``evict`` return that is not a count (docs/design.md §9c).
+        """
         tokens, state_slots = self._demand_args("relieve", tokens, state_slots)
         swa = self._swa_arg("relieve", tokens, swa_tokens)
         if evict is not None and not callable(evict):
@@ -780,7 +880,20 @@ class _Composite:
 
         ``check=False``: the trusted decode path; ``token_ids`` is a 1-D
         int64 tensor on the arena's device, each id in ``[-1, id end)`` of
-        ``pool``, which must be one of the composite's pools."""
+        ``pool``, which must be one of the composite's pools (docs/design.md §6, §8).
+
+        Args:
+            token_ids: token ids (state slot ids for ``pool="state"``).
+            pool: the pool whose table translates them.
+            check: False for the trusted decode path.
+
+        Returns:
+            The physical slots, int64.
+
+        Raises:
+            ValueError: an unknown pool, or a host sequence holding an id out
+                of range.
+        """
         if not check:
             return self._translate(cast(torch.Tensor, token_ids), pool, 1 if pool == STATE else self.page_size)
         if not isinstance(pool, str) or not self._has(pool):
@@ -813,7 +926,11 @@ class _Composite:
         """``arena.verify()`` (which checks swa's live ids are live in full),
         the composite's roles, and its joint-view memo against a fresh
         computation (first, as the arena does, so a write around a
-        ``CapField`` is reported as a stale memo)."""
+        ``CapField`` is reported as a stale memo; docs/design.md §5, §6).
+
+        Raises:
+            AccountingError: a rule is broken, naming the pool and the rule.
+        """
         for view, _, value in self._memo.entries():
             fresh = self._joint_pages(0)
             if value != fresh:
@@ -825,6 +942,11 @@ class _Composite:
             raise AccountingError(SWA, "composite roles", f"borrow {self.arena.lenders}, expected {self.BORROW}")
 
     def snapshot(self) -> dict[str, object]:
+        """The whole state, JSON-able (docs/design.md §6, §10).
+
+        Returns:
+            The composite's name, its page size and ``arena.snapshot()``.
+        """
         return {"composite": type(self).__name__, "page_size": self.page_size, "arena": self.arena.snapshot()}
 
 
@@ -833,7 +955,7 @@ def _cdiv_t(x: torch.Tensor, d: int) -> torch.Tensor:
 
 
 class _WithSWA(_Composite):
-    """Calls of a composite with an SWA band (``HybridSWA``, ``TriPool``)."""
+    """Calls of a composite with an SWA band (``HybridSWA``, ``TriPool``; docs/design.md §6)."""
 
     def free_swa(self, token_ids: IntsLike, start_pos: int, check: bool = True) -> None:
         """The per-step window free (docs/anchor.md §1, ``free_segment``).
@@ -854,7 +976,17 @@ class _WithSWA(_Composite):
         ``check=False``: the trusted decode path; ``token_ids`` is a 1-D
         int64 tensor on the arena's device with every representative in
         ``[-1, id end)``, and ``start_pos`` is not looked at.  The same
-        pages are freed, with the same one host read (the count alone).
+        pages are freed, with the same one host read (the count alone;
+        docs/design.md §6, §8).
+
+        Args:
+            token_ids: a window's tokens, from ``start_pos`` on.
+            start_pos: the position of ``token_ids[0]``.
+            check: False for the trusted decode path.
+
+        Raises:
+            ValueError: ``start_pos`` is not a non-negative multiple of the
+                page size, or a representative is out of range; nothing changed.
         """
         ps = self.page_size
         end = self.arena.id_end(SWA)
@@ -902,11 +1034,16 @@ class _WithSWA(_Composite):
         raise ValueError(f"free_swa: pool 'swa': token {first} out of range [-1, {end * ps})")
 
     def swa_available_size(self) -> int:
+        """Swa's own view in tokens: ``arena.available_size("swa")`` (docs/design.md §5, §6).
+
+        Returns:
+            The tokens.
+        """
         return self.arena.available_size(SWA)
 
 
 class _WithState(_Composite):
-    """Calls of a composite with a state pool (``MambaHybrid``, ``TriPool``)."""
+    """Calls of a composite with a state pool (``MambaHybrid``, ``TriPool``; docs/design.md §6)."""
 
     state_bytes: int  # set by each composite
     _token_entry_bytes: int  # bytes of one token across the KV pools
@@ -914,7 +1051,18 @@ class _WithState(_Composite):
     def alloc_state(self, n: int = 1) -> torch.Tensor | None:
         """``n`` state slots (int64 tensor, FIFO), or None.  On a shortfall
         ``relieve(state_slots=n)`` without eviction, then one more try: the
-        other side gives ground before any eviction (anchor bug 6)."""
+        other side gives ground before any eviction (anchor bug 6;
+        docs/design.md §6).  One ``atomic()`` scope (docs/design.md §9c).
+
+        Args:
+            n: how many slots.
+
+        Returns:
+            The slot ids, or None.
+
+        Raises:
+            ValueError: ``n`` is not an int >= 0.
+        """
         n = _count("alloc_state: n", n)
         with self.arena.atomic():
             ids = self.arena.alloc(STATE, n)
@@ -923,8 +1071,15 @@ class _WithState(_Composite):
             return ids
 
     def free_state(self, slots: IntsLike) -> None:
-        """Free state slots; unknown, freed, repeated, 0 or out of range:
-        ``ValueError``, nothing changed."""
+        """Free state slots (docs/design.md §6).
+
+        Args:
+            slots: slot ids, each live once.
+
+        Raises:
+            ValueError: a slot is unknown, freed, repeated, 0 or out of range;
+                nothing changed.
+        """
         ids = self._vec("free_state: slots", slots)
         try:
             self.arena.free(STATE, ids)  # validates every slot first
@@ -932,9 +1087,20 @@ class _WithState(_Composite):
             raise ValueError(f"free_state: {e}") from None
 
     def state_available_size(self) -> int:
+        """The state pool's own view, in slots (docs/design.md §5, §6).
+
+        Returns:
+            The slots.
+        """
         return self.arena.available_size(STATE)
 
     def state_slot_token_cost(self) -> int:
+        """How many tokens one state slot displaces, for pricing admissions (docs/design.md §6).
+
+        Returns:
+            ``ceil(state_bytes / per-token entry bytes)`` (full plus swa where
+            the composite has swa).
+        """
         return _cdiv(self.state_bytes, self._token_entry_bytes)
 
     def _shortfall(self, tokens: int, state_slots: int, swa_tokens: int | None = None) -> int:
@@ -954,7 +1120,22 @@ class _WithState(_Composite):
 
 
 class HybridSWA(_WithSWA):
-    """Full + SWA KV: swa (up END) . full (down END); swa borrows full's ids."""
+    """Full + SWA KV: swa (up END) . full (down END); swa borrows full's ids (docs/design.md §6).
+
+    Args:
+        total_bytes: the byte buffer's size.
+        full_entry_bytes: bytes of one full-attention token, across its layers.
+        swa_entry_bytes: bytes of one SWA token, across its layers.
+        page_size: tokens per KV page (the state pool's is 1).
+        lazy: whether the END pools free lazily (leave holes, flushed on relief).
+        policy: ``"anchor"`` (the seed's short-side slide) or ``"planner"`` (docs/design.md §4b).
+        device: where the tables and the buffer live.
+        buffer: an engine's byte buffer to use instead of a new one (``Arena``'s ``buffer``).
+        mover: an engine's page copy that every relocation goes through (``Arena``'s ``mover``).
+
+    Raises:
+        ValueError: a bad configuration, naming the pool (raised by ``Arena``).
+    """
 
     CHAIN = (SWA, FULL)
     BORROW: ClassVar[dict[str, str]] = {SWA: FULL}
@@ -1013,7 +1194,22 @@ class HybridSWA(_WithSWA):
 
 
 class MambaHybrid(_WithState):
-    """Mamba state + full KV: state (up END, page_size 1) . full (down END)."""
+    """Mamba state + full KV: state (up END, page_size 1) . full (down END) (docs/design.md §6).
+
+    Args:
+        total_bytes: the byte buffer's size.
+        full_entry_bytes: bytes of one full-attention token, across its layers.
+        state_bytes: bytes of one request's state slot.
+        page_size: tokens per KV page (the state pool's is 1).
+        lazy: whether the END pools free lazily (leave holes, flushed on relief).
+        policy: ``"anchor"`` (the seed's short-side slide) or ``"planner"`` (docs/design.md §4b).
+        device: where the tables and the buffer live.
+        buffer: an engine's byte buffer to use instead of a new one (``Arena``'s ``buffer``).
+        mover: an engine's page copy that every relocation goes through (``Arena``'s ``mover``).
+
+    Raises:
+        ValueError: a bad configuration, naming the pool (raised by ``Arena``).
+    """
 
     CHAIN = (STATE, FULL)
 
@@ -1045,7 +1241,26 @@ class MambaHybrid(_WithState):
 
 
 class TriPool(_WithSWA, _WithState):
-    """state (up END) . swa (float) . full (down END); swa borrows full's ids."""
+    """state (up END) . swa (float) . full (down END); swa borrows full's ids (docs/design.md §6).
+
+    With the swa float empty it behaves exactly as the two-pool layout of the
+    same sizes (the golden identity, docs/design.md §3).
+
+    Args:
+        total_bytes: the byte buffer's size.
+        full_entry_bytes: bytes of one full-attention token, across its layers.
+        swa_entry_bytes: bytes of one SWA token, across its layers.
+        state_bytes: bytes of one request's state slot.
+        page_size: tokens per KV page (the state pool's is 1).
+        lazy: whether the END pools free lazily (leave holes, flushed on relief).
+        policy: ``"anchor"`` (the seed's short-side slide) or ``"planner"`` (docs/design.md §4b).
+        device: where the tables and the buffer live.
+        buffer: an engine's byte buffer to use instead of a new one (``Arena``'s ``buffer``).
+        mover: an engine's page copy that every relocation goes through (``Arena``'s ``mover``).
+
+    Raises:
+        ValueError: a bad configuration, naming the pool (raised by ``Arena``).
+    """
 
     CHAIN = (STATE, SWA, FULL)
     BORROW: ClassVar[dict[str, str]] = {SWA: FULL}

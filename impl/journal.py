@@ -1,4 +1,4 @@
-"""All or nothing: the undo journal of one arena scope (the fault rule).
+"""All or nothing: the undo journal of one arena scope (the fault rule, docs/design.md §9c).
 
 A torch operation may raise: an allocation fails, a device error surfaces,
 an engine's mover raises.  Every arena call that changes state runs in one
@@ -43,7 +43,11 @@ if TYPE_CHECKING:
 
 
 class Journal:
-    """The undo log of one open scope."""
+    """The undo log of one open scope (docs/design.md §9c).
+
+    Args:
+        bands: the arena's bands, whose host fields are snapshotted now (rule 1).
+    """
 
     __slots__ = ("freed", "saved", "taken", "undo")
 
@@ -56,28 +60,48 @@ class Journal:
         self.freed = False  # whether this scope freed a page (rule 3)
 
     def on_undo(self, f: Callable[..., object], *args: object) -> None:
-        """Record ``f(*args)``, to run if the scope fails."""
+        """Record ``f(*args)``, to run if the scope fails (docs/design.md §9c).
+
+        Args:
+            f: the undo step, e.g. a table's ``index_copy_``.
+            *args: its arguments, bound now.
+        """
         self.undo.append(partial(f, *args))
 
     def keep_rows(self, rows: "torch.Tensor", pages: "torch.Tensor") -> None:
         """Before ``rows[pages]`` is written: once this scope has freed a
-        page, keep what they hold, to put back (rule 3)."""
+        page, keep what they hold, to put back (rule 3, docs/design.md §9c).
+
+        Args:
+            rows: a pool's pages as rows of the byte buffer.
+            pages: the row indices about to be written.
+        """
         if self.freed:
             self.on_undo(rows.index_copy_, 0, pages, rows.index_select(0, pages))
 
     def took(self, ring: "FreeIds") -> None:
+        """Note that this scope took ids from ``ring`` (rule 4, docs/design.md §9c).
+
+        Args:
+            ring: the free-id ring taken from.
+        """
         self.taken.add(id(ring))
 
     def appending(self, ring: "FreeIds", k: int) -> None:
         """Before ``ring.put`` of ``k`` ids: keep the slots' ids if a take
-        in this scope may have left its ids there (rule 4)."""
+        in this scope may have left its ids there (rule 4, docs/design.md §9c).
+
+        Args:
+            ring: the free-id ring about to be appended to.
+            k: how many ids will be appended.
+        """
         if id(ring) in self.taken:
             slots = ring.tail_slots(k)
             self.on_undo(ring.buf.index_copy_, 0, slots, ring.buf.index_select(0, slots))
 
     def rollback(self) -> None:
         """Run the entries last first, then restore the host fields (only
-        those that changed: an undone no-op leaves every epoch alone)."""
+        those that changed: an undone no-op leaves every epoch alone; docs/design.md §9c)."""
         for f in reversed(self.undo):
             f()
         for b, lo, hi, live, holes, ring in self.saved:

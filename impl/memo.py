@@ -1,4 +1,4 @@
-"""The capacity memo: epoch-counting fields and a memo emptied on each tick.
+"""The capacity memo: epoch-counting fields and a memo emptied on each tick (docs/design.md §5).
 
 A scheduler reads capacity views O(queue) times per step, so the arena
 memoises them.  Every field a view depends on is a ``CapField``: a data
@@ -25,9 +25,10 @@ Cache = dict[Key, int]
 
 
 class Clock:
-    """The arena-wide epoch, shared by every band of the arena.  A tick
-    empties the caches on it (nothing reads a count), so a memoised read
-    is one lookup."""
+    """The arena-wide epoch, shared by every band of the arena (docs/design.md §5).
+
+    A tick empties the caches on it (nothing reads a count), so a memoised
+    read is one lookup."""
 
     __slots__ = ("caches",)
 
@@ -35,12 +36,20 @@ class Clock:
         self.caches: list[Cache] = []
 
     def tick(self) -> None:
+        """Empty every cache on this clock; each rebind of a ``CapField`` calls it (docs/design.md §5)."""
         for c in self.caches:
             c.clear()
 
     @classmethod
     def shared_by(cls, bands: "Iterable[Band]") -> "Clock":
-        """A new clock, attached to every band in ``bands``."""
+        """A new clock, attached to every band in ``bands`` (docs/design.md §5).
+
+        Args:
+            bands: the bands that will share the clock (an arena's bands).
+
+        Returns:
+            The new clock.
+        """
         clock = cls()
         for b in bands:
             b.clock = clock
@@ -48,8 +57,10 @@ class Clock:
 
 
 class CapField(Generic[T]):
-    """A capacity-bearing attribute; each rebind bumps ``owner.epoch`` and
-    ticks the owner's arena clock (``owner.clock``, once attached)."""
+    """A capacity-bearing attribute (docs/design.md §5).
+
+    Each rebind bumps ``owner.epoch`` and ticks the owner's arena clock
+    (``owner.clock``, once attached)."""
 
     def __set_name__(self, owner: type, name: str) -> None:
         self.name = name
@@ -74,12 +85,16 @@ class CapField(Generic[T]):
 
 
 class Memo:
-    """Cached views by ``(view, pool)`` on a ``Clock``.
+    """Cached views by ``(view, pool)`` on a ``Clock`` (docs/design.md §5).
 
     Every tick of the clock empties ``cache`` (the dict is cleared in place,
     never rebound, so a reader may hold it), so an entry present is valid.
     Readers look ``cache`` up themselves (the hit path is that one lookup)
-    and ``put`` what they compute on a miss."""
+    and ``put`` what they compute on a miss.
+
+    Args:
+        clock: the clock whose ticks empty this memo.
+    """
 
     def __init__(self, clock: Clock) -> None:
         self.clock = clock
@@ -89,15 +104,35 @@ class Memo:
 
     @classmethod
     def shared_by(cls, bands: "Iterable[Band]") -> "Memo":
-        """A memo on a new ``Clock`` attached to every band in ``bands``."""
+        """A memo on a new ``Clock`` attached to every band in ``bands`` (docs/design.md §5).
+
+        Args:
+            bands: the bands that will share the new clock.
+
+        Returns:
+            The new memo.
+        """
         return cls(Clock.shared_by(bands))
 
     def put(self, view: str, pool: str, value: int) -> int:
-        """Store a value computed on a miss (computing reads, never ticks)."""
+        """Store a value computed on a miss (computing reads, never ticks; docs/design.md §5).
+
+        Args:
+            view: the view's name, e.g. ``"available_pages"``.
+            pool: the pool it was computed for.
+            value: the computed value.
+
+        Returns:
+            ``value``, so a reader can return the ``put`` itself.
+        """
         self.misses += 1
         self.cache[view, pool] = value
         return value
 
     def entries(self) -> list[tuple[str, str, int]]:
-        """``(view, pool, value)`` for every entry (each is valid: a tick empties them)."""
+        """Every entry, for ``verify`` to recompute (docs/design.md §5).
+
+        Returns:
+            ``(view, pool, value)`` for every entry (each is valid: a tick empties them).
+        """
         return [(v, p, val) for (v, p), val in self.cache.items()]

@@ -3,7 +3,7 @@
 Pure Python (ints, lists, dicts).  It is the reference reviewers read and
 the oracle the torch implementation is tested against.
 
-The reading order (the one place it is stated; the README and the modules
+The reading order (the one place it is stated; the docs and the modules
 refer here), about 3,000 lines in all:
 
 - ``arith``       integer formulas, written once for ints and z3 terms;

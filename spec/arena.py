@@ -1,5 +1,9 @@
 """The arena: bands on one chain, the operations, and the capacity views.
 
+The model is docs/design.md §3, the operations docs/design.md §4 (the
+planner's rung docs/design.md §4b), the views docs/design.md §5 and the
+methods' names and units docs/design.md §10.
+
 It comes after ``planner`` in the reading order (``kvarena.spec``'s
 docstring); read it top to bottom: chain walks, capacity views, the
 operations, the policy that slides floats, the shortfall ladder, and ``verify``.
@@ -39,7 +43,27 @@ def _new_pages(b: Band, new: chain.Counts) -> list[int]:
 
 
 class Arena:
-    """Every kind of per-request state in one byte buffer.
+    """Every kind of per-request state in one byte buffer (docs/design.md §3; the API is docs/design.md §10).
+
+    Each pool gets a band of the buffer, in chain order from byte 0: the up
+    END, the floats in the order given, the down END.  The boundaries move
+    as the load moves; callers hold virtual ids, which never change.
+
+    Args:
+        total_bytes: the buffer's size in bytes.
+        pools: the sub-pools: exactly one ``up`` END, one ``down`` END, and
+            any number of floats.
+        lazy: True or False for both ENDs, or the set of END names that
+            free lazily (docs/design.md §4).
+        policy: who slides the floats: ``"anchor"`` (the seed's demand-vector
+            policy, docs/design.md §4) or ``"planner"`` (docs/design.md §4b).
+        borrow: ``{borrower: lender}``: pools that use another pool's
+            virtual ids, e.g. ``{"swa": "full"}``; None for none.
+
+    Raises:
+        ValueError: a bad configuration (``make_layout``, ``lazy_ends``,
+            ``check_policy``, ``borrowing``), naming the pool where one is
+            at fault.
 
     inv: self.verify() is None
     """
@@ -75,7 +99,14 @@ class Arena:
 
     def state(self) -> chain.Chain:
         """The arena in numbers (``chain.Chain``): what every view and every
-        transition reads.  Built afresh on each call, so never stale."""
+        transition reads.  Built afresh on each call, so never stale.
+
+        It is the state the proofs reason about (docs/design.md §7): frontiers
+        and counts, without the page tables (docs/design.md §3).
+
+        Returns:
+            Every band's span, live pages and holes, with every pool's grid.
+        """
         return chain.Chain(
             self.total_bytes, self.sink_bytes, self._shapes, tuple(self.bands[n].counts for n in self.chain)
         )
@@ -99,35 +130,136 @@ class Arena:
         return b
 
     def geometry(self, name: str) -> Geometry:
+        """A pool's page grid: ``epp``, ``num_pages``, ``min_page`` (docs/design.md §3).
+
+        Args:
+            name: the pool.
+
+        Returns:
+            The grid fixed at boot.
+
+        Raises:
+            ValueError: ``name`` is not a pool of this arena.
+        """
         return self._band(name).geom
 
     def pool(self, name: str) -> SubPool:
+        """The sub-pool a band was built from (docs/design.md §3).
+
+        Args:
+            name: the pool.
+
+        Returns:
+            The ``SubPool``.
+
+        Raises:
+            ValueError: ``name`` is not a pool of this arena.
+        """
         return self._band(name).pool
 
     def is_lazy(self, name: str) -> bool:
+        """Whether a pool frees lazily, leaving holes (docs/design.md §4, lazy END pools).
+
+        Args:
+            name: the pool.
+
+        Returns:
+            True for a lazy END; False for an eager END and for every float.
+
+        Raises:
+            ValueError: ``name`` is not a pool of this arena.
+        """
         return self._band(name).lazy
 
     def live_pages(self, name: str) -> int:
-        """How many pages are allocated (live); ``Band.occupied_pages`` lists them."""
+        """How many pages are allocated (live); ``Band.occupied_pages`` lists them (docs/design.md §3).
+
+        Args:
+            name: the pool.
+
+        Returns:
+            The live pages' count; the span holds them and the holes.
+
+        Raises:
+            ValueError: ``name`` is not a pool of this arena.
+        """
         return self._band(name).live
 
     def lender(self, name: str) -> str | None:
-        """The pool whose ids ``name`` borrows, or None."""
+        """The pool whose ids ``name`` borrows, or None (docs/design.md §3, borrowing).
+
+        Args:
+            name: the pool.
+
+        Returns:
+            The lender's name, or None for a pool that mints its own ids.
+
+        Raises:
+            ValueError: ``name`` is not a pool of this arena.
+        """
         return self._band(name).lender
 
     def borrowers(self, name: str) -> list[str]:
-        """The pools that borrow ``name``'s ids, in chain order."""
+        """The pools that borrow ``name``'s ids, in chain order (docs/design.md §3, borrowing).
+
+        Args:
+            name: the pool, as a lender.
+
+        Returns:
+            The borrowers' names; empty when nobody borrows.
+
+        Raises:
+            ValueError: ``name`` is not a pool of this arena.
+        """
         self._band(name)
         return [n for n in self.chain if self.bands[n].lender == name]
 
     def v2p(self, name: str) -> list[int]:
+        """A copy of the pool's virtual-to-physical table (docs/design.md §3, page tables).
+
+        A borrower's table covers its lender's id range.
+
+        Args:
+            name: the pool.
+
+        Returns:
+            ``v2p[id]``: the id's physical page, ``-1`` when unbound; entry 0 is the sink.
+
+        Raises:
+            ValueError: ``name`` is not a pool of this arena.
+        """
         return list(self._band(name).v2p)
 
     def p2v(self, name: str) -> list[int]:
+        """A copy of the pool's physical-to-virtual table (docs/design.md §3, page tables).
+
+        Args:
+            name: the pool.
+
+        Returns:
+            ``p2v[page]``: the id bound to the page, ``-1`` when unused; entry 0 is the sink.
+
+        Raises:
+            ValueError: ``name`` is not a pool of this arena.
+        """
         return list(self._band(name).p2v)
 
     def content(self, name: str) -> dict[int, int]:
-        """The content model: physical page -> virtual id whose bytes it holds."""
+        """The content model: physical page -> virtual id whose bytes it holds.
+
+        The spec's stand-in for the bytes (docs/design.md §7): binding writes
+        a page, a move copies it, and ``verify`` checks every live id's bytes
+        are where ``v2p`` says (docs/design.md §3, relocation).
+
+        Args:
+            name: the pool.
+
+        Returns:
+            A copy, ``{page: id}``; a freed page keeps its stale entry.
+
+        Raises:
+            ValueError: ``name`` is not a pool of this arena.
+        """
         return dict(self._band(name).content)
 
     # ------------------------------------------------------- chain walks
@@ -138,12 +270,36 @@ class Arena:
     def above(self, name: str) -> int:
         """Low frontier of the first opaque band above, or ``total_bytes``.
 
+        The chain walk ``above(P)`` of docs/design.md §3: transparent floats
+        are skipped.
+
+        Args:
+            name: the pool.
+
+        Returns:
+            A byte offset.
+
+        Raises:
+            ValueError: ``name`` is not a pool of this arena.
+
         post: 0 <= __return__ <= self.total_bytes
         """
         return chain.above(*self._at(name))
 
     def below(self, name: str) -> int:
         """High frontier of the first opaque band below, or 0.
+
+        The chain walk ``below(P)`` of docs/design.md §3: transparent floats
+        are skipped.
+
+        Args:
+            name: the pool.
+
+        Returns:
+            A byte offset.
+
+        Raises:
+            ValueError: ``name`` is not a pool of this arena.
 
         post: 0 <= __return__ <= self.total_bytes
         """
@@ -155,14 +311,54 @@ class Arena:
         return None if j is None else self.bands[self.chain[j]]
 
     def frontiers(self, name: str) -> tuple[int, int]:
+        """A band's low and high frontiers, in bytes (docs/design.md §3, bands and frontiers).
+
+        A parked float reports ``(num_pages*epp, num_pages*epp)`` (docs/design.md §4).
+
+        Args:
+            name: the pool.
+
+        Returns:
+            ``(low, high)``: the band's span on its own grid, in bytes.
+
+        Raises:
+            ValueError: ``name`` is not a pool of this arena.
+        """
         return self._band(name).frontiers
 
     def region(self, name: str) -> tuple[int, int]:
-        """A float's pages ``[lo, hi)`` between its opaque neighbours."""
+        """A float's pages ``[lo, hi)`` between its opaque neighbours.
+
+        The float region of docs/design.md §3, on the float's own grid:
+        ``lo = max(ceil(below/epp), min_page)``, ``hi = min(floor(above/epp),
+        num_pages)``, so no page overlaps a neighbour's off-grid frontier.
+
+        Args:
+            name: the pool, a float.
+
+        Returns:
+            ``(lo, hi)`` in pages of the pool's grid.
+
+        Raises:
+            ValueError: ``name`` is not a pool of this arena.
+        """
         return chain.region(*self._at(name))
 
     def gap_bytes(self, name: str) -> int:
         """Free bytes an END can grow into; for a float, free bytes on both sides.
+
+        The gap of docs/design.md §3: ``max(0, above - high)`` for the up
+        END, ``max(0, low - below)`` for the down END.  A transparent float
+        counts its whole region.
+
+        Args:
+            name: the pool.
+
+        Returns:
+            Bytes, never negative.
+
+        Raises:
+            ValueError: ``name`` is not a pool of this arena.
 
         post: __return__ >= 0
         raises: ValueError
@@ -172,6 +368,21 @@ class Arena:
 
     def band_bytes(self, name: str, side: str) -> int:
         """Free bytes between a float and its opaque neighbour on ``side``.
+
+        The ``band[side]`` of docs/design.md §4 (demand vector, step 3),
+        what ``make_room`` aims at.  A transparent float sees its whole
+        region in bytes.
+
+        Args:
+            name: the pool, a float.
+            side: ``"low"`` or ``"high"``.
+
+        Returns:
+            Bytes, never negative.
+
+        Raises:
+            ValueError: ``name`` is not a float of this arena, or ``side`` is
+                neither ``"low"`` nor ``"high"``.
 
         post: __return__ >= 0
         raises: ValueError
@@ -183,6 +394,20 @@ class Arena:
         return chain.band_bytes(s, i, side == "low")
 
     def holes(self, name: str) -> list[int]:
+        """A band's holes: free pages inside its span (docs/design.md §4).
+
+        A lazy END's holes are backlog a flush settles; a float's are
+        capacity it reuses first; an eager END has none.
+
+        Args:
+            name: the pool.
+
+        Returns:
+            Physical pages, sorted (the band keeps them oldest first).
+
+        Raises:
+            ValueError: ``name`` is not a pool of this arena.
+        """
         return sorted(self._band(name).holes)
 
     # ---------------------------------------------------- capacity views
@@ -190,13 +415,36 @@ class Arena:
     def available_pages(self, name: str) -> int:
         """Pages ``alloc`` hands out now, with no relocation: the gate.
 
+        docs/design.md §5: for an END, ``min(gap // epp, index room) +
+        holes`` (holes in lazy mode only); for a float, its whole region
+        while transparent, else its larger side plus its holes, bounded by
+        index room.
+
+        Args:
+            name: the pool.
+
+        Returns:
+            Pages; ``alloc(name, n)`` succeeds exactly when ``n`` is at most this.
+
+        Raises:
+            ValueError: ``name`` is not a pool of this arena.
+
         post: 0 <= __return__ <= self.geometry(name).num_pages - self.geometry(name).min_page - self.live_pages(name)
         raises: ValueError
         """
         return chain.available(*self._at(name))
 
     def available_size(self, name: str) -> int:
-        """Tokens (slots) ``alloc`` hands out now.
+        """Tokens (slots) ``alloc`` hands out now (docs/design.md §5).
+
+        Args:
+            name: the pool.
+
+        Returns:
+            ``available_pages(name) * page_size``.
+
+        Raises:
+            ValueError: ``name`` is not a pool of this arena.
 
         post: __return__ == self.available_pages(name) * self.pool(name).page_size
         raises: ValueError
@@ -208,7 +456,16 @@ class Arena:
 
         A lazy END neighbour's holes become gap after a flush, so they are
         credited (in bytes) to this END's gap.  A float has no growth side:
-        its schedulable view is its available view.
+        its schedulable view is its available view (docs/design.md §5).
+
+        Args:
+            name: the pool.
+
+        Returns:
+            Tokens; never fewer than ``available_size(name)``.
+
+        Raises:
+            ValueError: ``name`` is not a pool of this arena.
 
         post: __return__ >= self.available_size(name)
         raises: ValueError
@@ -218,7 +475,16 @@ class Arena:
         return pages * self._band(name).pool.page_size
 
     def conserved_available_size(self, name: str) -> int:
-        """Capacity minus allocated tokens: the leak invariant's view.
+        """Capacity minus allocated tokens: the leak invariant's view (docs/design.md §5).
+
+        Args:
+            name: the pool.
+
+        Returns:
+            ``(num_pages - min_page - live) * page_size`` tokens.
+
+        Raises:
+            ValueError: ``name`` is not a pool of this arena.
 
         post: __return__ >= self.available_size(name)
         raises: ValueError
@@ -283,7 +549,24 @@ class Arena:
         watermark, the down END the ascending range just below its low
         frontier, a float toward its larger gap (high wins ties), and a
         parked float at the middle of its region.  Ids pair with pages in
-        order.
+        order (docs/design.md §4).
+
+        Args:
+            name: the pool.
+            n: pages wanted, ``>= 0``; 0 returns ``[]``.
+            ids: the virtual ids to bind, one per page, each free here (for
+                a borrower: live in its lender); None takes them from the
+                pool's FIFO.
+
+        Returns:
+            The virtual ids, paired in order with the pages bound; None,
+                with nothing changed, when ``n > available_pages(name)``.
+
+        Raises:
+            ValueError: an unknown pool; ``n`` not an int or negative; bad
+                ``ids`` (not ints, repeated, the sink, out of range, already
+                allocated, not live in the lender) or not ``n`` of them; a
+                borrower called without ``ids``.  Nothing has changed.
 
         post: (__return__ is None) == (n > __old__.self.available_pages(name))
         post: __return__ is None or len(__return__) == n
@@ -320,7 +603,16 @@ class Arena:
         freed, and the survivors in the vacated band move into the holes
         (ascending, paired in order).  A lazy END and a float record holes.
         A float left with no live page parks.  A lender id still bound in a
-        borrower is a ``ValueError``.
+        borrower is a ``ValueError`` (docs/design.md §4).
+
+        Args:
+            name: the pool.
+            ids: live virtual ids of the pool.
+
+        Raises:
+            ValueError: an unknown pool, or a bad id: not an int, repeated,
+                the sink, out of range, not allocated, or still bound in a
+                borrower.  Nothing has changed.
 
         post: self.live_pages(name) == __old__.self.live_pages(name) - len(list(ids))
         post: all(p == 0 for p in self.translate(name, ids))
@@ -348,7 +640,18 @@ class Arena:
         A lazy END absorbs the holes at its frontier, then moves the
         survivors nearest the frontier into the holes furthest from it
         (at most ``max_moves`` of them), then absorbs again.  A float only
-        absorbs its boundary holes and never moves data.
+        absorbs its boundary holes and never moves data (docs/design.md §4).
+
+        Args:
+            name: the pool.
+            max_moves: the most pages a lazy END may move; None for no cap.
+                ``max_moves=0`` only absorbs.
+
+        Returns:
+            Pages moved; 0 for a float and an eager END.
+
+        Raises:
+            ValueError: an unknown pool, or ``max_moves`` not an int >= 0.
 
         post: __return__ >= 0
         post: max_moves is None or __return__ <= max_moves
@@ -389,7 +692,20 @@ class Arena:
         It clears the fewest edge pages that reach the target
         (``arith.make_room_need``) as ``moves.make_room_plan`` lays out:
         a leapfrog when that is every live page, else only the live pages
-        among the cleared ones move.
+        among the cleared ones move (docs/design.md §4, make_room).
+
+        Args:
+            name: the pool, a float.
+            side: ``"low"`` or ``"high"``: the free band to widen.
+            min_bytes: the bytes that band should reach.
+
+        Returns:
+            Pages moved, at most ``min(live, need)``; 0 when nothing moved.
+
+        Raises:
+            ValueError: ``name`` is not a float of this arena, ``side`` is
+                neither ``"low"`` nor ``"high"``, or ``min_bytes`` is not an
+                int >= 0.
 
         post: 0 <= __return__ <= self.live_pages(name)
         post: self.band_bytes(name, side) >= min_bytes or self.snapshot() == __old__.self.snapshot()
@@ -439,7 +755,20 @@ class Arena:
     def compact_holes(self, name: str, retreat_side: str) -> int:
         """Pack a float's live pages toward the edge opposite ``retreat_side``.
 
-        Order is kept; pages already in place stay.  Returns pages moved.
+        Order is kept; pages already in place stay (docs/design.md §4,
+        compact_holes).  A transparent float moves nothing.
+
+        Args:
+            name: the pool, a float.
+            retreat_side: ``"low"`` or ``"high"``: the side the float
+                retreats from; its live pages pack against the other edge.
+
+        Returns:
+            Pages moved.
+
+        Raises:
+            ValueError: ``name`` is not a float of this arena, or
+                ``retreat_side`` is neither ``"low"`` nor ``"high"``.
 
         post: 0 <= __return__ <= self.live_pages(name)
         post: not self.holes(name)
@@ -459,6 +788,20 @@ class Arena:
 
     def translate(self, name: str, ids: Iterable[int]) -> list[int]:
         """Physical pages for virtual ids; a tombstone (unbound, or -1) maps to 0.
+
+        docs/design.md §4, translate: page 0 is the sink, so a padded row or
+        a freed id reads and writes there, never out of range.
+
+        Args:
+            name: the pool.
+            ids: virtual ids, or ``-1``.
+
+        Returns:
+            One physical page per id, in order.
+
+        Raises:
+            ValueError: an unknown pool, an id that is not an int, or one
+                below ``-1`` or past the pool's id range.
 
         post: len(__return__) == len(list(ids))
         post: all(0 <= p < self.geometry(name).num_pages for p in __return__)
@@ -484,6 +827,18 @@ class Arena:
         (step 1: bytes cannot fix that); gathers ``sides``, ``band`` and
         ``Fb`` (steps 2, 3, 5) and the slack (step 6); the decision itself
         (steps 4 and 7) is ``policy.short_side_decision``.
+
+        Args:
+            name: the pool, a float.
+            demand: pages each pool needs, ``{pool: pages}``; pools not
+                named need none.
+
+        Returns:
+            Pages moved by the ``make_room`` it calls; 0 when it does nothing.
+
+        Raises:
+            ValueError: ``name`` is not a float, or ``demand`` names an
+                unknown pool or a count that is not an int >= 0.
 
         post: 0 <= __return__ <= self.live_pages(name)
         raises: ValueError
@@ -515,6 +870,17 @@ class Arena:
         Nothing moves when no placement fits, nor when the demand already
         fits where the floats are.
 
+        Args:
+            demand: pages each pool needs, ``{pool: pages}``; pools not
+                named need none.
+
+        Returns:
+            Pages moved, at most the live pages of the floats that move.
+
+        Raises:
+            ValueError: ``demand`` names an unknown pool or a count that is
+                not an int >= 0.
+
         post: __return__ >= 0
         post: not __old__.self.plan(demand).feasible or all(self.available_pages(n) >= d for n, d in demand.items())
         post: __old__.self.plan(demand).feasible or self.snapshot() == __old__.self.snapshot()
@@ -540,7 +906,20 @@ class Arena:
         return moved
 
     def plan(self, demand: Mapping[str, int]) -> planner.Plan:
-        """The planner's decision for a demand vector, without acting on it."""
+        """The planner's decision for a demand vector, without acting on it (docs/design.md §4b).
+
+        Args:
+            demand: pages each pool needs, ``{pool: pages}``; pools not
+                named need none.
+
+        Returns:
+            The plan: whether a placement of the floats meets the demand,
+                and where each float would start.
+
+        Raises:
+            ValueError: ``demand`` names an unknown pool or a count that is
+                not an int >= 0.
+        """
         return planner.plan_chain(*chain.planner_inputs(self.state(), self._demand(demand)))
 
     def _check_clear(self, b: Band, start: int) -> None:
@@ -556,7 +935,17 @@ class Arena:
         """Who an urgent flush visits for a shortfall in ``name``.
 
         An END's target is its growth-side neighbour (the first opaque band
-        that way); a float's are its neighbours below and above.
+        that way); a float's are its neighbours below and above
+        (docs/design.md §4, relieve, rung 1).
+
+        Args:
+            name: the pool that is short.
+
+        Returns:
+            Pool names: one for an END; none, one or two for a float.
+
+        Raises:
+            ValueError: ``name`` is not a pool of this arena.
         """
         b = self._band(name)
         if b.is_end:
@@ -568,13 +957,37 @@ class Arena:
     # ----------------------------------------------- the shortfall ladder
 
     def urgent_flush(self, name: str) -> int:
-        """Rung 1: flush every flush target of ``name``; pages moved."""
+        """Rung 1: flush every flush target of ``name``; pages moved (docs/design.md §4, relieve).
+
+        Args:
+            name: the pool that is short.
+
+        Returns:
+            Pages moved by the flushes, together.
+
+        Raises:
+            ValueError: ``name`` is not a pool of this arena.
+        """
         return sum(self.flush(t) for t in self.flush_targets(name))
 
     def slide_floats(self, name: str, need_pages: int) -> bool:
         """Rung 2, by policy.  ``"planner"``: one ``plan_floats({name:
         need_pages})``.  ``"anchor"``: offer the demand to each float in chain
-        order (``open_short_side``), True as soon as a slide makes it fit."""
+        order (``open_short_side``), True as soon as a slide makes it fit.
+
+        docs/design.md §4 (relieve, rung 2; the anchor's policy) and
+        docs/design.md §4b (the planner).
+
+        Args:
+            name: the pool that is short.
+            need_pages: the pages it needs.
+
+        Returns:
+            Whether ``need_pages`` now fits in ``name``.
+
+        Raises:
+            ValueError: an unknown pool, or ``need_pages`` not an int >= 0.
+        """
         if self.policy == "planner":
             self.plan_floats({name: need_pages})
             return need_pages <= self.available_pages(name)
@@ -598,6 +1011,22 @@ class Arena:
         frees pages but returns 0 still gets the fit it made.  Never raises
         on a shortfall.  What ``evict`` may do and return, and what a bad
         return raises, is ``spec.evict``'s contract.
+
+        Args:
+            name: the pool that is short.
+            need_pages: the pages it needs, in all (not an increment).
+            evict: called as ``evict(shortfall_pages)`` when the rungs do
+                not suffice; returns how many pages it freed.  None: no
+                eviction.
+
+        Returns:
+            Whether ``need_pages`` fits in ``name`` after the last step that ran.
+
+        Raises:
+            ValueError: an unknown pool, ``need_pages`` not an int >= 0,
+                ``evict`` not callable, or a return of ``evict`` that is not
+                an int >= 0 (docs/design.md §9c).  An exception raised by
+                ``evict`` propagates, the arena consistent.
 
         post: __return__ == (need_pages <= self.available_pages(name))
         raises: ValueError
@@ -628,6 +1057,14 @@ class Arena:
 
     def verify(self) -> None:
         """Check every accounting rule; raise ``AccountingError`` naming the pool.
+
+        docs/design.md §5, verify: each band's own rules (``Band.check``:
+        bounds, the sink, ``v2p``/``p2v`` inverse, the content model, holes,
+        free ids), borrowed ids live in the lender, opaque bands disjoint
+        along the chain, and conservation.
+
+        Raises:
+            AccountingError: a rule is broken; it names the pool and the rule.
 
         post: __return__ is None
         raises: AccountingError
@@ -678,7 +1115,17 @@ class Arena:
             )
 
     def snapshot(self) -> dict[str, object]:
-        """The whole state as JSON-able data.
+        """The whole state as JSON-able data (docs/design.md §10).
+
+        The postconditions compare it before and after a call to say that
+        nothing changed, and the differential tests compare the spec's with
+        the implementation's (docs/design.md §7).  It leaves out the content
+        model (``content``).
+
+        Returns:
+            The buffer's size, the sink, the policy, the chain, and for each
+                pool its sub-pool, grid, laziness, lender, span, frontiers, live
+                count, page tables, free ids and holes.
 
         post: __return__["total_bytes"] == self.total_bytes
         """

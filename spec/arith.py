@@ -23,7 +23,16 @@ def _concrete(*xs: object) -> bool:
 
 
 def ite(cond: bool, a: T, b: T) -> T:
-    """``a if cond else b`` for bools and z3 conditions alike."""
+    """``a if cond else b`` for bools and z3 conditions alike (the shim, docs/design.md §7).
+
+    Args:
+        cond: the condition.
+        a: the value when ``cond`` holds.
+        b: the value when it does not.
+
+    Returns:
+        ``a`` or ``b``; on a z3 condition, the term ``If(cond, a, b)``.
+    """
     if isinstance(cond, bool):
         return a if cond else b
     import z3
@@ -32,7 +41,14 @@ def ite(cond: bool, a: T, b: T) -> T:
 
 
 def and_(*xs: bool) -> bool:
-    """Conjunction for bools and z3 conditions alike (``True`` when empty)."""
+    """Conjunction for bools and z3 conditions alike (``True`` when empty; docs/design.md §7).
+
+    Args:
+        *xs: the conjuncts.
+
+    Returns:
+        Their conjunction: a bool when every conjunct left is one, else a z3 term.
+    """
     rest = [x for x in xs if x is not True]
     if any(x is False for x in rest):
         return False
@@ -46,7 +62,14 @@ def and_(*xs: bool) -> bool:
 
 
 def or_(*xs: bool) -> bool:
-    """Disjunction for bools and z3 conditions alike (``False`` when empty)."""
+    """Disjunction for bools and z3 conditions alike (``False`` when empty; docs/design.md §7).
+
+    Args:
+        *xs: the disjuncts.
+
+    Returns:
+        Their disjunction: a bool when every disjunct left is one, else a z3 term.
+    """
     rest = [x for x in xs if x is not False]
     if any(x is True for x in rest):
         return True
@@ -60,6 +83,14 @@ def or_(*xs: bool) -> bool:
 
 
 def not_(x: bool) -> bool:
+    """Negation for bools and z3 conditions alike (docs/design.md §7).
+
+    Args:
+        x: the condition.
+
+    Returns:
+        ``not x``; on a z3 condition, the term ``Not(x)``.
+    """
     if isinstance(x, bool):
         return not x
     import z3
@@ -68,15 +99,40 @@ def not_(x: bool) -> bool:
 
 
 def max_(a: int, b: int) -> int:
+    """The larger of two ints or z3 terms (docs/design.md §7).
+
+    Args:
+        a: one value.
+        b: the other.
+
+    Returns:
+        ``max(a, b)``, written as an ``ite``.
+    """
     return ite(a >= b, a, b)
 
 
 def min_(a: int, b: int) -> int:
+    """The smaller of two ints or z3 terms (docs/design.md §7).
+
+    Args:
+        a: one value.
+        b: the other.
+
+    Returns:
+        ``min(a, b)``, written as an ``ite``.
+    """
     return ite(a <= b, a, b)
 
 
 def fdiv(a: int, b: int) -> int:
-    """Floor division for a positive divisor.
+    """Floor division for a positive divisor (docs/design.md §7).
+
+    Args:
+        a: the dividend.
+        b: the divisor.
+
+    Returns:
+        ``a // b``.
 
     pre: b > 0
     post: __return__ * b <= a < (__return__ + 1) * b
@@ -88,7 +144,14 @@ def fdiv(a: int, b: int) -> int:
 
 
 def cdiv(a: int, b: int) -> int:
-    """Ceiling division for a positive divisor.
+    """Ceiling division for a positive divisor (docs/design.md §7).
+
+    Args:
+        a: the dividend.
+        b: the divisor.
+
+    Returns:
+        ``ceil(a / b)``.
 
     pre: b > 0
     post: (__return__ - 1) * b < a <= __return__ * b
@@ -100,7 +163,15 @@ def cdiv(a: int, b: int) -> int:
 
 
 def num_pages(total_bytes: int, entry_bytes: int, page_size: int) -> int:
-    """Pages of one pool's grid that fit in the buffer.
+    """Pages of one pool's grid that fit in the buffer (docs/design.md §3).
+
+    Args:
+        total_bytes: the buffer's size.
+        entry_bytes: bytes of one slot.
+        page_size: slots per page.
+
+    Returns:
+        ``(total_bytes // entry_bytes) // page_size``.
 
     pre: total_bytes >= 0 and entry_bytes > 0 and page_size > 0
     post: __return__ * entry_bytes * page_size <= total_bytes
@@ -110,7 +181,14 @@ def num_pages(total_bytes: int, entry_bytes: int, page_size: int) -> int:
 
 
 def min_page(sink_bytes: int, epp: int) -> int:
-    """The lowest page of a grid that lies wholly above the sink.
+    """The lowest page of a grid that lies wholly above the sink (docs/design.md §3).
+
+    Args:
+        sink_bytes: the sink's size.
+        epp: bytes per page of the grid.
+
+    Returns:
+        ``ceil(sink_bytes / epp)``.
 
     pre: sink_bytes >= 0 and epp > 0
     post: __return__ * epp >= sink_bytes
@@ -120,9 +198,19 @@ def min_page(sink_bytes: int, epp: int) -> int:
 
 
 def layout_grids(total_bytes: int, entries: list[int], page_sizes: list[int]) -> tuple[int, list[tuple[int, int, int]]]:
-    """``(sink, [(epp, num_pages, min_page), ...])`` for pools given in this
-    order: the sink is the largest ``epp``, and each pool's grid follows
-    from it (``make_layout`` calls this; so does ``kvarena.proofs.layout``).
+    """The sink and every pool's grid (docs/design.md §3).
+
+    The sink is the largest ``epp``, and each pool's grid follows from it
+    (``make_layout`` calls this; so does ``kvarena.proofs.layout``).
+
+    Args:
+        total_bytes: the buffer's size.
+        entries: each pool's entry bytes.
+        page_sizes: each pool's page size, in the same order.
+
+    Returns:
+        ``(sink, [(epp, num_pages, min_page), ...])``, the grids in the order
+            the pools were given.
     """
     epps = [e * p for e, p in zip(entries, page_sizes)]
     sink = epps[0]
@@ -136,12 +224,18 @@ def layout_grids(total_bytes: int, entries: list[int], page_sizes: list[int]) ->
 def first_pages(grids: list[tuple[int, int, int]]) -> list[tuple[int, bool]]:
     """Where one page of every pool lands, packed from byte 0 up the chain.
 
-    ``grids`` is ``[(epp, num_pages, min_page), ...]`` in chain order (up
-    END, floats, down END).  The up END takes ``min_page``, each float the
-    lowest page of its own grid above the pool before it, the down END its
-    top page.  Returns ``[(page, fits), ...]``: a layout is valid iff every
-    ``fits`` holds, and then every pool can hand out a page in the empty
-    arena (docs/design.md §3: checked on each pool's grid, not in bytes).
+    The up END takes ``min_page``, each float the lowest page of its own
+    grid above the pool before it, the down END its top page.  A layout is
+    valid iff every ``fits`` holds, and then every pool can hand out a page
+    in the empty arena (docs/design.md §3: checked on each pool's grid, not
+    in bytes).
+
+    Args:
+        grids: ``[(epp, num_pages, min_page), ...]`` in chain order (up END,
+            floats, down END).
+
+    Returns:
+        ``[(page, fits), ...]``, one per pool in chain order.
     """
     epp, n, m = grids[0]
     out = [(m, m < n)]
@@ -160,7 +254,14 @@ def first_pages(grids: list[tuple[int, int, int]]) -> list[tuple[int, bool]]:
 
 
 def up_gap(above: int, high: int) -> int:
-    """Free bytes between the up END's high frontier and the next band.
+    """Free bytes between the up END's high frontier and the next band (docs/design.md §3).
+
+    Args:
+        above: the low frontier of the first opaque band above, in bytes.
+        high: the up END's high frontier, in bytes.
+
+    Returns:
+        ``max(0, above - high)``.
 
     post: __return__ >= 0
     """
@@ -168,7 +269,14 @@ def up_gap(above: int, high: int) -> int:
 
 
 def down_gap(low: int, below: int) -> int:
-    """Free bytes between the next band down and the down END's low frontier.
+    """Free bytes between the next band down and the down END's low frontier (docs/design.md §3).
+
+    Args:
+        low: the down END's low frontier, in bytes.
+        below: the high frontier of the first opaque band below, in bytes.
+
+    Returns:
+        ``max(0, low - below)``.
 
     post: __return__ >= 0
     """
@@ -176,7 +284,16 @@ def down_gap(low: int, below: int) -> int:
 
 
 def golden_gap(wm_up: int, epp_up: int, wm_down: int, epp_down: int) -> int:
-    """The closed form of the two-END gap that the chain walk must equal.
+    """The closed form of the two-END gap that the chain walk must equal (docs/design.md §3).
+
+    Args:
+        wm_up: the up END's watermark (its next page).
+        epp_up: the up END's bytes per page.
+        wm_down: the down END's watermark (its next page down).
+        epp_down: the down END's bytes per page.
+
+    Returns:
+        ``max(0, (wm_down + 1) * epp_down - wm_up * epp_up)``.
 
     post: __return__ >= 0
     """
@@ -184,10 +301,20 @@ def golden_gap(wm_up: int, epp_up: int, wm_down: int, epp_down: int) -> int:
 
 
 def float_region(below: int, above: int, epp: int, lowest: int, num_pages: int) -> tuple[int, int]:
-    """The pages ``[lo, hi)`` of a float's grid that lie between its neighbours.
+    """The pages ``[lo, hi)`` of a float's grid that lie between its neighbours (docs/design.md §3).
 
     Both ends round *inward*: a neighbour frontier that is off this grid
     must not be rounded into a page that overlaps it (anchor bug 1).
+
+    Args:
+        below: the high frontier of the first opaque band below, in bytes.
+        above: the low frontier of the first opaque band above, in bytes.
+        epp: the float's bytes per page.
+        lowest: the float's ``min_page``.
+        num_pages: the float's page count.
+
+    Returns:
+        ``(lo, hi)``, in pages of the float's grid.
 
     pre: epp > 0
     post: __return__[0] * epp >= below
@@ -202,10 +329,17 @@ def float_region(below: int, above: int, epp: int, lowest: int, num_pages: int) 
 
 
 def end_available(gap: int, epp: int, index_room: int, holes: int) -> int:
-    """Pages an END pool can hand out: extension plus (lazy) holes.
+    """Pages an END pool can hand out: extension plus (lazy) holes (docs/design.md §5).
 
-    ``index_room`` is ``num_pages - min_page - span``: the pages left on the
-    pool's own grid.  ``holes`` is 0 for an eager pool.
+    Args:
+        gap: the END's gap, in bytes.
+        epp: its bytes per page.
+        index_room: ``num_pages - min_page - span``, the pages left on the
+            pool's own grid.
+        holes: its holes; 0 for an eager pool.
+
+    Returns:
+        ``min(gap // epp, index_room) + holes``.
 
     pre: gap >= 0 and epp > 0 and index_room >= 0 and holes >= 0
     post: __return__ >= holes
@@ -214,10 +348,22 @@ def end_available(gap: int, epp: int, index_room: int, holes: int) -> int:
 
 
 def float_available(parked: bool, lo: int, hi: int, lo_wm: int, hi_wm: int, holes: int, index_room: int) -> int:
-    """Pages a float can hand out without moving anything.
+    """Pages a float can hand out without moving anything (docs/design.md §5).
 
     A parked float may place a span anywhere in its region; otherwise it
     takes its holes and extends on one side, the larger.
+
+    Args:
+        parked: whether the float holds no live page.
+        lo: its region's first page.
+        hi: one past its region's last page.
+        lo_wm: its span's first page.
+        hi_wm: one past its span's last page.
+        holes: its holes.
+        index_room: its ids not yet bound.
+
+    Returns:
+        The pages, at most ``index_room``.
 
     pre: holes >= 0 and index_room >= 0
     post: 0 <= __return__ <= index_room
@@ -227,7 +373,15 @@ def float_available(parked: bool, lo: int, hi: int, lo_wm: int, hi_wm: int, hole
 
 
 def park_start(lo: int, hi: int, n: int) -> int:
-    """Where a parked float puts a new span of ``n`` pages: mid-region.
+    """Where a parked float puts a new span of ``n`` pages: mid-region (docs/design.md §4).
+
+    Args:
+        lo: the region's first page.
+        hi: one past the region's last page.
+        n: the span's pages.
+
+    Returns:
+        The span's first page, ``lo + (hi - lo - n) // 2``.
 
     pre: 0 <= n <= hi - lo
     post: lo <= __return__ and __return__ + n <= hi
@@ -241,10 +395,23 @@ def park_start(lo: int, hi: int, n: int) -> int:
 def make_room_feasible(
     side_is_low: bool, below: int, above: int, lo: int, hi: int, live: int, epp: int, min_bytes: int
 ) -> bool:
-    """Can the float, packed against the far edge, leave ``min_bytes`` free?
+    """Can the float, packed against the far edge, leave ``min_bytes`` free? (docs/design.md §4)
 
     This is exactly what a leapfrog achieves, so it is the test for
     whether ``make_room`` may move anything at all.
+
+    Args:
+        side_is_low: open the low side (else the high side).
+        below: the high frontier of the first opaque band below, in bytes.
+        above: the low frontier of the first opaque band above, in bytes.
+        lo: the float's region's first page.
+        hi: one past the region's last page.
+        live: the float's live pages.
+        epp: its bytes per page.
+        min_bytes: the bytes wanted on that side.
+
+    Returns:
+        Whether a leapfrog leaves at least ``min_bytes`` on that side.
 
     pre: epp > 0
     """
@@ -254,7 +421,15 @@ def make_room_feasible(
 
 
 def make_room_need(band_side: int, min_bytes: int, epp: int) -> int:
-    """Pages that must leave the float's edge to open ``min_bytes`` there.
+    """Pages that must leave the float's edge to open ``min_bytes`` there (docs/design.md §4).
+
+    Args:
+        band_side: the free bytes on that side now.
+        min_bytes: the bytes wanted on that side.
+        epp: the float's bytes per page.
+
+    Returns:
+        ``ceil((min_bytes - band_side) / epp)``.
 
     pre: epp > 0 and band_side < min_bytes
     post: __return__ >= 1
@@ -269,7 +444,7 @@ def make_room_need(band_side: int, min_bytes: int, epp: int) -> int:
 def two_end_fits(
     pages: int, gap: int, epp_a: int, holes_a: int, room_a: int, epp_b: int, holes_b: int, room_b: int
 ) -> bool:
-    """Do both END gates pass for a coupled bind of ``pages`` pages?
+    """Do both END gates pass for a coupled bind of ``pages`` pages? (docs/design.md §6)
 
     Two ENDs share one gap of ``gap`` bytes.  END ``a`` binds first: it
     takes ``min(pages, holes_a)`` holes and extends ``m_a = max(0, pages -
@@ -278,6 +453,19 @@ def two_end_fits(
     gate sequence of a composite's ``_bind`` (full first, then swa), stated
     gate by gate: ``two_end_joint_pages`` is the largest ``pages`` for which
     it holds.
+
+    Args:
+        pages: the pages each END binds.
+        gap: the shared gap, in bytes.
+        epp_a: END ``a``'s bytes per page.
+        holes_a: ``a``'s lazy holes.
+        room_a: ``a``'s pages left on its grid.
+        epp_b: END ``b``'s bytes per page.
+        holes_b: ``b``'s lazy holes.
+        room_b: ``b``'s pages left on its grid.
+
+    Returns:
+        Whether both gates pass.
 
     pre: pages >= 0 and gap >= 0 and epp_a > 0 and epp_b > 0
     pre: holes_a >= 0 and room_a >= 0 and holes_b >= 0 and room_b >= 0
@@ -288,15 +476,30 @@ def two_end_fits(
 def two_end_gates(
     pages_a: int, pages_b: int, gap: int, epp_a: int, holes_a: int, room_a: int, epp_b: int, holes_b: int, room_b: int
 ) -> bool:
-    """The two END gates of a bind that is uneven: ``a`` binds ``pages_a``
-    pages, then ``b`` binds ``pages_b`` (a composite's SWA side binding only
-    the tail of full's new ids, docs/design.md §11, "Uneven demand").
+    """The two END gates of an uneven bind: ``a`` binds ``pages_a`` pages, then ``b`` binds ``pages_b``.
+
+    A composite's SWA side binds only the tail of full's new ids
+    (docs/design.md §11, "Uneven demand").
 
     ``a`` takes ``min(pages_a, holes_a)`` holes and extends ``m_a =
     max(0, pages_a - holes_a)`` pages, gated by ``end_available``; ``b``
     is then gated in what ``a`` left, ``gap - m_a*epp_a``.  Stated gate by
     gate, as ``_bind`` runs them; ``two_end_fits`` is the even case
     (``pages_a == pages_b``) and ``two_end_uneven_fits`` the closed form.
+
+    Args:
+        pages_a: the pages END ``a`` binds.
+        pages_b: the pages END ``b`` binds.
+        gap: the shared gap, in bytes.
+        epp_a: ``a``'s bytes per page.
+        holes_a: ``a``'s lazy holes.
+        room_a: ``a``'s pages left on its grid.
+        epp_b: ``b``'s bytes per page.
+        holes_b: ``b``'s lazy holes.
+        room_b: ``b``'s pages left on its grid.
+
+    Returns:
+        Whether both gates pass.
 
     pre: pages_a >= 0 and pages_b >= 0 and gap >= 0 and epp_a > 0 and epp_b > 0
     pre: holes_a >= 0 and room_a >= 0 and holes_b >= 0 and room_b >= 0
@@ -310,9 +513,11 @@ def two_end_gates(
 def two_end_uneven_fits(
     pages_a: int, pages_b: int, gap: int, epp_a: int, holes_a: int, room_a: int, epp_b: int, holes_b: int, room_b: int
 ) -> bool:
-    """Closed form of ``two_end_gates``: does a bind of ``pages_a`` pages in
-    ``a`` and then ``pages_b`` in ``b`` pass both gates?  ``HybridSWA``'s
-    uneven joint feasibility (a = full, b = swa).
+    """Closed form of ``two_end_gates`` (docs/design.md §11, "Uneven demand").
+
+    Does a bind of ``pages_a`` pages in ``a`` and then ``pages_b`` in ``b``
+    pass both gates?  ``HybridSWA``'s uneven joint feasibility (a = full,
+    b = swa).
 
     Argument.  With ``m_a = max(0, pages_a - holes_a)`` and ``m_b =
     max(0, pages_b - holes_b)`` the pages each side extends, both gates
@@ -325,8 +530,24 @@ def two_end_uneven_fits(
     on the abstract arena as ``composite.hybrid.uneven_sound`` and
     ``uneven_tight``.
 
-    A negative size or a non-positive epp is a ``ValueError`` on ints, as
-    in ``two_end_joint_pages`` (and the implementation's twin).
+    Args:
+        pages_a: the pages END ``a`` binds.
+        pages_b: the pages END ``b`` binds.
+        gap: the shared gap, in bytes.
+        epp_a: ``a``'s bytes per page.
+        holes_a: ``a``'s lazy holes.
+        room_a: ``a``'s pages left on its grid.
+        epp_b: ``b``'s bytes per page.
+        holes_b: ``b``'s lazy holes.
+        room_b: ``b``'s pages left on its grid.
+
+    Returns:
+        Whether both gates pass, equal to ``two_end_gates``.
+
+    Raises:
+        ValueError: on ints, a negative gap, holes or room, or a
+            non-positive epp, as in ``two_end_joint_pages`` (and the
+            implementation's twin).
 
     pre: gap >= 0 and epp_a > 0 and epp_b > 0
     pre: holes_a >= 0 and room_a >= 0 and holes_b >= 0 and room_b >= 0
@@ -342,9 +563,11 @@ def two_end_uneven_fits(
 
 
 def two_end_joint_pages(gap: int, epp_a: int, holes_a: int, room_a: int, epp_b: int, holes_b: int, room_b: int) -> int:
-    """The largest ``P`` for which a coupled bind of ``P`` pages on two ENDs
-    sharing one gap succeeds (``two_end_fits``): the closed form of
-    ``HybridSWA``'s joint view (a = full, b = swa).
+    """The largest coupled bind two ENDs sharing one gap admit (docs/design.md §6).
+
+    The largest ``P`` for which a coupled bind of ``P`` pages succeeds
+    (``two_end_fits``): the closed form of ``HybridSWA``'s joint view
+    (a = full, b = swa).
 
     Argument.  A bind of ``P`` pages extends ``m_a = max(0, P - holes_a)``
     pages of ``a`` and ``m_b = max(0, P - holes_b)`` of ``b``.  Both gates
@@ -365,9 +588,22 @@ def two_end_joint_pages(gap: int, epp_a: int, holes_a: int, room_a: int, epp_b: 
     on the abstract arena as ``composite.hybrid.joint_sound`` and
     ``joint_tight``.
 
-    A negative size or a non-positive epp is a ``ValueError`` on ints (the
-    implementation's twin raises the same, so ``crosshair diffbehavior``
-    compares the two on the valid domain only).
+    Args:
+        gap: the shared gap, in bytes.
+        epp_a: END ``a``'s bytes per page.
+        holes_a: ``a``'s lazy holes.
+        room_a: ``a``'s pages left on its grid.
+        epp_b: END ``b``'s bytes per page.
+        holes_b: ``b``'s lazy holes.
+        room_b: ``b``'s pages left on its grid.
+
+    Returns:
+        ``P``, in pages; at least 0.
+
+    Raises:
+        ValueError: on ints, a negative size or a non-positive epp (the
+            implementation's twin raises the same, so ``crosshair
+            diffbehavior`` compares the two on the valid domain only).
 
     pre: gap >= 0 and epp_a > 0 and epp_b > 0
     pre: holes_a >= 0 and room_a >= 0 and holes_b >= 0 and room_b >= 0

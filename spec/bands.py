@@ -33,7 +33,19 @@ from .geometry import AccountingError, Geometry, SubPool
 
 
 def bind_pages(v2p: list[int], p2v: list[int], content: dict[int, int], ids: list[int], pages: list[int]) -> None:
-    """Bind id ``ids[k]`` to page ``pages[k]``; the page now holds its bytes."""
+    """Bind id ``ids[k]`` to page ``pages[k]``; the page now holds its bytes.
+
+    One of the three writers of the page tables (docs/design.md §3, virtual
+    ids and page tables); ``kvarena.proofs.integrity`` proves it keeps them
+    inverse (docs/design.md §7).
+
+    Args:
+        v2p: the virtual-to-physical table, written at ``ids``.
+        p2v: the physical-to-virtual table, written at ``pages``.
+        content: the content model, written at ``pages``.
+        ids: virtual ids, each unbound.
+        pages: physical pages, each free, paired with ``ids`` in order.
+    """
     for v, p in zip(ids, pages):
         v2p[v] = p
         p2v[p] = v
@@ -41,7 +53,19 @@ def bind_pages(v2p: list[int], p2v: list[int], content: dict[int, int], ids: lis
 
 
 def unbind_ids(v2p: list[int], p2v: list[int], ids: list[int]) -> list[int]:
-    """Unbind ``ids``; returns their pages (which keep stale bytes)."""
+    """Unbind ``ids``; returns their pages (which keep stale bytes).
+
+    One of the three writers of the page tables (docs/design.md §3): both
+    entries become ``-1``, the tombstone.
+
+    Args:
+        v2p: the virtual-to-physical table.
+        p2v: the physical-to-virtual table.
+        ids: live virtual ids.
+
+    Returns:
+        The pages the ids were bound to, in the order of ``ids``.
+    """
     pages = [v2p[v] for v in ids]
     for v, p in zip(ids, pages):
         v2p[v] = -1
@@ -51,7 +75,19 @@ def unbind_ids(v2p: list[int], p2v: list[int], ids: list[int]) -> list[int]:
 
 def move_pages(v2p: list[int], p2v: list[int], content: dict[int, int], dst: list[int], src: list[int]) -> None:
     """Relocate ``src[k] -> dst[k]`` as one batched copy: every source is
-    read before any destination is written."""
+    read before any destination is written.
+
+    One of the three writers of the page tables (docs/design.md §3): the
+    ids stay, their pages change, and the bytes go with them (data movement,
+    docs/design.md §6).  The caller checks ``move_ok`` first.
+
+    Args:
+        v2p: the virtual-to-physical table.
+        p2v: the physical-to-virtual table.
+        content: the content model; each destination takes its source's bytes.
+        dst: destination pages.
+        src: source pages, live, paired with ``dst`` in order.
+    """
     moved = [(d, p2v[s], content[s]) for d, s in zip(dst, src)]
     for s in src:
         p2v[s] = -1
@@ -63,7 +99,17 @@ def move_pages(v2p: list[int], p2v: list[int], content: dict[int, int], dst: lis
 
 def move_ok(p2v: list[int], dst: list[int], src: list[int]) -> bool:
     """A move's precondition: distinct live sources, distinct destinations,
-    each free or itself a source."""
+    each free or itself a source (docs/design.md §4; the integrity proofs
+    assume it, docs/design.md §7).
+
+    Args:
+        p2v: the physical-to-virtual table.
+        dst: destination pages.
+        src: source pages.
+
+    Returns:
+        Whether ``move_pages(..., dst, src)`` is a relocation that loses no data.
+    """
     sources = set(src)
     return (
         len(sources) == len(src)
@@ -74,6 +120,21 @@ def move_ok(p2v: list[int], dst: list[int], src: list[int]) -> bool:
 
 
 class Band:
+    """One pool's band: its span, page tables, free ids and holes (docs/design.md §3).
+
+    At boot the up END is empty at ``min_page``, the down END empty at
+    ``num_pages``, and a float parked at ``num_pages``; virtual page 0 maps
+    to physical page 0, the sink.
+
+    Args:
+        pool: the sub-pool this band holds.
+        geom: the pool's grid.
+        lazy: whether this END frees lazily (always False for a float).
+        lender: the pool whose ids this band borrows, or None.
+        lender_geom: the lender's grid, which sizes ``v2p`` and the id range;
+            None when the band mints its own ids.
+    """
+
     def __init__(
         self, pool: SubPool, geom: Geometry, lazy: bool, lender: str | None = None, lender_geom: Geometry | None = None
     ) -> None:
@@ -99,43 +160,67 @@ class Band:
 
     @property
     def is_end(self) -> bool:
+        """True for an END (``up`` or ``down``), False for a float (docs/design.md §3)."""
         return self.grow != "float"
 
     @property
     def opaque(self) -> bool:
-        """An END is always opaque; a float only while it holds a live page."""
+        """An END is always opaque; a float only while it holds a live page (docs/design.md §3)."""
         return self.is_end or self.live > 0
 
     @property
     def span(self) -> int:
+        """Pages in the span ``[lo, hi)``, live pages and holes together (docs/design.md §3)."""
         return self.hi - self.lo
 
     @property
     def frontiers(self) -> tuple[int, int]:
+        """``(low, high)`` in bytes, the span's ends on this pool's grid (docs/design.md §3).
+
+        A parked float reports ``(num_pages*epp, num_pages*epp)`` (docs/design.md §4).
+        """
         return self.lo * self.geom.epp, self.hi * self.geom.epp
 
     @property
     def counts(self) -> Counts:
-        """This band as ``chain.Counts``: what the transitions read."""
+        """This band as ``chain.Counts``: what the transitions read (docs/design.md §7)."""
         return Counts(self.lo, self.hi, self.live, len(self.holes))
 
     @property
     def index_room(self) -> int:
         """Pages of this pool's grid not yet bound (for a pool that mints its
         ids, also the ids not yet handed out; a borrower's ids are its
-        lender's, so its room is counted on its own grid, like its pages)."""
+        lender's, so its room is counted on its own grid, like its pages).
+
+        The index space of docs/design.md §4: ``num_pages - min_page - live``.
+        """
         return self.geom.num_pages - self.geom.min_page - self.live
 
     def occupied_pages(self) -> list[int]:
         """Physical pages holding live data, ascending (scans the whole grid,
         so it is also right in the middle of a move, before the span is refit).
-        ``self.live`` is their count."""
+        ``self.live`` is their count (docs/design.md §3).
+
+        Returns:
+            The live pages, ascending.
+        """
         return [p for p in range(self.geom.min_page, self.geom.num_pages) if self.p2v[p] >= 0]
 
     # ------------------------------------------------------- mutations
 
     def take_ids(self, n: int, ids: list[int] | None) -> list[int]:
-        """The ids for ``n`` new pages: the given ones, or the FIFO's front."""
+        """The ids for ``n`` new pages: the given ones, or the FIFO's front (docs/design.md §3).
+
+        Given ids that this band mints leave its FIFO; a borrower's ids are
+        its lender's, and its FIFO stays empty.
+
+        Args:
+            n: how many ids.
+            ids: ids the caller chose (already validated), or None for the FIFO's.
+
+        Returns:
+            The ids, in the order they pair with pages.
+        """
         if ids is None:
             ids, self.free_ids = self.free_ids[:n], self.free_ids[n:]
         elif not self.lender:
@@ -144,11 +229,24 @@ class Band:
         return ids
 
     def bind(self, ids: list[int], pages: list[int]) -> None:
+        """Bind ``ids[k]`` to ``pages[k]`` in this band's tables (``bind_pages``; docs/design.md §3).
+
+        Args:
+            ids: virtual ids, each unbound here.
+            pages: physical pages of this band's grid, each free.
+        """
         bind_pages(self.v2p, self.p2v, self.content, ids, pages)
 
     def unbind(self, ids: list[int]) -> list[int]:
         """Unbind ``ids``; their ids go to the back of the FIFO (a borrower's
-        go back to nobody: its lender still holds them).  Returns pages."""
+        go back to nobody: its lender still holds them; docs/design.md §3).
+
+        Args:
+            ids: live virtual ids of this band.
+
+        Returns:
+            Their pages, in the order of ``ids``; the pages keep stale bytes.
+        """
         pages = unbind_ids(self.v2p, self.p2v, ids)
         if not self.lender:
             self.free_ids.extend(ids)
@@ -158,9 +256,17 @@ class Band:
         """Relocate live pages ``src[i] -> dst[i]``, all at once; returns
         the number of pages moved.
 
-        Both lists are ascending and paired in that order.  A destination
-        is free or another pair's source (``move_ok``, checked here and
-        assumed by the integrity proofs)."""
+        Both lists are ascending and paired in that order (docs/design.md §4).
+        A destination is free or another pair's source (``move_ok``, checked
+        here and assumed by the integrity proofs, docs/design.md §7).
+
+        Args:
+            dst: destination pages, ascending.
+            src: live source pages, ascending.
+
+        Returns:
+            Pages moved: ``len(src)``.
+        """
         assert len(dst) == len(src)
         assert move_ok(self.p2v, dst, src)
         move_pages(self.v2p, self.p2v, self.content, dst, src)
@@ -168,19 +274,41 @@ class Band:
 
     def install(self, counts: Counts, holes: list[int]) -> None:
         """Take the span and live count that ``transitions`` computed, and
-        the hole list the page logic left, which must agree with them."""
+        the hole list the page logic left, which must agree with them.
+
+        The counts come from the functions the proofs run (proofs about the
+        code that runs, docs/design.md §7); the pages from the page logic.
+
+        Args:
+            counts: the band's new span, live pages and number of holes.
+            holes: the band's holes, oldest first.
+        """
         assert len(holes) == counts.holes, f"pool {self.name!r}: {len(holes)} holes, counts say {counts.holes}"
         self.lo, self.hi, self.live, self.holes = counts.lo, counts.hi, counts.live, list(holes)
 
     def live_span(self) -> tuple[int, int]:
-        """``(lo, hi)``: the extent of the live pages, or the parked span."""
+        """``(lo, hi)``: the extent of the live pages, or the parked span (docs/design.md §3).
+
+        Returns:
+            The smallest span holding every live page; ``(num_pages,
+                num_pages)`` when there is none.
+        """
         live = self.occupied_pages()
         return (live[0], live[-1] + 1) if live else (self.geom.num_pages, self.geom.num_pages)
 
     # ----------------------------------------------------------- checks
 
     def check(self) -> None:
-        """Raise ``AccountingError`` unless this band is self-consistent."""
+        """Raise ``AccountingError`` unless this band is self-consistent (docs/design.md §5, verify).
+
+        It checks the bounds, the pinned sink, the live count, that no live
+        page lies below ``min_page`` or outside the span, that ``v2p`` and
+        ``p2v`` are inverse on live pages, the content model, the holes, a
+        parked float, and the FIFO of free ids.
+
+        Raises:
+            AccountingError: a rule is broken; it names this pool and the rule.
+        """
         g, name = self.geom, self.name
 
         def need(ok: bool, rule: str, detail: str = "") -> None:

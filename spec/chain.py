@@ -24,7 +24,16 @@ from .planner import End, Float
 
 @dataclass(frozen=True)
 class Shape:
-    """A pool's grid: what ``make_layout`` fixed at boot."""
+    """A pool's grid: what ``make_layout`` fixed at boot (docs/design.md §3).
+
+    Attributes:
+        grow: ``"up"``, ``"down"`` or ``"float"``.
+        epp: bytes per page.
+        num_pages: pages of the grid in the buffer.
+        min_page: the lowest page above the sink.
+        lazy: whether the pool is lazy (a bool or a z3 Bool); always False
+            for a float.
+    """
 
     grow: str  # "up" | "down" | "float"
     epp: int
@@ -35,7 +44,14 @@ class Shape:
 
 @dataclass(frozen=True)
 class Counts:
-    """A band: its span ``[lo, hi)`` in pages, its live pages and its holes."""
+    """A band: its span ``[lo, hi)`` in pages, its live pages and its holes (docs/design.md §3).
+
+    Attributes:
+        lo: the span's first page, on the pool's own grid.
+        hi: one past the span's last page.
+        live: the live pages in the span.
+        holes: the pages of the span that are not live.
+    """
 
     lo: int
     hi: int
@@ -45,6 +61,15 @@ class Counts:
 
 @dataclass(frozen=True)
 class Chain:
+    """The arena in numbers: every pool's grid and band, in chain order (docs/design.md §3).
+
+    Attributes:
+        total: the buffer's size, in bytes.
+        sink: the sink's size, in bytes.
+        pools: each pool's ``Shape``: up END, floats, down END.
+        bands: each pool's ``Counts``, in the same order.
+    """
+
     total: int
     sink: int
     pools: tuple[Shape, ...]  # chain order
@@ -52,22 +77,51 @@ class Chain:
 
     @property
     def n(self) -> int:
+        """The number of pools in the chain (docs/design.md §3)."""
         return len(self.pools)
 
     def with_band(self, i: int, band: Counts) -> "Chain":
+        """The same chain with band ``i`` replaced: one operation's update (docs/design.md §4).
+
+        Args:
+            i: the pool's index in chain order.
+            band: its new counts.
+
+        Returns:
+            A new ``Chain``; this one is unchanged.
+        """
         bands = list(self.bands)
         bands[i] = band
         return replace(self, bands=tuple(bands))
 
 
 def boot_band(p: Shape) -> Counts:
-    """A band as the arena boots it: the up END empty at ``min_page``; the
-    down END empty at ``num_pages``; a float parked at ``num_pages``."""
+    """A band as the arena boots it (docs/design.md §3).
+
+    The up END is empty at ``min_page``; the down END empty at
+    ``num_pages``; a float parked at ``num_pages``.
+
+    Args:
+        p: the pool's grid.
+
+    Returns:
+        The empty band.
+    """
     at = p.min_page if p.grow == "up" else p.num_pages
     return Counts(at, at, 0, 0)
 
 
 def boot(total: int, sink: int, pools: Sequence[Shape]) -> Chain:
+    """The chain as the arena boots it: every band empty (docs/design.md §3).
+
+    Args:
+        total: the buffer's size, in bytes.
+        sink: the sink's size, in bytes.
+        pools: each pool's grid, in chain order.
+
+    Returns:
+        The boot state.
+    """
     return Chain(total, sink, tuple(pools), tuple(boot_band(p) for p in pools))
 
 
@@ -75,23 +129,69 @@ def boot(total: int, sink: int, pools: Sequence[Shape]) -> Chain:
 
 
 def is_end(s: Chain, i: int) -> bool:
+    """Whether pool ``i`` is an END, not a float (docs/design.md §3).
+
+    Args:
+        s: the chain.
+        i: the pool's index.
+
+    Returns:
+        True for the up and the down END.
+    """
     return s.pools[i].grow != "float"
 
 
 def opaque(s: Chain, i: int) -> bool:
-    """An END always; a float while it holds a live page."""
+    """Whether band ``i`` counts in the chain walks (docs/design.md §3).
+
+    An END always; a float while it holds a live page.
+
+    Args:
+        s: the chain.
+        i: the pool's index.
+
+    Returns:
+        True when the band is opaque.
+    """
     return True if is_end(s, i) else s.bands[i].live > 0
 
 
 def low_f(s: Chain, i: int) -> int:
+    """Band ``i``'s low frontier, in bytes (docs/design.md §3).
+
+    Args:
+        s: the chain.
+        i: the pool's index.
+
+    Returns:
+        ``lo * epp``.
+    """
     return s.bands[i].lo * s.pools[i].epp
 
 
 def high_f(s: Chain, i: int) -> int:
+    """Band ``i``'s high frontier, in bytes (docs/design.md §3).
+
+    Args:
+        s: the chain.
+        i: the pool's index.
+
+    Returns:
+        ``hi * epp``.
+    """
     return s.bands[i].hi * s.pools[i].epp
 
 
 def span(s: Chain, i: int) -> int:
+    """Band ``i``'s span, in pages: its live pages plus its holes (docs/design.md §3).
+
+    Args:
+        s: the chain.
+        i: the pool's index.
+
+    Returns:
+        ``hi - lo``.
+    """
     return s.bands[i].hi - s.bands[i].lo
 
 
@@ -107,57 +207,123 @@ def _walk(s: Chain, i: int, upward: bool, value: Callable[[int], int], default: 
 
 
 def above(s: Chain, i: int) -> int:
-    """Low frontier of the first opaque band above ``i``, or ``total``."""
+    """Low frontier of the first opaque band above ``i``, or ``total`` (docs/design.md §3).
+
+    Args:
+        s: the chain.
+        i: the pool's index.
+
+    Returns:
+        The frontier, in bytes.
+    """
     return _walk(s, i, True, lambda j: low_f(s, j), s.total)
 
 
 def below(s: Chain, i: int) -> int:
-    """High frontier of the first opaque band below ``i``, or 0."""
+    """High frontier of the first opaque band below ``i``, or 0 (docs/design.md §3).
+
+    Args:
+        s: the chain.
+        i: the pool's index.
+
+    Returns:
+        The frontier, in bytes.
+    """
     return _walk(s, i, False, lambda j: high_f(s, j), 0)
 
 
 def neighbour(s: Chain, i: int, upward: bool) -> int | None:
-    """The index of the first opaque band above (``upward``) or below, or
-    None (ints only)."""
+    """The first opaque band above or below ``i`` (ints only; docs/design.md §3).
+
+    Args:
+        s: the chain.
+        i: the pool's index.
+        upward: look above ``i`` (else below).
+
+    Returns:
+        That band's index, or None when there is none.
+    """
     others = range(i + 1, s.n) if upward else reversed(range(i))
     return next((j for j in others if opaque(s, j)), None)
 
 
 def region(s: Chain, i: int) -> tuple[int, int]:
-    """A float's pages ``[lo, hi)`` between its opaque neighbours."""
+    """A float's pages ``[lo, hi)`` between its opaque neighbours (docs/design.md §3).
+
+    Args:
+        s: the chain.
+        i: the float's index.
+
+    Returns:
+        ``(lo, hi)``, in pages of the float's grid (``arith.float_region``).
+    """
     p = s.pools[i]
     return arith.float_region(below(s, i), above(s, i), p.epp, p.min_page, p.num_pages)
 
 
 def gap(s: Chain, i: int) -> int:
-    """Free bytes an END can grow into."""
+    """Free bytes an END can grow into (docs/design.md §3).
+
+    Args:
+        s: the chain.
+        i: the END's index.
+
+    Returns:
+        The gap, at least 0.
+    """
     if s.pools[i].grow == "up":
         return arith.up_gap(above(s, i), high_f(s, i))
     return arith.down_gap(low_f(s, i), below(s, i))
 
 
 def band_bytes(s: Chain, i: int, side_is_low: bool) -> int:
-    """Free bytes between float ``i`` and its neighbour on one side; a
-    transparent float sees its whole region in bytes."""
+    """Free bytes between float ``i`` and its neighbour on one side (docs/design.md §4, step 3).
+
+    A transparent float sees its whole region in bytes.
+
+    Args:
+        s: the chain.
+        i: the float's index.
+        side_is_low: the low side (else the high side).
+
+    Returns:
+        The band, in bytes.
+    """
     whole = above(s, i) - below(s, i)
     side = ite(side_is_low, low_f(s, i) - below(s, i), above(s, i) - high_f(s, i))
     return ite(opaque(s, i), side, whole)
 
 
 def float_gap_bytes(s: Chain, i: int) -> int:
-    """Free bytes on both sides of float ``i``."""
+    """Free bytes on both sides of float ``i``: its ``gap_bytes`` view (docs/design.md §5).
+
+    Args:
+        s: the chain.
+        i: the float's index.
+
+    Returns:
+        The two bands' sum; a transparent float's whole region.
+    """
     return ite(opaque(s, i), band_bytes(s, i, True) + band_bytes(s, i, False), above(s, i) - below(s, i))
 
 
 def counted_bytes(s: Chain) -> int:
-    """The conservation sum ``Arena.verify`` checks against ``total``: the
-    sink; for every opaque band in chain order, the free bytes since the
+    """The conservation sum ``Arena.verify`` checks against ``total`` (docs/design.md §5, §7).
+
+    The sink; for every opaque band in chain order, the free bytes since the
     previous high frontier (the sink's at first), clamped at 0, plus its
     pages *counted*, ``(live + holes) * epp``; then the free bytes after the
     last high frontier, clamped at 0.
 
     A band enters by its counts, not by ``hi - lo``, so the sum does not
-    telescope: a frontier that drifts from its band's count changes it."""
+    telescope: a frontier that drifts from its band's count changes it.
+
+    Args:
+        s: the chain.
+
+    Returns:
+        The sum, in bytes.
+    """
     prev = covered = s.sink
     for i in range(s.n):
         o = opaque(s, i)
@@ -171,19 +337,43 @@ def counted_bytes(s: Chain) -> int:
 
 
 def index_room(s: Chain, i: int) -> int:
-    """Pages of the pool's grid not yet bound: its ids' room."""
+    """Pages of the pool's grid not yet bound: its ids' room (docs/design.md §4, step 1).
+
+    Args:
+        s: the chain.
+        i: the pool's index.
+
+    Returns:
+        ``num_pages - min_page - live``.
+    """
     p = s.pools[i]
     return p.num_pages - p.min_page - s.bands[i].live
 
 
 def end_room(s: Chain, i: int) -> int:
-    """Pages an END can still extend by on its own grid."""
+    """Pages an END can still extend by on its own grid (docs/design.md §5).
+
+    Args:
+        s: the chain.
+        i: the END's index.
+
+    Returns:
+        ``num_pages - min_page - span``.
+    """
     p = s.pools[i]
     return p.num_pages - p.min_page - span(s, i)
 
 
 def available(s: Chain, i: int) -> int:
-    """Pages ``alloc`` hands out now, with no relocation: the gate."""
+    """Pages ``alloc`` hands out now, with no relocation: the gate (docs/design.md §5).
+
+    Args:
+        s: the chain.
+        i: the pool's index.
+
+    Returns:
+        ``arith.end_available`` for an END, ``arith.float_available`` for a float.
+    """
     p, b = s.pools[i], s.bands[i]
     if is_end(s, i):
         return arith.end_available(gap(s, i), p.epp, end_room(s, i), b.holes)
@@ -192,8 +382,17 @@ def available(s: Chain, i: int) -> int:
 
 
 def flush_credit(s: Chain, i: int) -> int:
-    """Bytes an END gains once its growth-side neighbour flushes: that
-    neighbour's holes, when it is a lazy END (a float's holes stay its own)."""
+    """Bytes an END gains once its growth-side neighbour flushes (docs/design.md §5).
+
+    That neighbour's holes, when it is a lazy END (a float's holes stay its own).
+
+    Args:
+        s: the chain.
+        i: the END's index.
+
+    Returns:
+        The credit, in bytes.
+    """
 
     def credit(j: int) -> int:
         q = s.pools[j]
@@ -203,7 +402,15 @@ def flush_credit(s: Chain, i: int) -> int:
 
 
 def schedulable(s: Chain, i: int) -> int:
-    """Pages an END hands out once its growth-side neighbour flushes."""
+    """Pages an END hands out once its growth-side neighbour flushes (docs/design.md §5).
+
+    Args:
+        s: the chain.
+        i: the END's index.
+
+    Returns:
+        ``available`` with ``flush_credit`` added to the gap.
+    """
     p, b = s.pools[i], s.bands[i]
     return arith.end_available(gap(s, i) + flush_credit(s, i), p.epp, end_room(s, i), b.holes)
 
@@ -222,17 +429,41 @@ def _make_room_side(s: Chain, i: int, side_is_low: bool, min_bytes: int) -> tupl
 
 
 def make_room_terms(s: Chain, i: int, side_is_low: bool, min_bytes: int) -> tuple[int, bool, int]:
-    """``(band_side, feasible, need)`` of ``make_room(float i, side, min_bytes)``:
+    """The terms of ``make_room(float i, side, min_bytes)`` (docs/design.md §4).
+
     ``_make_room_side`` and the edge pages to clear.  ``need`` presumes the
     side is short (``arith.make_room_need``'s precondition): ask only once
-    ``make_room_acts`` holds."""
+    ``make_room_acts`` holds.
+
+    Args:
+        s: the chain.
+        i: the float's index.
+        side_is_low: the low side (else the high side).
+        min_bytes: the bytes wanted on that side.
+
+    Returns:
+        ``(band_side, feasible, need)``: the free bytes on that side, whether
+            a leapfrog reaches ``min_bytes``, and the edge pages to clear.
+    """
     band_side, feasible = _make_room_side(s, i, side_is_low, min_bytes)
     return band_side, feasible, arith.make_room_need(band_side, min_bytes, s.pools[i].epp)
 
 
 def make_room_acts(s: Chain, i: int, side_is_low: bool, min_bytes: int) -> bool:
-    """``make_room`` moves something: the float is opaque, the side is short
-    of ``min_bytes``, and a leapfrog would reach it."""
+    """Whether ``make_room`` moves something (docs/design.md §4).
+
+    It does when the float is opaque, the side is short of ``min_bytes``,
+    and a leapfrog would reach it.
+
+    Args:
+        s: the chain.
+        i: the float's index.
+        side_is_low: the low side (else the high side).
+        min_bytes: the bytes wanted on that side.
+
+    Returns:
+        True when it acts.
+    """
     band_side, feasible = _make_room_side(s, i, side_is_low, min_bytes)
     return and_(opaque(s, i), band_side < min_bytes, feasible)
 
@@ -241,19 +472,39 @@ def make_room_acts(s: Chain, i: int, side_is_low: bool, min_bytes: int) -> bool:
 
 
 def demand_skipped(s: Chain, i: int, d: list[int]) -> bool:
-    """The anchor policy leaves float ``i`` alone for demand ``d`` (a count
-    per pool): it is transparent, nothing is demanded, or some demanded pool
-    lacks the ids (bytes cannot fix that)."""
+    """Whether the anchor policy leaves float ``i`` alone for demand ``d`` (docs/design.md §4, step 1).
+
+    It does when the float is transparent, nothing is demanded, or some
+    demanded pool lacks the ids (bytes cannot fix that).
+
+    Args:
+        s: the chain.
+        i: the float's index.
+        d: the demand vector, pages per pool in chain order.
+
+    Returns:
+        True when the float is skipped.
+    """
     return arith.or_(
         not_(opaque(s, i)), and_(*[dj == 0 for dj in d]), arith.or_(*[d[j] > index_room(s, j) for j in range(s.n)])
     )
 
 
 def short_side_inputs(s: Chain, i: int, d: list[int]) -> dict[str, int]:
-    """``short_side_decision``'s arguments for float ``i`` and demand ``d``
-    (docs/design.md §4, steps 2, 3, 5 and 6): each END's demand beyond its
-    holes in bytes, the float's two bands, the float's own demand beyond its
-    holes, and the slack (the largest epp among the demanded pools)."""
+    """``short_side_decision``'s arguments for float ``i`` and demand ``d`` (docs/design.md §4).
+
+    Steps 2, 3, 5 and 6: each END's demand beyond its holes in bytes, the
+    float's two bands, the float's own demand beyond its holes, and the
+    slack (the largest epp among the demanded pools).
+
+    Args:
+        s: the chain.
+        i: the float's index.
+        d: the demand vector, pages per pool in chain order.
+
+    Returns:
+        The keyword arguments of ``policy.short_side_decision``, by name.
+    """
 
     def need_bytes(j: int) -> int:
         return max_(0, d[j] - s.bands[j].holes) * s.pools[j].epp
@@ -272,7 +523,15 @@ def short_side_inputs(s: Chain, i: int, d: list[int]) -> dict[str, int]:
 
 
 def planner_inputs(s: Chain, d: list[int]) -> tuple[End, list[Float], End]:
-    """``(up, floats, down)`` for ``planner.plan_chain`` and demand ``d``."""
+    """The inputs of ``planner.plan_chain`` for demand ``d`` (docs/design.md §4b).
+
+    Args:
+        s: the chain.
+        d: the demand vector, pages per pool in chain order.
+
+    Returns:
+        ``(up, floats, down)``: the two ``End``s and the ``Float``s in chain order.
+    """
 
     def end(i: int, frontier: int) -> End:
         p, b = s.pools[i], s.bands[i]

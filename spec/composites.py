@@ -101,7 +101,19 @@ def swa_window_end(seq_len: int, window: int, page_size: int) -> int:
     keeps the page that the window's oldest token sits in.  A scheduler
     calls, each step, ``free_swa(tokens[done:end], start_pos=done)`` with
     ``end = swa_window_end(...)`` whenever ``end > done``; both ends are
-    page-aligned, as ``free_swa`` requires.
+    page-aligned, as ``free_swa`` requires (docs/design.md §6).
+
+    Args:
+        seq_len: the request's length in tokens.
+        window: the engine's window in tokens.
+        page_size: tokens per page, ``>= 1``.
+
+    Returns:
+        A multiple of ``page_size``: the tokens before it may leave SWA.
+
+    Raises:
+        ValueError: ``seq_len`` or ``window`` is not an int >= 0, or
+            ``page_size`` is not an int >= 1.
 
     post: __return__ % page_size == 0
     post: 0 <= __return__ <= max(0, seq_len - window - page_size)
@@ -121,7 +133,14 @@ def swa_window_end(seq_len: int, window: int, page_size: int) -> int:
 
 
 class _Composite:
-    """What every composite shares: token allocation, free, views, relief.
+    """What every composite shares: token allocation, free, views, relief (docs/design.md §6).
+
+    Args:
+        total_bytes: the buffer's size in bytes.
+        pools: the sub-pools, named as ``CHAIN`` says.
+        page_size: tokens per page of the KV pools.
+        lazy: True or False for both ENDs, or the set of lazy END names.
+        policy: who slides the floats, ``"anchor"`` or ``"planner"``.
 
     inv: self.verify() is None
     """
@@ -342,6 +361,28 @@ class _Composite:
         allocated on any side, though the relief's flushes and slides may
         have moved pages (never a caller-visible id).
 
+        Args:
+            prefix_lens: each request's tokens already allocated.
+            seq_lens: each request's length after the call, ``>= prefix``.
+            last_loc: each request's slot of position ``prefix - 1``, or
+                ``-1`` for an empty prefix.
+            prefix_lens_cpu: the engine's host copy of ``prefix_lens``, or None.
+            seq_lens_cpu: the engine's host copy of ``seq_lens``, or None.
+            extend_num_tokens: the tokens asked in all,
+                ``sum(seq_lens) - sum(prefix_lens)``, or None.
+
+        Returns:
+            Token ids for every new position, request-major and in position
+                order; None on a shortfall, with no id allocated.
+
+        Raises:
+            ValueError: bad input, before any state changes: lengths that
+                differ, a negative prefix, ``seq < prefix``, a ``seq_len``
+                no arena state could hold, a ``last_loc`` that is not ``-1``
+                for an empty prefix or not the live slot of position
+                ``prefix - 1``, two requests continuing one page, or a host
+                copy that disagrees.
+
         post: __return__ is None or len(__return__) == sum(seq_lens) - sum(prefix_lens)
         post: __return__ is None or len(set(__return__)) == len(__return__)
         post: __return__ is not None or self.arena.live_pages("full") == __old__.self.arena.live_pages("full")
@@ -368,7 +409,22 @@ class _Composite:
         taken iff position ``seq - 1`` starts a page, i.e. ``seq % ps == 1``
         (for ``ps = 1``: always); otherwise the slot is ``last_loc + 1``.
         ``seq_lens`` are >= 1.  Shortfalls as in ``alloc_extend``.
-        ``seq_lens_cpu``: the engine's host copy, as in ``alloc_extend``.
+        ``seq_lens_cpu``: the engine's host copy, as in ``alloc_extend``
+        (docs/design.md §6; docs/anchor.md §1).
+
+        Args:
+            seq_lens: each request's length after the call, ``>= 1``.
+            last_loc: each request's slot of position ``seq - 2``, or ``-1``
+                when ``seq == 1``.
+            seq_lens_cpu: the engine's host copy of ``seq_lens``, or None.
+
+        Returns:
+            One token id per request, in batch order; None on a shortfall,
+                with no id allocated.
+
+        Raises:
+            ValueError: bad input, before any state changes: a ``seq_len``
+                below 1, and everything ``alloc_extend`` refuses.
 
         post: __return__ is None or len(__return__) == len(seq_lens)
         post: __return__ is not None or self.arena.live_pages("full") == __old__.self.arena.live_pages("full")
@@ -395,6 +451,13 @@ class _Composite:
         pages that are still live are freed first (a borrowed id must leave
         its borrower before its lender), then the full pages, both in
         ascending page order.
+
+        Args:
+            token_ids: tokens live in full; their pages are freed whole.
+
+        Raises:
+            ValueError: a token that is repeated, ``-1``, in page 0, out of
+                range, unknown or already freed; nothing has changed.
 
         post: all(p == 0 for p in self.translate(token_ids))
         raises: ValueError
@@ -424,6 +487,9 @@ class _Composite:
         per-component views: each of those assumes it has the shared bytes
         to itself.
 
+        Returns:
+            Tokens, a multiple of ``page_size``.
+
         post: __return__ % self.page_size == 0
         post: self.fits(__return__)
         post: not self.fits(__return__ + self.page_size)
@@ -432,7 +498,11 @@ class _Composite:
 
     def full_available_size(self) -> int:
         """Tokens full alone could take now (``arena.available_size("full")``;
-        docs/design.md §5 and §6).  Not the gate: see ``available_size``."""
+        docs/design.md §5 and §6).  Not the gate: see ``available_size``.
+
+        Returns:
+            Tokens.
+        """
         return self.arena.available_size(FULL)
 
     def fits(self, tokens: int = 0, state_slots: int = 0, swa_tokens: int | None = None) -> bool:
@@ -450,7 +520,21 @@ class _Composite:
         ``swa_tokens <= tokens`` (SWA binds a subset of full's new pages),
         else ``ValueError``.  A composite without SWA takes only None, 0 or
         ``tokens`` (each means the same there); any other value is a
-        ``ValueError`` naming it.  The same gate decides it.
+        ``ValueError`` naming it.  The same gate decides it
+        (docs/design.md §6).
+
+        Args:
+            tokens: the new tokens of one request with an empty prefix.
+            state_slots: state slots taken first; only where there is a state pool.
+            swa_tokens: the tokens the SWA side needs, ``<= tokens``; None
+                for the coupled demand.
+
+        Returns:
+            Whether both would succeed now.
+
+        Raises:
+            ValueError: a count that is not an int >= 0, ``state_slots``
+                without a state pool, or a ``swa_tokens`` not accepted here.
 
         post: swa_tokens is None or self.fits(tokens, state_slots) <= __return__
         post: not __return__ or self.fits(tokens, state_slots, 0)
@@ -623,10 +707,27 @@ class _Composite:
         whole flush leaves it (packed, for the anchor's slide), so the
         verdict is the one a flush-everything ladder gives (flushing never
         lowers what a placement can fit); only the bytes moved on the way
-        differ (README, "Churn").  With the ``"anchor"`` policy one run is not
-        all the ladder can do (README, findings 1 and 6): a second
+        differ (docs/results/bench.md "Churn: why tri misses").  With the ``"anchor"`` policy one run is not
+        all the ladder can do (docs/findings.md, policy findings 1 and 6): a second
         identical call can succeed where the first failed
         (``tests/api/test_composites.py`` pins a case).
+
+        Args:
+            tokens: the new tokens of one request with an empty prefix.
+            state_slots: state slots needed too; only where there is a state pool.
+            evict: called as ``evict(shortfall_tokens)`` when the rungs do not
+                suffice; returns how many tokens it freed.  None: no eviction.
+            swa_tokens: the tokens the SWA side needs, ``<= tokens``; None
+                for the coupled demand.
+
+        Returns:
+            ``fits(tokens, state_slots, swa_tokens)`` after the last step that ran.
+
+        Raises:
+            ValueError: bad arguments, as ``fits`` refuses them; ``evict``
+                not callable; or a return of ``evict`` that is not an
+                int >= 0 (docs/design.md §9c).  An exception raised by
+                ``evict`` propagates, the arena consistent.
 
         post: __return__ == self.fits(tokens, state_slots, swa_tokens)
         raises: ValueError
@@ -684,6 +785,17 @@ class _Composite:
         all translate to slot 0 itself, never to an offset inside page 0.
         Below ``-1`` or past the id space is a ``ValueError``.
 
+        Args:
+            token_ids: token ids (state slots for ``pool="state"``), or ``-1``.
+            pool: ``"full"``, ``"swa"`` or ``"state"``.
+
+        Returns:
+            One physical slot per token, in order.
+
+        Raises:
+            ValueError: a pool the composite lacks, a token that is not an
+                int, or one below ``-1`` or past the id space.
+
         post: len(__return__) == len(token_ids)
         raises: ValueError
         """
@@ -707,6 +819,10 @@ class _Composite:
         composite was built with.  Nothing else is composite state: every
         token and slot lives in the arena's tables.
 
+        Raises:
+            AccountingError: an arena rule is broken, or the roles are not
+                this composite's; it names the pool and the rule.
+
         post: __return__ is None
         raises: AccountingError
         """
@@ -718,12 +834,16 @@ class _Composite:
 
     def snapshot(self) -> dict[str, object]:
         """The whole state as JSON-able data, the arena's snapshot included
-        (docs/design.md §10)."""
+        (docs/design.md §10).
+
+        Returns:
+            ``{"composite": class name, "page_size": ps, "arena": arena snapshot}``.
+        """
         return {"composite": type(self).__name__, "page_size": self.page_size, "arena": self.arena.snapshot()}
 
 
 class _WithSWA(_Composite):
-    """The calls of a composite with an SWA band (``HybridSWA``, ``TriPool``)."""
+    """The calls of a composite with an SWA band (``HybridSWA``, ``TriPool``; docs/design.md §6)."""
 
     def free_swa(self, token_ids: Sequence[int], start_pos: int) -> None:
         """The per-step window free (docs/design.md §6; docs/anchor.md §1,
@@ -736,6 +856,15 @@ class _WithSWA(_Composite):
         ``ValueError``.  Only swa entries that are live (``v2p > 0``,
         strictly) are freed, in ascending page order; ``-1``, page 0 and
         entries already freed are skipped silently.  Full keeps its pages.
+
+        Args:
+            token_ids: the tokens leaving the window, from position ``start_pos`` on.
+            start_pos: the position of ``token_ids[0]``, a multiple of ``ps``.
+
+        Raises:
+            ValueError: ``start_pos`` not a non-negative multiple of ``ps``,
+                a token that is not an int, or a representative below ``-1``
+                or past the id space; nothing has changed.
 
         post: self.arena.live_pages("full") == __old__.self.arena.live_pages("full")
         raises: ValueError
@@ -755,12 +884,16 @@ class _WithSWA(_Composite):
     def swa_available_size(self) -> int:
         """Tokens swa alone could take now (``arena.available_size("swa")``;
         docs/design.md §5 and §6).  Binding them also needs full ids and
-        full's bytes: the gate is ``available_size``."""
+        full's bytes: the gate is ``available_size``.
+
+        Returns:
+            Tokens.
+        """
         return self.arena.available_size(SWA)
 
 
 class _WithState(_Composite):
-    """The calls of a composite with a state pool (``MambaHybrid``, ``TriPool``)."""
+    """The calls of a composite with a state pool (``MambaHybrid``, ``TriPool``; docs/design.md §6)."""
 
     state_bytes: int  # one slot's bytes
     _token_entry_bytes: int  # the KV bytes one token takes, every token pool together
@@ -774,6 +907,15 @@ class _WithState(_Composite):
         one more try: the other side gives ground (flush, slide) before any
         eviction is considered (anchor bug 6).  None means no slot was
         taken; relief moves may have happened.
+
+        Args:
+            n: slots wanted, ``>= 0``.
+
+        Returns:
+            The slot ids, or None on a shortfall, with no slot taken.
+
+        Raises:
+            ValueError: ``n`` is not an int >= 0.
 
         post: __return__ is None or len(__return__) == n
         raises: ValueError
@@ -790,6 +932,13 @@ class _WithState(_Composite):
         changed.  The state END frees as any END does (docs/design.md §4:
         an eager one compacts, a lazy one leaves holes).
 
+        Args:
+            slots: live state slots.
+
+        Raises:
+            ValueError: a slot that is not an int, unknown, freed, repeated,
+                the sink or out of range; nothing has changed.
+
         post: all(p == 0 for p in self.translate(slots, "state"))
         raises: ValueError
         """
@@ -801,12 +950,21 @@ class _WithState(_Composite):
 
     def state_available_size(self) -> int:
         """Slots the state pool could take now, without relief
-        (``arena.available_size("state")``; docs/design.md §6)."""
+        (``arena.available_size("state")``; docs/design.md §6).
+
+        Returns:
+            Slots.
+        """
         return self.arena.available_size(STATE)
 
     def state_slot_token_cost(self) -> int:
         """Tokens one state slot displaces (docs/design.md §6; docs/anchor.md §3):
-        ``ceil(state_bytes / per-token bytes of the KV a token takes)``."""
+        ``ceil(state_bytes / per-token bytes of the KV a token takes)``.
+
+        Returns:
+            Tokens, ``ceil(state_bytes / (full_entry + swa_entry))`` for
+                ``TriPool`` and ``ceil(state_bytes / full_entry)`` for ``MambaHybrid``.
+        """
         return arith.cdiv(self.state_bytes, self._token_entry_bytes)
 
 
@@ -815,6 +973,22 @@ class _WithState(_Composite):
 
 class HybridSWA(_WithSWA, _Composite):
     """Full + SWA KV: swa (up END) . full (down END), swa borrows full's ids.
+
+    The two-pool SWA composite of docs/design.md §6; its signature is
+    docs/design.md §10.
+
+    Args:
+        total_bytes: the buffer's size in bytes.
+        full_entry_bytes: bytes of one full-attention token, across its layers.
+        swa_entry_bytes: bytes of one SWA token, across its layers.
+        page_size: tokens per page of the KV pools.
+        lazy: True or False for both ENDs, or the set of END names that free
+            lazily (docs/design.md §4).
+        policy: who slides the floats, ``"anchor"`` or ``"planner"``
+            (docs/design.md §4b).
+
+    Raises:
+        ValueError: a bad configuration, as ``Arena`` refuses it, naming the pool.
 
     inv: self.verify() is None
     """
@@ -837,6 +1011,22 @@ class HybridSWA(_WithSWA, _Composite):
 
 class MambaHybrid(_WithState, _Composite):
     """Mamba state + full KV: state (up END, page_size 1) . full (down END).
+
+    The two-pool state composite of docs/design.md §6; its signature is
+    docs/design.md §10.  State slots are the state pool's own ids.
+
+    Args:
+        total_bytes: the buffer's size in bytes.
+        full_entry_bytes: bytes of one full-attention token, across its layers.
+        state_bytes: bytes of one request's state slot.
+        page_size: tokens per page of the KV pools.
+        lazy: True or False for both ENDs, or the set of END names that free
+            lazily (docs/design.md §4).
+        policy: who slides the floats, ``"anchor"`` or ``"planner"``
+            (docs/design.md §4b).
+
+    Raises:
+        ValueError: a bad configuration, as ``Arena`` refuses it, naming the pool.
 
     inv: self.verify() is None
     """
@@ -862,6 +1052,23 @@ class TriPool(_WithSWA, _WithState, _Composite):
     """The seed's headline case: state (up END) . swa (float) . full (down END),
     swa borrows full's ids.  With its float empty it behaves exactly as the
     ``MambaHybrid`` of the same sizes (the golden identity).
+
+    The three-pool composite of docs/design.md §6; its signature is
+    docs/design.md §10.
+
+    Args:
+        total_bytes: the buffer's size in bytes.
+        full_entry_bytes: bytes of one full-attention token, across its layers.
+        swa_entry_bytes: bytes of one SWA token, across its layers.
+        state_bytes: bytes of one request's state slot.
+        page_size: tokens per page of the KV pools.
+        lazy: True or False for both ENDs, or the set of END names that free
+            lazily (docs/design.md §4).
+        policy: who slides the floats, ``"anchor"`` or ``"planner"``
+            (docs/design.md §4b).
+
+    Raises:
+        ValueError: a bad configuration, as ``Arena`` refuses it, naming the pool.
 
     inv: self.verify() is None
     """

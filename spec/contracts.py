@@ -1,4 +1,4 @@
-"""Run-time checking of the spec's PEP 316 contracts.
+"""Run-time checking of the spec's PEP 316 contracts (docs/design.md §7).
 
 The spec states its contracts in docstrings (``pre:``, ``post:``, and the
 class invariant ``inv:``), the style ``crosshair check`` reads.  This module
@@ -24,11 +24,27 @@ NAMES = {m.__name__ for m in MODULES}
 
 
 class ContractError(AssertionError):
-    """A pre- or postcondition (or the invariant) did not hold."""
+    """A pre- or postcondition (or the invariant) did not hold (docs/design.md §7).
+
+    The message names the function, the kind of condition, the expression
+    and the arguments it was evaluated with.
+    """
 
 
 def conditions(doc: str | None) -> dict[str, list[str]]:
-    """``{"pre": [...], "post": [...], "inv": [...]}`` from a docstring."""
+    """The contract lines of a docstring, by kind (docs/design.md §7).
+
+    A line is a condition when its text before the first colon is ``pre``,
+    ``post`` or ``inv`` and an expression follows; every other line (the
+    prose, the Google sections, CrossHair's ``raises``) is skipped.
+
+    Args:
+        doc: a docstring, or None (no conditions).
+
+    Returns:
+        ``{"pre": [...], "post": [...], "inv": [...]}``: each kind's
+            expressions, in the order written.
+    """
     found: dict[str, list[str]] = {"pre": [], "post": [], "inv": []}
     for line in (doc or "").splitlines():
         head, _, expr = line.strip().partition(":")
@@ -60,8 +76,23 @@ _depth = [0]  # nesting of method calls: only the outermost one is checked
 def checked(fn: FunctionType, invariants: Sequence[str] = (), outermost: bool = False) -> Callable[..., Any]:
     """Wrap ``fn`` so its docstring contract (and ``invariants``) are checked.
 
+    docs/design.md §7, contracts: the preconditions are evaluated on the
+    bound arguments, the postconditions and ``invariants`` on them plus
+    ``__return__`` and, where a postcondition reads it, ``__old__`` (a deep
+    copy of the arguments taken before the call).  A failed condition is a
+    ``ContractError``.
+
     With ``outermost``, a call made from inside another checked method is
     not checked: mid-operation the arena is legitimately between states.
+
+    Args:
+        fn: the function or method whose docstring states the contract.
+        invariants: class invariants (``inv:`` expressions) to check after
+            each call as well, for a method.
+        outermost: check only calls not made from inside another checked call.
+
+    Returns:
+        The wrapper, or ``fn`` itself when there is nothing to check.
     """
     cond = conditions(fn.__doc__)
     if not any(cond.values()) and not invariants:
@@ -98,7 +129,12 @@ def checked(fn: FunctionType, invariants: Sequence[str] = (), outermost: bool = 
 @contextlib.contextmanager
 def unchecked() -> Iterator[None]:
     """Inside ``checking()``, call the arena's methods unchecked for a while
-    (a test's own reads of the state, where the contracts add nothing)."""
+    (a test's own reads of the state, where the contracts add nothing;
+    docs/design.md §7).
+
+    Yields:
+        None; the block runs as if nested in a checked call.
+    """
     _depth[0] += 1
     try:
         yield
@@ -108,7 +144,17 @@ def unchecked() -> Iterator[None]:
 
 @contextlib.contextmanager
 def checking() -> Iterator[None]:
-    """Check every spec contract while the block runs."""
+    """Check every spec contract while the block runs (docs/design.md §7).
+
+    Every contract-bearing function of the spec's modules is wrapped, once
+    even where another module imported it, and every public method of a
+    class with an ``inv:`` is checked with that invariant (outermost calls
+    only; ``verify`` is the invariant and is left alone).  On exit, however
+    the block ends, every original is put back.
+
+    Yields:
+        None; the block runs with the contracts checked.
+    """
     saved: list[tuple[ModuleType | type, str, object]] = []  # (owner, name, what it held; None: inherited)
     try:
         # one wrapper per function, also where another module imported it

@@ -1,5 +1,8 @@
 """The eviction callback a scheduler hands to ``relieve``, and its contract.
 
+docs/design.md §4 (relieve, its rung 3) and docs/design.md §9c (a callback
+that raises, or returns no count).
+
 ``evict(shortfall)`` is asked, at most ``MAX_EVICT_ROUNDS`` times, to free
 about ``shortfall`` units (pages for ``Arena.relieve``, tokens for a
 composite's) and returns how many it freed.  What the ladder accepts:
@@ -29,7 +32,25 @@ Evictor = Callable[[int], int]
 
 
 def evicted(result: object, where: str) -> int:
-    """The count an evictor returned, checked: an int >= 0 or a ``ValueError`` naming ``where``."""
+    """The count an evictor returned, checked: an int >= 0 or a ``ValueError`` naming ``where``.
+
+    The ladder reads the count only to decide whether to go on
+    (docs/design.md §4, relieve); a count it cannot read is a fault of the
+    callback, reported by name (docs/design.md §9c).
+
+    Args:
+        result: what ``evict(shortfall)`` returned.
+        where: the call to name in the error, e.g. ``"pool 'full': relieve"``.
+
+    Returns:
+        The count, as an int >= 0; 0 ends the rounds.
+
+    Raises:
+        TypeError: never escapes: a bool is refused as a count through it,
+            and it is caught at once and turned into the ``ValueError``.
+        ValueError: ``result`` is not a count: negative, a float, a bool,
+            None, a string, or anything ``operator.index`` refuses.
+    """
     try:
         if isinstance(result, bool):  # an int to Python, but no count
             raise TypeError

@@ -1,4 +1,4 @@
-"""Sub-pools, their page grids, the sink, and the canonical chain.
+"""Sub-pools, their page grids, the sink, and the canonical chain (docs/design.md §3).
 
 Everything here is decided once, at boot.  The implementation imports this
 module as is: layout is arithmetic, not an operation to test twice.
@@ -16,7 +16,15 @@ KINDS = ("kv", "state")
 
 
 class AccountingError(AssertionError):
-    """``verify()`` found a broken rule.  The message names the pool and rule."""
+    """``verify()`` found a broken rule (docs/design.md §5).
+
+    The message names the pool and the rule.
+
+    Args:
+        pool: the pool whose rule broke.
+        rule: the rule, in a few words (``"bounds"``, ``"conservation"``, ...).
+        detail: what was found, for the message; empty for none.
+    """
 
     def __init__(self, pool: str, rule: str, detail: str = "") -> None:
         self.pool, self.rule = pool, rule
@@ -25,10 +33,22 @@ class AccountingError(AssertionError):
 
 @dataclass(frozen=True)
 class SubPool:
-    """One kind of per-request state.
+    """One kind of per-request state (docs/design.md §3; its signature is docs/design.md §10).
 
     ``entry_bytes`` is one slot counted across all layers; ``page_size`` is
     slots per page (1 for state pools).
+
+    Attributes:
+        name: the pool's name, unique in its arena.
+        entry_bytes: bytes of one slot, across all layers.
+        page_size: slots per page; 1 for a state pool.
+        grow: ``"up"`` or ``"down"`` (an END) or ``"float"``.
+        kind: ``"kv"`` or ``"state"``.
+
+    Raises:
+        ValueError: a field is out of its domain (an empty name, a size that
+            is not a positive int, an unknown ``grow`` or ``kind``, a state
+            pool with ``page_size != 1``); the message names the pool.
     """
 
     name: str
@@ -56,13 +76,21 @@ class SubPool:
 
     @property
     def epp(self) -> int:
-        """Bytes per page: one page envelope."""
+        """Bytes per page: one page envelope, ``entry_bytes * page_size`` (docs/design.md §3)."""
         return self.entry_bytes * self.page_size
 
 
 @dataclass(frozen=True)
 class Geometry:
-    """One pool's page grid over the whole buffer."""
+    """One pool's page grid over the whole buffer (docs/design.md §3).
+
+    Page ``p`` covers bytes ``[p*epp, (p+1)*epp)``.
+
+    Attributes:
+        epp: bytes per page.
+        num_pages: pages of the grid that fit in the buffer.
+        min_page: the first page above the sink; no lower page is handed out.
+    """
 
     epp: int
     num_pages: int
@@ -71,7 +99,15 @@ class Geometry:
 
 @dataclass(frozen=True)
 class Layout:
-    """The boot-time layout: chain order, sink, and every pool's grid."""
+    """The boot-time layout: chain order, sink, and every pool's grid (docs/design.md §3).
+
+    Attributes:
+        total_bytes: the buffer's size.
+        pools: every sub-pool, by name.
+        chain: the pool names, low bytes first: up END, floats, down END.
+        sink_bytes: the padding sink ``[0, sink_bytes)``, the largest page envelope.
+        geometry: every pool's grid, by name.
+    """
 
     total_bytes: int
     pools: dict[str, SubPool]  # by name
@@ -81,10 +117,24 @@ class Layout:
 
 
 def make_layout(total_bytes: int, pools: Iterable[SubPool]) -> Layout:
-    """Validate a configuration and lay it out.
+    """Validate a configuration and lay it out (docs/design.md §3).
 
-    Raises ``ValueError`` naming the offending pool.  The float order is the
-    order given; nothing else about the input order matters.
+    The float order is the order given; nothing else about the input order
+    matters.  Every pool must be able to hold a page while every other pool
+    holds one, counted on each pool's own grid, not in raw bytes.
+
+    Args:
+        total_bytes: the buffer's size in bytes.
+        pools: the sub-pools; exactly one ``up`` and one ``down``, any floats.
+
+    Returns:
+        The layout: the canonical chain, the sink and every pool's grid.
+
+    Raises:
+        ValueError: a bad configuration, naming the offending pool: a
+            non-positive size, something not a ``SubPool``, a duplicate name,
+            a second or a missing END, a grid with no page above the sink, or
+            a pool that could never get a page.
 
     post: __return__.sink_bytes == max(g.epp for g in __return__.geometry.values())
     post: all(g.min_page * g.epp >= __return__.sink_bytes for g in __return__.geometry.values())
@@ -142,15 +192,34 @@ def make_layout(total_bytes: int, pools: Iterable[SubPool]) -> Layout:
 
 
 def check_policy(policy: object) -> None:
-    """``policy`` must name a relief policy (docs/design.md §4)."""
+    """``policy`` must name a relief policy (docs/design.md §4).
+
+    Args:
+        policy: ``"anchor"`` or ``"planner"`` (docs/design.md §4b).
+
+    Raises:
+        ValueError: ``policy`` is anything else.
+    """
     if not isinstance(policy, str) or policy not in POLICIES:
         raise ValueError(f"arena: policy must be one of {POLICIES}, got {policy!r}")
 
 
 def lazy_ends(layout: Layout, lazy: object) -> set[str]:
-    """The set of lazy END pools from ``lazy``: a bool, or a set of END names.
+    """The set of lazy END pools from ``lazy``: a bool, or a set of END names (docs/design.md §3).
 
-    Anything else (None, 0, 1, a string, a float's name) is a ``ValueError``.
+    A float is never lazy: its holes are capacity, not backlog
+    (docs/design.md §4).
+
+    Args:
+        layout: the arena's layout, for its ENDs and pool names.
+        lazy: True (both ENDs), False (none), or a collection of END names.
+
+    Returns:
+        The names of the lazy ENDs.
+
+    Raises:
+        ValueError: ``lazy`` is anything else (None, 0, 1, a string), or
+            names an unknown pool or a float.
     """
     ends = {layout.chain[0], layout.chain[-1]}
     if isinstance(lazy, bool):
@@ -172,6 +241,17 @@ def borrowing(layout: Layout, borrow: object) -> dict[str, str]:
 
     Both must be pools of the arena and distinct; a lender does not itself
     borrow, and both share a page size, so one token id addresses both.
+
+    Args:
+        layout: the arena's layout, for its pool names and page sizes.
+        borrow: ``{borrower: lender}``, or None for no borrowing.
+
+    Returns:
+        A copy of ``borrow``; empty for None.
+
+    Raises:
+        ValueError: ``borrow`` is not a dict, names an unknown pool, pairs a
+            pool with itself, makes a lender borrow, or pairs two page sizes.
     """
     if borrow is None:
         return {}

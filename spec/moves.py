@@ -27,6 +27,16 @@ def flush_plan(grow: str, live: list[int], holes: list[int], edge: int, max_move
     pairs in frontier order: the survivors nearest the frontier (so the
     frontier retreats as far as the cap allows) into the holes furthest
     from it (deepest inside the band).
+
+    Args:
+        grow: ``"up"`` or ``"down"``, the END's direction.
+        live: the band's live pages, ascending.
+        holes: its holes.
+        edge: where the packed band would end.
+        max_moves: the most pairs to move; None for no cap.
+
+    Returns:
+        ``(dst, src)``, the holes to fill and the survivors that fill them.
     """
     if grow == "up":
         src = [p for p in live if p >= edge]
@@ -64,6 +74,17 @@ def make_room_plan(
     (``arith.make_room_feasible``), and ``edge_pages`` is the fewest pages
     that reach it (``arith.make_room_need``), which gives that inequality;
     ``make_room.destinations_suffice`` proves it.
+
+    Args:
+        side: ``"low"`` or ``"high"``, the side to open.
+        live: the float's live pages, ascending.
+        holes: its holes.
+        span: its span ``(lo, hi)``.
+        region: its region ``(region_lo, region_hi)``.
+        edge_pages: the pages to clear at ``side`` (``arith.make_room_need``).
+
+    Returns:
+        ``(dst, src)``: where the moving live pages go, and which they are.
     """
     lo, hi = span
     region_lo, region_hi = region
@@ -87,20 +108,40 @@ def make_room_plan(
 
 
 def pack_plan(live: list[int], start: int) -> MovePlan:
-    """The planner's repack (``Arena.plan_floats``): make ``live`` occupy
-    ``[start, start + len(live))`` moving the fewest pages.  Live pages
-    already in that range stay; the others (ascending) fill its free pages
-    (ascending).  Order among the pages is not kept: a page's virtual id
-    goes with it, so order carries no meaning.  Moves ``len(live)`` pages
-    at most, and exactly the live pages outside the range."""
+    """The planner's repack (``Arena.plan_floats``; docs/design.md §4b).
+
+    Make ``live`` occupy ``[start, start + len(live))`` moving the fewest
+    pages.  Live pages already in that range stay; the others (ascending)
+    fill its free pages (ascending).  Order among the pages is not kept: a
+    page's virtual id goes with it, so order carries no meaning.  Moves
+    ``len(live)`` pages at most, and exactly the live pages outside the
+    range.
+
+    Args:
+        live: the float's live pages, ascending.
+        start: the first page of the target range.
+
+    Returns:
+        ``(dst, src)``: the target's free pages and the live pages outside it.
+    """
     target = range(start, start + len(live))
     inside = set(live) & set(target)
     return [p for p in target if p not in inside], [p for p in live if p not in inside]
 
 
 def compact_plan(live: list[int], span: tuple[int, int], retreat_side: str) -> MovePlan:
-    """``compact_holes``: pack ``live`` against the edge opposite
-    ``retreat_side``, keeping order; pages already in place stay."""
+    """``compact_holes``: pack ``live`` against the edge opposite ``retreat_side`` (docs/design.md §4).
+
+    Order is kept; pages already in place stay.
+
+    Args:
+        live: the float's live pages, ascending.
+        span: its span ``(lo, hi)``.
+        retreat_side: ``"low"`` or ``"high"``, the edge that retreats.
+
+    Returns:
+        ``(dst, src)``, paired in order.
+    """
     lo, hi = span
     first = hi - len(live) if retreat_side == "low" else lo
     pairs = [(first + i, p) for i, p in enumerate(live) if first + i != p]
@@ -108,12 +149,21 @@ def compact_plan(live: list[int], span: tuple[int, int], retreat_side: str) -> M
 
 
 def eager_free_plan(grow: str, span: tuple[int, int], freed: list[int], is_live: Callable[[int], bool]) -> MovePlan:
-    """An eager END's compaction after a free of ``len(freed)`` pages.
+    """An eager END's compaction after a free of ``len(freed)`` pages (docs/design.md §4).
 
-    ``span`` is the band *after* its frontier retreated.  The survivors left
-    in the vacated pages move into the freed pages that lie inside the new
-    span; there are as many of each, since the span lost exactly as many
-    pages as were freed.  ``is_live(p)`` says whether page ``p`` is live.
+    The survivors left in the vacated pages move into the freed pages that
+    lie inside the new span; there are as many of each, since the span lost
+    exactly as many pages as were freed.
+
+    Args:
+        grow: ``"up"`` or ``"down"``, the END's direction.
+        span: the band *after* its frontier retreated, ``(lo, hi)``.
+        freed: the pages just freed.
+        is_live: ``is_live(p)`` says whether page ``p`` is live.
+
+    Returns:
+        ``(dst, src)``: the freed pages inside the new span and the survivors
+            that fill them.
     """
     lo, hi = span
     k = len(freed)

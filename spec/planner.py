@@ -53,9 +53,12 @@ from .arith import and_, cdiv, fdiv, ite, max_, min_, not_, or_
 
 
 class End(NamedTuple):
-    """An END's input: its frontier facing the floats, in bytes (the up END's
-    high frontier, the down END's low one), its ``epp``, the pages it must
-    extend (``ext``) and the pages left on its grid (``room``)."""
+    """An END's input to the planner (docs/design.md §4b).
+
+    Its frontier facing the floats, in bytes (the up END's high frontier,
+    the down END's low one), its ``epp``, the pages it must extend
+    (``ext``) and the pages left on its grid (``room``).
+    """
 
     frontier: int
     epp: int
@@ -64,8 +67,11 @@ class End(NamedTuple):
 
 
 class Float(NamedTuple):
-    """A float's input: its grid, its span ``[lo, hi)`` in pages, its live
-    pages and holes, the pages demanded of it, and its ``index_room``."""
+    """A float's input to the planner (docs/design.md §4b).
+
+    Its grid, its span ``[lo, hi)`` in pages, its live pages and holes, the
+    pages demanded of it, and its ``index_room``.
+    """
 
     epp: int
     min_page: int
@@ -79,10 +85,13 @@ class Float(NamedTuple):
 
 
 class Plan(NamedTuple):
-    """The decision: ``feasible``; per float, whether it is repacked
-    (``moves``), the page its live pages then start at (``starts``; ``lo``
-    for a float that stays), and whether its room is below it (``room_below``:
-    a float that stays with its room below; otherwise the room is above)."""
+    """The planner's decision (docs/design.md §4b).
+
+    ``feasible``; per float, whether it is repacked (``moves``), the page
+    its live pages then start at (``starts``; ``lo`` for a float that
+    stays), and whether its room is below it (``room_below``: a float that
+    stays with its room below; otherwise the room is above).
+    """
 
     feasible: bool
     moves: list[bool]
@@ -91,10 +100,15 @@ class Plan(NamedTuple):
 
 
 def plan_chain(up: End, floats: list[Float], down: End) -> Plan:
-    """Decide where the floats go for a demand vector (module docstring).
+    """Decide where the floats go for a demand vector (module docstring; docs/design.md §4b).
 
-    ``up``/``down`` are ``End``s, ``floats`` a list of ``Float`` in chain
-    order.  Returns a ``Plan``; when it is not feasible, nothing moves.
+    Args:
+        up: the up END.
+        floats: the floats, in chain order.
+        down: the down END.
+
+    Returns:
+        The ``Plan``; when it is not feasible, nothing moves.
     """
     k = len(floats)
     active = [f.live + f.demand > 0 for f in floats]
@@ -138,15 +152,34 @@ def plan_chain(up: End, floats: list[Float], down: End) -> Plan:
 
 
 def move_rank(floats: list[Float], plan: Plan, i: int) -> int:
-    """Float ``i``'s place in the repack order (lower goes first): floats
-    moving up (``start > lo``) from the highest down, then the others from
-    the lowest up.  A float moving up can only land on floats above it that
-    also move up, which have gone; one moving down only on floats below it
-    that have gone too (``planner.order_safe`` proves it for two floats)."""
+    """Float ``i``'s place in the repack order, lower first (docs/design.md §4b).
+
+    Floats moving up (``start > lo``) go from the highest down, then the
+    others from the lowest up.  A float moving up can only land on floats
+    above it that also move up, which have gone; one moving down only on
+    floats below it that have gone too (``planner.order_safe`` proves it
+    for two floats).
+
+    Args:
+        floats: the floats, in chain order.
+        plan: the decision of ``plan_chain``.
+        i: the float's index among ``floats``.
+
+    Returns:
+        Its rank.
+    """
     k = len(floats)
     return ite(plan.starts[i] > floats[i].lo, k - 1 - i, k + i)
 
 
 def move_order(floats: list[Float], plan: Plan) -> list[int]:
-    """The floats to repack, as indices, in ``move_rank`` order."""
+    """The floats to repack, in ``move_rank`` order (ints only; docs/design.md §4b).
+
+    Args:
+        floats: the floats, in chain order.
+        plan: the decision of ``plan_chain``.
+
+    Returns:
+        Indices into ``floats`` of those the plan moves.
+    """
     return sorted((i for i in range(len(floats)) if plan.moves[i]), key=lambda i: move_rank(floats, plan, i))

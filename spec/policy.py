@@ -48,6 +48,19 @@ def short_side_decision(
 
     The code below is that table over the shim's ``ite``, so z3 can read it.
 
+    Args:
+        sides_low: what the END facing the low side needs beyond its lazy
+            holes, in bytes.
+        sides_high: the same for the END facing the high side.
+        band_low: free bytes between the float and its low neighbour.
+        band_high: free bytes between the float and its high neighbour.
+        float_bytes: what the float needs beyond its holes, in bytes.
+        slack: the largest ``epp`` among the demanded pools.
+
+    Returns:
+        ``(act, side_is_low, target)``: whether to call ``make_room``, on
+            which side, and the bytes that side should then hold.
+
     pre: sides_low >= 0 and sides_high >= 0 and band_low >= 0 and band_high >= 0
     pre: float_bytes >= 0 and slack >= 0
     post: not (__return__[0] and sides_low > band_low and sides_high > band_high)

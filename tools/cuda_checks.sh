@@ -15,7 +15,7 @@
 #    cuda: the decode step against a static free list, lazy and eager, the
 #    memo, and make_room's copy bandwidth against a plain device copy) and
 #    writes their numbers to $BENCH_JSON (default bench-cuda.json): ratios to
-#    read and put in the README with the date and the GPU, not a pass/fail.
+#    read and put in docs/results/bench.md with the date and the GPU, not a pass/fail.
 # Exits non-zero on any failure.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -44,8 +44,7 @@ fi
 "$PY" -m kvarena.cli bench --device cuda --only decode,ops,memo,copy --copy-mb 1024 \
   --json "${BENCH_JSON:-bench-cuda.json}"
 # 5. the anchor's Triton paths (alloc_extend/alloc_decode of its composites)
-#    against kvarena's composites, when the anchor is installed here (README
-#    "Conformance with the anchor"); classified like the CPU campaign.
+#    against kvarena's composites, when the anchor is installed here (docs/results/conformance.md); classified like the CPU campaign.
 if "$PY" -c "import importlib.metadata as m; assert m.version('sglang') == '0.5.23'" 2>/dev/null; then
   "$PY" -m kvarena.anchor.gpu --steps "${ANCHOR_GPU_STEPS:-1000}" --json "${ANCHOR_GPU_JSON:-anchor-gpu.json}"
 else

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Mutation testing of spec/ and impl/ with mutmut (README "Suite strength").
+# Mutation testing of spec/ and impl/ with mutmut (docs/results/suite-strength.md).
 #
 #   tools/mutmut.sh [MODULE ...]     e.g. tools/mutmut.sh spec/arith.py impl/capacity.py
 #
@@ -73,7 +73,7 @@ KEY="$(printf '%s' "$KEY" | sha256sum)"
 if [ "$(cat .key 2>/dev/null)" != "$KEY" ]; then rm -rf mutants; fi
 echo "$KEY" > .key
 # KVARENA_MUTMUT_SAMPLE=N: a seeded random sample of N mutants of each module
-# (README "Mutation score").  mutmut makes every mutant, and its per-test
+# (docs/results/suite-strength.md "Mutation score").  mutmut makes every mutant, and its per-test
 # stats, before it filters by name, so a name that matches nothing prepares
 # the folder without running a mutant; the sample is then drawn from the
 # mutants it made.

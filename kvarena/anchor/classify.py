@@ -12,7 +12,7 @@ state to match, up to which virtual id sits on which page where the class
 is about placement.
 
 ``CLASSES`` is the register: name -> (kind, what it is).  ``kind`` is
-``"design"`` (deliberate, documented in the README; the walk adopts the
+``"design"`` (deliberate, documented in docs/results/conformance.md; the walk adopts the
 anchor's state and goes on), ``"anchor-bug"`` (a minimal case is kept in
 ``tests/anchor_cases/``) or ``"deviation"`` (kvarena is wrong: a failing
 test in ``tests/anchor/test_deviations.py``).  A difference no class

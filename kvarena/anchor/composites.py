@@ -329,7 +329,7 @@ COMPOSITE_CLASSES = {
         "TriPool ensure_capacity has rungs beyond the seed's demand-vector policy "
         "(END-only flushes under a reclaim certificate, a high-side make_room target "
         "for the float), which kvarena's 'anchor' policy reproduces as docs/design.md "
-        "§4 states it (one ladder run; README finding 6); the spec accepts "
+        "§4 states it (one ladder run; docs/findings.md, policy finding 6); the spec accepts "
         "the anchor's result, and kvarena's policy 'planner' makes the call at once",
     ),
     "state-slot-ladder": (

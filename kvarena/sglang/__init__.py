@@ -7,7 +7,7 @@ server started with ``--enable-unified-memory`` calls) build kvarena's
 allocators over SGLang's own pools; ``uninstall()`` restores SGLang's.  A
 server started from the command line turns it on with the environment
 variable ``KVARENA_SGLANG=1`` (``kvarena sglang enable`` installs the
-startup hook that reads it; README, "SGLang on kvarena").
+startup hook that reads it; docs/guides/integrating.md "SGLang on kvarena").
 
 The allocator classes (``allocators.py``) import sglang, so they load on
 first use: ``kvarena.sglang.UnifiedSWATokenToKVPoolAllocator`` and its two

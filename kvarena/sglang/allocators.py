@@ -131,7 +131,8 @@ UNSUPPORTED |= dict.fromkeys(
 
 def _unsupported(feature: str):
     raise NotImplementedError(
-        f"kvarena.sglang: {feature} is not supported by kvarena's allocator (README, 'SGLang on kvarena')"
+        f"kvarena.sglang: {feature} is not supported by kvarena's allocator "
+        "(docs/guides/integrating.md, 'SGLang on kvarena')"
     )
 
 

@@ -2,7 +2,7 @@
 kind's page padded to one size.
 
 The layout follows vLLM's hybrid KV cache manager (its design document,
-``docs/design/hybrid_kv_cache_manager.md`` at commit 458e74, and the block
+``vllm/docs/design/hybrid_kv_cache_manager.md`` at commit 458e74, and the block
 size rule of its platform code for ``mamba_cache_mode="none"``):
 
 1. **Block size.**  Attention pages hold ``page_tokens`` tokens; with a state

@@ -3,7 +3,7 @@
 Bytes per token are ``layers x 2 x kv_heads x head_dim x 2`` (bf16) summed
 over a kind's layers; state per request is conv (bf16) plus SSM (fp32) over
 the state layers.  The figures and their sources are in docs/anchor.md §4 and
-the README's Results section.
+docs/results/simulator.md.
 
 The simulator is **page-granular**: one simulated unit is one KV page of
 ``page_tokens`` tokens (its full and SWA entries), and every byte count is

@@ -476,7 +476,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         "--merge",
         nargs="+",
         metavar="JSON",
-        help="simulate nothing: report the runs of these --json files together (one job per seed on a cluster)",
+        help="simulate nothing: report the runs of these --json files together (one job per seed on a cluster); "
+        "with --plot, redraw a rate sweep's curves from them",
     )
 
 
@@ -604,14 +605,19 @@ def run(args: argparse.Namespace) -> int:
     import os
 
     if args.merge:
-        dump = []
+        dump, first = [], None
         for path in args.merge:
             try:
                 with open(path) as f:
-                    dump += json.load(f)["runs"]
+                    saved = json.load(f)
+                dump += saved["runs"]
+                first = first or saved
             except (OSError, ValueError, KeyError, TypeError) as e:
                 raise ValueError(f"simulate --merge: {path}: not a --json file of kvarena simulate ({e})") from None
         _print_reports(dump)
+        if args.plot and first is not None:  # a rate sweep's curves, redrawn from the runs as saved
+            cache = {"off": False, "on": True, "both": False}[first.get("prefix_cache", "off")]
+            _plot_curves(args.plot, dump, first["arrivals"], first["slo_ttft"], first["slo_itl"], cache)
         return _status(dump)
     from kvarena.sim import engine, presets, timing, traces
 
@@ -699,16 +705,7 @@ def run(args: argparse.Namespace) -> int:
                 plot.bands(path, sizes, results, splits, f"{entry['preset']} / {entry['trace']}")
                 print(f"plot: {path}")
         if rates:
-            for pname in preset_names:
-                for tname in trace_names:
-                    path = _plot_path(_curves_path(args.plot), pname, tname, many)
-                    runs = [
-                        e
-                        for e in dump
-                        if e["preset"] == pname and e["trace"] == tname and e["rate"] and e["prefix_cache"] == caches[0]
-                    ]
-                    plot.curves(path, runs, f"{pname} / {tname} ({args.arrivals})", args.slo_ttft, args.slo_itl)
-                    print(f"plot: {path}")
+            _plot_curves(args.plot, dump, args.arrivals, args.slo_ttft, args.slo_itl, caches[0], many)
     if args.json:
         with open(args.json, "w") as f:
             json.dump(
@@ -725,6 +722,24 @@ def run(args: argparse.Namespace) -> int:
             )
         print(f"json: {args.json}")
     return _status(dump)
+
+
+def _plot_curves(base, dump, arrivals, slo_ttft, slo_itl, cache, many=None):
+    """A rate sweep's throughput-latency and goodput curves, one PNG per (preset, trace) of ``dump``'s
+    runs at a rate (with the prefix cache ``cache``); ``many``: name the files by preset and trace
+    (default: when there is more than one pair)."""
+    from kvarena.sim import plot
+
+    swept = [e for e in dump if e.get("rate") and e.get("prefix_cache", False) == cache]
+    pairs = list(dict.fromkeys((e["preset"], e["trace"]) for e in swept))
+    if not pairs:
+        raise ValueError("simulate --plot: no run at a rate to draw curves from (run with --rates)")
+    many = len(pairs) > 1 if many is None else many
+    for pname, tname in pairs:
+        path = _plot_path(_curves_path(base), pname, tname, many)
+        runs = [e for e in swept if e["preset"] == pname and e["trace"] == tname]
+        plot.curves(path, runs, f"{pname} / {tname} ({arrivals})", slo_ttft, slo_itl)
+        print(f"plot: {path}")
 
 
 def _curves_path(base):

@@ -17,7 +17,7 @@ vector is replayed on the implementation to confirm it reproduces.  The report p
 a pytest test that replays the vector.
 
 Beyond one machine, the same machines run under HypoFuzz
-(``kvarena/verification/fuzz_targets.py``, README "Scaling fuzzing out").
+(``kvarena/verification/fuzz_targets.py``, docs/guides/verifying.md "Beyond one machine").
 """
 
 import argparse

@@ -204,7 +204,7 @@ def scenario_relieve_judges_after_the_last_step():
 
 
 def scenario_planner_one_run():
-    """README finding 6 (two floats): the anchor needs two ladder runs, the
+    """docs/findings.md, policy finding 6 (two floats): the anchor needs two ladder runs, the
     planner one, moving only the floats that block."""
 
     def two_floats(policy):

@@ -44,7 +44,7 @@ DEFAULT_BUDGET = 240.0  # four minutes: every obligation within the z3 share, a 
 # Shares of the budget.  The differential campaign gets whatever is left.
 Z3_SHARE, CROSSHAIR_SHARE = 0.5, 0.15
 CROSSHAIR_FULL_PER_CONDITION = 2.0  # what kvarena prove gives each condition
-DIFFERENTIAL_EXAMPLES = 60  # per machine and policy: reaches every required event (README)
+DIFFERENTIAL_EXAMPLES = 60  # per machine and policy: reaches every required event (docs/guides/verifying.md)
 
 
 @dataclass

@@ -1,5 +1,5 @@
 """Two composite differences pinned on their minimal cases (``kvarena
-conform``; README "Conformance with the anchor"): the one the campaign first
+conform``; docs/results/conformance.md): the one the campaign first
 filed as a kvarena deviation, now a documented design difference, and
 relief-steps (at the end of this file).
 
@@ -9,7 +9,7 @@ composite makes it.  sglang's ``ensure_capacity`` has rungs beyond the
 seed's demand-vector policy (END-only flushes under a reclaim certificate,
 then a high-side ``make_room`` target computed for the coupled demand);
 kvarena's "anchor" policy is the seed's, one ladder run, which slides the
-float too little (finding 6: a second ``relieve`` then succeeds).  The
+float too little (docs/findings.md, policy finding 6: a second ``relieve`` then succeeds).  The
 planner (``policy="planner"``) is kvarena's fix: it makes the call at once.
 """
 

@@ -20,7 +20,7 @@ pytestmark = pytest.mark.mutation  # in the subset mutmut runs per mutant
 
 ARENAS = [pytest.param(spec.Arena, id="spec"), pytest.param(impl.Arena, id="impl")]
 
-# The README's geometry: mamba state (up END), SWA KV (float), full KV (down END).
+# The geometry of docs/spec.md's API example: mamba state (up END), SWA KV (float), full KV (down END).
 README = [SubPool("mamba", 4096, 1, "up", "state"), SubPool("swa", 256, 16, "float"), SubPool("full", 512, 16, "down")]
 
 

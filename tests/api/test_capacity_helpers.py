@@ -3,7 +3,7 @@ against independent oracles: pages counted one by one on a small grid, and
 the demand-vector policy's decision table (docs/design.md §4, step 7) written
 case by case.  They pin corners the arena never reaches on its own (an id
 room below the gap's pages, a region edge past the grid) and the policy's
-one-byte edges; README "Mutation score" lists what they kill."""
+one-byte edges; docs/results/suite-strength.md "Mutation score" lists what they kill."""
 
 import itertools
 

@@ -501,7 +501,7 @@ def swa_one_page_mid_region(pkg, ps, policy):
 
 @pytest.mark.parametrize("ps", (1, 16))
 def test_anchor_policy_refuses_a_feasible_coupled_demand_once(pkg, ps):
-    """README findings 1 and 6 at the token level, pinned (policy "anchor"):
+    """docs/findings.md, policy findings 1 and 6 at the token level, pinned (policy "anchor"):
     only the float looks short, so the policy opens its larger-surplus side
     (low) and leapfrogs it against full.  The call returns None; the same
     call again leapfrogs it back and succeeds."""

@@ -1,5 +1,5 @@
 """``impl/band.py`` on its own: the device free-id ring against a Python
-deque, and the dtype of every table a band hands out (the README's
+deque, and the dtype of every table a band hands out (docs/impl.md's
 "Mutation score" names the mutants these kill)."""
 
 import collections

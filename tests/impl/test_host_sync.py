@@ -296,7 +296,7 @@ def test_decode_path_runs_with_syncs_poisoned(monkeypatch, lazy, name):
 
 
 def borrowing_arena(device="cpu", lazy=False):
-    """The README's tri-pool geometry with the SWA float on the full END's ids."""
+    """docs/spec.md's tri-pool geometry with the SWA float on the full END's ids."""
     return Arena(
         1 << 16,
         [SubPool("mamba", 512, 1, "up", "state"), SubPool("swa", 32, 4, "float"), SubPool("full", 64, 4, "down")],

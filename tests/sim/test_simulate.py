@@ -480,6 +480,13 @@ def test_simulate_command_sweeps_rates(tmp_path, capsys):
     assert slow["memory_bound_steps"] < fast["memory_bound_steps"]  # under load, memory rarely binds
     assert slow["ttft_p99"] < fast["ttft_p99"]  # queueing
     assert (tmp_path / "p-curves.png").read_bytes()[:4] == b"\x89PNG"
+    # the curves redrawn from the saved runs are the same picture, byte for byte
+    assert cli.main(["simulate", "--merge", str(out), "--plot", str(tmp_path / "again.png")]) == 0
+    assert (tmp_path / "again-curves.png").read_bytes() == (tmp_path / "p-curves.png").read_bytes()
+    saturating = tmp_path / "saturating.json"
+    saturating.write_text(json.dumps({**json.loads(out.read_text()), "runs": runs[:1]}))
+    assert cli.main(["simulate", "--merge", str(saturating), "--plot", str(tmp_path / "none.png")]) == 2
+    assert "no run at a rate" in capsys.readouterr().err
     assert cli.main([*argv[:1], "--rates", "0"]) == 2
     assert "--rates takes numbers > 0" in capsys.readouterr().err
 

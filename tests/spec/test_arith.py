@@ -2,7 +2,7 @@
 integers (no formula is shared with the code under test), and the shim's z3
 interpretation checked by evaluating the terms it builds.
 
-These are the mutation-score tests of README "Mutation score": each one pins
+These are the mutation-score tests of docs/results/suite-strength.md "Mutation score": each one pins
 a corner that the scenario tests never reach (the two-END closed form, the
 boot packing check, the golden gap's clamp, the shim on z3 terms)."""
 

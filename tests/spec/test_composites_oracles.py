@@ -1,7 +1,7 @@
 """``spec/composites.py``: the window rule against brute force, what each
 constructor builds by default, and the full text of every input error (the
 scenario tests match a fragment; these pin the whole message, which names
-the call and the argument).  Fast, for the mutation selection (README
+the call and the argument).  Fast, for the mutation selection (docs/results/suite-strength.md
 "Mutation score")."""
 
 import pytest

@@ -2,7 +2,7 @@
 of its own: what it parses, when it raises and what the message says,
 ``__old__``, the outermost-only rule, and that ``checking()`` wraps and then
 restores exactly what it touched.  Fast unit tests for the mutation selection
-(README "Mutation score")."""
+(docs/results/suite-strength.md "Mutation score")."""
 
 import pytest
 

@@ -100,6 +100,8 @@ OP_ERRORS = [
     ("schedulable unknown", "zz", lambda a: a.schedulable_available_size("zz")),
     ("conserved unknown", "zz", lambda a: a.conserved_available_size("zz")),
     ("gap unknown", "zz", lambda a: a.gap_bytes("zz")),
+    ("above unknown", "zz", lambda a: a.above("zz")),
+    ("below unknown", "zz", lambda a: a.below("zz")),
     ("frontiers unknown", "zz", lambda a: a.frontiers("zz")),
     ("holes unknown", "zz", lambda a: a.holes("zz")),
     ("geometry unknown", "zz", lambda a: a.geometry("zz")),
@@ -158,6 +160,18 @@ def test_bad_call_raises_value_error_naming_the_pool_and_changes_nothing(why, po
         op(a)
     assert a.snapshot() == before
     check_all(a)
+
+
+UNKNOWN_POOL = [c for c in OP_ERRORS if c[1] == "zz"]
+
+
+@pytest.mark.parametrize("Arena", [spec.Arena, impl.Arena], ids=["spec", "impl"])
+@pytest.mark.parametrize("why,pool,op", UNKNOWN_POOL, ids=[c[0] for c in UNKNOWN_POOL])
+def test_an_unknown_pool_is_named_by_every_entry_point_of_both_packages(Arena, why, pool, op):
+    """The implementation's ``above``/``below`` once raised ``tuple.index``'s message, which names no pool."""
+    a = busy_arena(Arena)
+    with pytest.raises(ValueError, match=re.escape("pool 'zz': unknown pool")):
+        op(a)
 
 
 def test_the_error_ids_are_really_in_the_states_described():

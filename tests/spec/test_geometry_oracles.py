@@ -1,7 +1,7 @@
 """``spec/geometry.py`` on its own: the boot layout against brute force (grids
 counted page by page, the packing check by painting bytes), and every
 configuration error naming both the pool and the rule it broke.  Fast unit
-tests for the mutation selection (README "Mutation score")."""
+tests for the mutation selection (docs/results/suite-strength.md "Mutation score")."""
 
 import itertools
 import re

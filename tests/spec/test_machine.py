@@ -225,7 +225,7 @@ class SpecMachine(RuleBasedStateMachine):
         if moved and demand is short:
             event("open_short_side: moved")
             # An END's demand, on the float next to it, is met (policy.short_side_fits_after.n3).
-            # Not the float's own: its target counts holes the move consumes (README finding 2,
+            # Not the float's own: its target counts holes the move consumes (docs/findings.md, policy finding 2,
             # policy.float_short_fits_after, refuted; the planner is the fix).
             adjacent = (who == up and not any(self.live[g] for g in a.chain[1:i])) or (
                 who == down and not any(self.live[g] for g in a.chain[i + 1 : -1])

@@ -203,7 +203,7 @@ def _two_floats(policy):
 
 
 def test_finding_6_two_floats_one_run_suffices():
-    """README finding 6 (two floats): the anchor needs two runs, the planner one."""
+    """docs/findings.md, policy finding 6 (two floats): the anchor needs two runs, the planner one."""
     arenas = both(_two_floats)
     assert arenas["anchor"].relieve("u", 4) is False
     assert arenas["planner"].relieve("u", 4) is True
@@ -215,7 +215,7 @@ def test_finding_6_two_floats_one_run_suffices():
 
 @pytest.mark.parametrize("freed", [[2, 4], [1, 2]])
 def test_finding_6_float_own_need_one_run_suffices(freed):
-    """README finding 6 (one float short on its own pages)."""
+    """docs/findings.md, policy finding 6 (one float short on its own pages)."""
 
     def build(policy):
         a = Arena(160, pools(16, ("u", "up"), ("f1", "float"), ("d", "down")), policy=policy)
@@ -237,7 +237,7 @@ def _ids_at(a, name, pages):
 
 
 def test_finding_1_far_side_kept():
-    """README finding 1 (``policy.far_side_kept``): the anchor's leapfrog makes
+    """docs/findings.md, policy finding 1 (``policy.far_side_kept``): the anchor's leapfrog makes
     the far END short; the planner meets both demands."""
 
     def build(policy):
@@ -259,7 +259,7 @@ def test_finding_1_far_side_kept():
 
 
 def test_finding_2_float_short_holes_assumed_to_survive():
-    """README finding 2 (``policy.float_short_fits_after``): the anchor moves
+    """docs/findings.md, policy finding 2 (``policy.float_short_fits_after``): the anchor moves
     a page and the float still does not fit; no placement could have met the
     demand, and the planner sees that and moves nothing."""
 
@@ -283,7 +283,7 @@ def test_finding_2_float_short_holes_assumed_to_survive():
 
 
 def test_finding_3_far_float_moves_in_vain():
-    """README finding 3 (``policy.short_side_fits_after.n4_far_float``)."""
+    """docs/findings.md, policy finding 3 (``policy.short_side_fits_after.n4_far_float``)."""
 
     def build(policy):
         a = Arena(400, pools(4, ("up", "up"), ("f1", "float"), ("f2", "float"), ("down", "down")), policy=policy)

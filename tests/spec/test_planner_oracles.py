@@ -2,7 +2,7 @@
 placement of the blocks is enumerated, so feasibility, which float stays, and
 where a repacked float lands (the feasible start nearest its old one) are
 checked without the planner's closed-form passes.  Fast enough for the
-mutation selection (README "Mutation score")."""
+mutation selection (docs/results/suite-strength.md "Mutation score")."""
 
 import random
 import types

@@ -234,10 +234,10 @@ def test_cli_fuzz(tmp_path, capsys):
 @pytest.fixture
 def redis_url(tmp_path):
     """A Redis server of its own on the loopback address (Debian's
-    ``redis-server``; README "Scaling fuzzing out"), stopped after the test."""
+    ``redis-server``; docs/guides/verifying.md "Beyond one machine"), stopped after the test."""
     binary = shutil.which("redis-server")
     if binary is None:
-        pytest.fail("redis-server is not installed: apt-get install redis-server (README, the tests' setup)")
+        pytest.fail("redis-server is not installed: apt-get install redis-server (README 'Quick start')")
     with socket.socket() as s:  # a free port
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]

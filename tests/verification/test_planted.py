@@ -1,7 +1,7 @@
 """``kvarena planted`` (``kvarena.verification.planted``): the named mutations still apply
 to today's sources, a cheap subset is caught, and a mutation that no suite
 catches is reported as missed (so the command can fail).  The full run is
-``kvarena planted`` (README "Suite strength")."""
+``kvarena planted`` (docs/results/suite-strength.md)."""
 
 import re
 from types import SimpleNamespace
