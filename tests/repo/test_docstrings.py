@@ -13,7 +13,9 @@ The API reference (``docs/reference/``) is generated from these docstrings
 - a class with an ``__init__`` of its own lists its parameters under ``Args:``
   in its docstring or in ``__init__``'s.
 
-Public means: a name without a leading underscore in a module without one.
+Public means: a name without a leading underscore in a module without one,
+and the public methods of a private base class (the composites inherit
+theirs from ``_Composite``).
 Each rule is first shown to catch a planted violation.
 """
 
@@ -139,6 +141,10 @@ def module_problems(source: str, where: str) -> list[str]:
             problems += function_problems(node, f"{where}:{node.name}")
         elif isinstance(node, ast.ClassDef) and not node.name.startswith("_"):
             problems += class_problems(node, f"{where}:{node.name}")
+        elif isinstance(node, ast.ClassDef):  # a private base: its public methods are its public subclasses'
+            for method in node.body:
+                if isinstance(method, ast.FunctionDef) and not method.name.startswith("_"):
+                    problems += function_problems(method, f"{where}:{node.name}.{method.name}")
     return problems
 
 
@@ -193,6 +199,11 @@ def test_each_rule_catches_its_planted_violation(plant, message):
 
 def test_a_function_without_a_docstring_is_caught():
     assert module_problems('"""m"""\ndef f() -> None:\n    pass\n', "m") == ["m:f: no docstring"]
+
+
+def test_a_private_base_class_methods_are_checked():
+    source = '"""m"""\nclass _Base:\n    def grow(self, n: int) -> int:\n        """Grow (docs/design.md §4)."""\n'
+    assert module_problems(source, "m") == ["m:_Base.grow: Args: lacks n", "m:_Base.grow: no Returns: section"]
 
 
 def test_a_class_constructor_must_list_its_arguments():
