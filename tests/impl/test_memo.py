@@ -159,3 +159,11 @@ def test_an_alloc_from_holes_alone_keeps_the_memo_fresh():
     assert a.bands["U"].n_holes == 0
     assert a.available_pages("U") == a.fresh_view("available_pages", "U") == before - 2
     a.verify()
+
+
+def test_fresh_view_names_a_bad_view_or_pool():
+    a = arena()
+    with pytest.raises(ValueError, match="fresh_view: unknown view 'nope'"):
+        a.fresh_view("nope", "U")
+    with pytest.raises(ValueError, match="pool 'zz': unknown pool"):
+        a.fresh_view("available_pages", "zz")
