@@ -5,7 +5,9 @@ screens, and each measured figure in one place.
 Each check is first shown to catch a planted violation.
 """
 
+import os
 import re
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -127,17 +129,22 @@ def test_design_sections_have_stable_ids():
 # ------------------------------------------------------------------- the site
 
 
+def build(project: Path, site: Path) -> subprocess.CompletedProcess:
+    """``mkdocs build --strict`` of the project folder ``project`` into ``site``."""
+    return subprocess.run(
+        [sys.executable, "-m", "mkdocs", "build", "--strict", "--site-dir", str(site)],
+        cwd=project,
+        capture_output=True,
+        text=True,
+        env={**os.environ, "NO_MKDOCS_2_WARNING": "1", "PYTHONPATH": str(ROOT)},
+    )
+
+
 @pytest.fixture(scope="module")
 def site(tmp_path_factory):
     """The site, built once with warnings as errors (``strict: true`` in mkdocs.yml, and ``--strict``)."""
     out = tmp_path_factory.mktemp("site")
-    run = subprocess.run(
-        [sys.executable, "-m", "mkdocs", "build", "--strict", "--site-dir", str(out)],
-        cwd=ROOT,
-        capture_output=True,
-        text=True,
-        env={**__import__("os").environ, "NO_MKDOCS_2_WARNING": "1"},
-    )
+    run = build(ROOT, out)
     assert run.returncode == 0, run.stdout + run.stderr
     return out
 
@@ -150,21 +157,13 @@ def test_the_site_builds_with_warnings_as_errors(site):
 
 def test_a_broken_link_fails_the_build(tmp_path):
     """The strict build is what catches a broken link: planted in a copy of the docs."""
-    import shutil
-
     shutil.copytree(DOCS, tmp_path / "docs")
     shutil.copy(ROOT / "mkdocs.yml", tmp_path / "mkdocs.yml")
     page = tmp_path / "docs" / "findings.md"
     page.write_text(page.read_text() + "\nSee [nothing](no-such-page.md).\n")
     config = (tmp_path / "mkdocs.yml").read_text().replace("paths: [.]", f"paths: [{ROOT}]")
     (tmp_path / "mkdocs.yml").write_text(config)
-    run = subprocess.run(
-        [sys.executable, "-m", "mkdocs", "build", "--strict", "--site-dir", str(tmp_path / "site")],
-        cwd=tmp_path,
-        capture_output=True,
-        text=True,
-        env={**__import__("os").environ, "NO_MKDOCS_2_WARNING": "1", "PYTHONPATH": str(ROOT)},
-    )
+    run = build(tmp_path, tmp_path / "site")
     assert run.returncode != 0
     assert "no-such-page.md" in run.stdout + run.stderr
 
