@@ -957,7 +957,7 @@ def _cdiv_t(x: torch.Tensor, d: int) -> torch.Tensor:
 class _WithSWA(_Composite):
     """Calls of a composite with an SWA band (``HybridSWA``, ``TriPool``; docs/design.md §6)."""
 
-    def free_swa(self, token_ids: IntsLike, start_pos: int, check: bool = True) -> None:
+    def free_swa(self, token_ids: IntsLike, start_pos: int, check: bool = True, *, num_live: int | None = None) -> None:
         """The per-step window free (docs/anchor.md §1, ``free_segment``).
 
         ``start_pos`` must be a non-negative multiple of ``ps`` (else
@@ -967,34 +967,49 @@ class _WithSWA(_Composite):
         below ``-1`` or past the id space is a ``ValueError`` (nothing
         changed).  Full keeps its pages.
 
-        One documented host read (``_host_read``): how many entries to free
-        (it sizes the hole list, a host-side count) and how many
-        representatives are out of range.  The set itself is chosen on the
-        device: sort the live pages first (dead ones keyed past the end),
-        knock out repeats, sort again; the first ``count`` are the pages.
+        ``num_live``, the engine's host copy of how many pages that is,
+        sizes the free without a read: with it the trusted path reads
+        nothing back, and when it counts every representative (a segment
+        whose pages are all live) one sort picks the pages.  The checked
+        path compares it with the device in its one read (a disagreement
+        is a ``ValueError``, nothing changed).
+
+        Without ``num_live``, one documented host read (``_host_read``):
+        how many entries to free (it sizes the hole list, a host-side count)
+        and, checked, how many representatives are out of range.  The set
+        itself is chosen on the device: sort the live pages first (dead ones
+        keyed past the end), knock out repeats, sort again; the first
+        ``count`` are the pages.
 
         ``check=False``: the trusted decode path; ``token_ids`` is a 1-D
         int64 tensor on the arena's device with every representative in
-        ``[-1, id end)``, and ``start_pos`` is not looked at.  The same
-        pages are freed, with the same one host read (the count alone;
-        docs/design.md §6, §8).
+        ``[-1, id end)``, ``start_pos`` is not looked at, and ``num_live``
+        is taken as right.  The same pages are freed (docs/design.md §6, §8).
 
         Args:
             token_ids: a window's tokens, from ``start_pos`` on.
             start_pos: the position of ``token_ids[0]``.
             check: False for the trusted decode path.
+            num_live: the number of distinct live swa pages among the
+                representatives, as the engine knows it, or None.
 
         Raises:
             ValueError: ``start_pos`` is not a non-negative multiple of the
-                page size, or a representative is out of range; nothing changed.
+                page size, a representative is out of range, or ``num_live``
+                is not the number of live pages; nothing changed.
         """
         ps = self.page_size
         end = self.arena.id_end(SWA)
         if not check:
             page = torch.div(cast(torch.Tensor, token_ids)[::ps], ps, rounding_mode="floor")
-            key, count_t = self._live_pages(page, end)
-            # SYNC: the one documented read: entries to free.
-            (count,) = _host_read(count_t.reshape(1))
+            if num_live is None:
+                key, count_t = self._live_pages(page, end)
+                # SYNC: the one read without the host copy: entries to free.
+                (count,) = _host_read(count_t.reshape(1))
+            elif num_live == page.numel():  # every representative a live page of its own
+                key, count = torch.sort(page).values, num_live
+            else:
+                key, count = self._live_pages(page, end)[0], num_live
         else:
             start = _int("free_swa: start_pos", start_pos)
             if start < 0 or start % ps:
@@ -1006,6 +1021,8 @@ class _WithSWA(_Composite):
             count, n_bad = _host_read(torch.stack([count_t, (inside != reps).sum()]))
             if n_bad:
                 self._explain_reps(reps, end)
+            if num_live is not None and _int("free_swa: num_live", num_live) != count:
+                raise ValueError(f"free_swa: pool 'swa': num_live {num_live} disagrees with the {count} live pages")
         if count:
             self.arena.free(SWA, key[:count], check=False)
         return None

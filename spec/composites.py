@@ -845,7 +845,7 @@ class _Composite:
 class _WithSWA(_Composite):
     """The calls of a composite with an SWA band (``HybridSWA``, ``TriPool``; docs/design.md §6)."""
 
-    def free_swa(self, token_ids: Sequence[int], start_pos: int) -> None:
+    def free_swa(self, token_ids: Sequence[int], start_pos: int, *, num_live: int | None = None) -> None:
         """The per-step window free (docs/design.md §6; docs/anchor.md §1,
         ``free_segment``).
 
@@ -857,14 +857,22 @@ class _WithSWA(_Composite):
         strictly) are freed, in ascending page order; ``-1``, page 0 and
         entries already freed are skipped silently.  Full keeps its pages.
 
+        ``num_live`` is the engine's host copy of how many pages that is
+        (a segment whose pages are all live: one per representative).  It
+        must be right, else ``ValueError``; with it the implementation's
+        trusted path reads nothing back from the device (docs/design.md §8).
+
         Args:
             token_ids: the tokens leaving the window, from position ``start_pos`` on.
             start_pos: the position of ``token_ids[0]``, a multiple of ``ps``.
+            num_live: the number of distinct live swa pages among the
+                representatives, as the engine knows it, or None.
 
         Raises:
             ValueError: ``start_pos`` not a non-negative multiple of ``ps``,
-                a token that is not an int, or a representative below ``-1``
-                or past the id space; nothing has changed.
+                a token that is not an int, a representative below ``-1``
+                or past the id space, or a ``num_live`` that is not that
+                number; nothing has changed.
 
         post: self.arena.live_pages("full") == __old__.self.arena.live_pages("full")
         raises: ValueError
@@ -879,7 +887,10 @@ class _WithSWA(_Composite):
         for t in reps:
             if t < -1 or t // ps >= len(swa):
                 raise ValueError(f"free_swa: pool 'swa': token {t} out of range [-1, {len(swa) * ps})")
-        self.arena.free(SWA, sorted({t // ps for t in reps if t >= ps and swa[t // ps] > 0}))
+        pages = sorted({t // ps for t in reps if t >= ps and swa[t // ps] > 0})
+        if num_live is not None and _int("free_swa: num_live", num_live) != len(pages):
+            raise ValueError(f"free_swa: pool 'swa': num_live {num_live} disagrees with the {len(pages)} live pages")
+        self.arena.free(SWA, pages)
 
     def swa_available_size(self) -> int:
         """Tokens swa alone could take now (``arena.available_size("swa")``;

@@ -9,8 +9,9 @@ threshold test.  Sections (``--only``):
   ``translate`` of both pools) at every batch of ``--decode-batches``, on
   ``HybridSWA`` against ``StaticFreeList``, a plain static free-list
   allocator doing the same page work with the same host reads, which
-  trusts its input; both are given the engine's host copy of the lengths
-  (``seq_lens_cpu``).  Rows: lazy on the composite's trusted decode path
+  trusts its input; both are given the engine's host copies: the lengths
+  (``seq_lens_cpu``) and how many pages the window free releases
+  (``num_live``).  Rows: lazy on the composite's trusted decode path
   (``check=False``), lazy on the checked default path, and eager on the
   trusted path; eager also reports the bytes it moves (compaction on every
   free, by design);
@@ -37,6 +38,7 @@ threshold test.  Sections (``--only``):
 """
 
 import argparse
+import bisect
 import json
 import random
 import statistics
@@ -70,8 +72,9 @@ class StaticFreeList:
     """The textbook static SWA + full allocator on the device (docs/anchor.md
     §2): a free-id ring per pool, a full-to-SWA page map, the
     anchor's slot rules, and the composite's host reads: one per
-    ``free_swa`` (the count that sizes the call), and one per
-    ``alloc_decode`` unless it is given the engine's ``seq_lens_cpu``."""
+    ``free_swa`` (the count that sizes the call) unless it is given the
+    engine's ``num_live``, and one per ``alloc_decode`` unless it is given
+    the engine's ``seq_lens_cpu``."""
 
     def __init__(self, full_pages, swa_pages, page_size, device):
         import torch
@@ -125,14 +128,17 @@ class StaticFreeList:
         page = torch.cat([pages, pages.new_zeros(1)])[torch.where(new, idx, n)]
         return torch.where(new, page * ps + (seq - 1) % ps, last + 1)
 
-    def free_swa(self, tokens, start_pos):
+    def free_swa(self, tokens, start_pos, num_live=None):
         import torch
 
         reps = tokens[:: self.ps]
         page = torch.where(reps >= 0, reps // self.ps, 0)  # -1 reads (and refills) the sink row: 0
         swa = self.full_to_swa.index_select(0, page)
         live = swa > 0
-        count = self._read(live.sum())  # SYNC: the one read, as the composite's
+        if num_live is not None:  # the engine's host count: no read, as the composite's
+            count = num_live
+        else:
+            count = self._read(live.sum())  # SYNC: the one read, as the composite's
         self.swa.put(torch.sort(torch.where(live, swa, swa.new_full((), 1 << 62))).values[:count])
         self.full_to_swa.index_fill_(0, page, 0)
 
@@ -209,6 +215,8 @@ class DecodeLoop:
         self.offsets = torch.arange(page_size, device=device)
         # Requests whose window edge crosses a page at step t: i = c (mod ps).
         self.by_residue = [torch.arange(c, max(c, batch), page_size, device=device) for c in range(page_size)]
+        # their staggers, sorted, on the host: the engine's count of requests with a page to free
+        self.stagger_by_residue = [sorted(self.stagger[r].tolist()) for r in self.by_residue]
         self.free_all_behind()
 
     def free_all_behind(self):
@@ -243,7 +251,12 @@ class DecodeLoop:
             start = torch.where(ok, end - self.ps, 0)
             toks = self.r2t[rows.unsqueeze(1), start.unsqueeze(1) + self.offsets]
             toks = torch.where(ok.unsqueeze(1), toks, -1)
-            self.a.free_swa(toks.reshape(-1), 0)
+            if self.host_copies:  # rows whose window end is past the first page: end >= ps
+                low = self.ps - (self.seq0 + self.t - self.window - self.ps)
+                staggers = self.stagger_by_residue[c]
+                self.a.free_swa(toks.reshape(-1), 0, num_live=len(staggers) - bisect.bisect_left(staggers, low))
+            else:
+                self.a.free_swa(toks.reshape(-1), 0)
         self.a.translate(out)
         self.a.translate(out, "swa")
 
@@ -261,8 +274,8 @@ class Trusted:
     def alloc_decode(self, seq, last, **host):
         return self.c.alloc_decode(seq, last, check=False, **host)
 
-    def free_swa(self, tokens, start_pos):
-        return self.c.free_swa(tokens, start_pos, check=False)
+    def free_swa(self, tokens, start_pos, **host):
+        return self.c.free_swa(tokens, start_pos, check=False, **host)
 
     def translate(self, tokens, pool="full"):
         return self.c.translate(tokens, pool, check=False)
@@ -419,11 +432,11 @@ def _count_step(loop, counter):
 def bench_ops(args, device):
     """Torch operations and host reads of one decode step (``alloc_decode``
     + ``free_swa`` + ``translate`` of both pools) at every batch of
-    ``--ops-batches``, with and without the engine's host copy of the
-    lengths: the worst step of a page's worth (every step frees
+    ``--ops-batches``, with and without the engine's host copies (the
+    lengths, the window free's count): the worst step of a page's worth (every step frees
     some window pages once the batch reaches the page size)."""
     out = {}
-    for copies in ("with seq_lens_cpu", "without"):
+    for copies in ("with host copies", "without"):
         by_batch = {}
         for batch in _batches(args.ops_batches):
             row = {}

@@ -32,7 +32,7 @@ from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, ru
 
 from kvarena import impl, spec
 from kvarena.spec.contracts import unchecked
-from kvarena.verification.differential import NO_SHRINK, fuzz_rows, pattern, profile, run_as_test
+from kvarena.verification.differential import NO_SHRINK, fuzz_rows, pattern, profile, raises_value_error, run_as_test
 from kvarena.verification.faults import fault_at
 
 PROFILES = {
@@ -60,6 +60,8 @@ REQUIRED = (
     "uneven bad input",
     "extend with host copies",
     "decode with a host copy",
+    "window free with the host count",
+    "window free with a wrong host count",
     "lent buffer",
     "composite fault undone",
 )
@@ -304,20 +306,43 @@ class CompositeMachine(RuleBasedStateMachine):
         if not self.has_swa:
             return
         trusted = data.draw(st.booleans())
+        copy = data.draw(st.sampled_from(["none", "right", "wrong"]))  # the engine's host count
         for r in self.reqs.values():
             end = spec.swa_window_end(len(r["tokens"]), self.window, self.ps)
             assert end == impl.swa_window_end(len(r["tokens"]), self.window, self.ps)
             if end > r["freed"]:
                 chunk, start = r["tokens"][r["freed"] : end], r["freed"]
+                live = self.live_swa_pages(chunk[:: self.ps])
+                if copy == "wrong":
+                    self.wrong_count_refused(chunk, start, live + data.draw(st.sampled_from([-1, 1])))
+                kw = {"num_live": live} if copy == "right" else {}
+                if kw:
+                    note("window free with the host count")
                 self.both(
-                    lambda c, chunk=chunk, start=start: c.free_swa(chunk, start),
-                    (lambda c, chunk=chunk, start=start: c.free_swa(self.tensor(chunk), start, check=False))
+                    lambda c, chunk=chunk, start=start, kw=kw: c.free_swa(chunk, start, **kw),
+                    (lambda c, chunk=chunk, start=start, kw=kw: c.free_swa(self.tensor(chunk), start, False, **kw))
                     if trusted
                     else None,
                 )
                 r["freed"] = end
                 note("window-slide free")
         self.forget_dead()
+
+    def live_swa_pages(self, reps):
+        """What the engine's host bookkeeping knows: how many distinct pages
+        of these representatives still hold a live swa entry."""
+        v2p = self.S.arena.v2p("swa")
+        return len({t // self.ps for t in reps if t >= self.ps and v2p[t // self.ps] > 0})
+
+    def wrong_count_refused(self, chunk, start, n):
+        """A window free whose host count is wrong is a ``ValueError``
+        naming swa in both twins (checked path), and changes nothing."""
+        before = self.S.arena.snapshot()
+        for c in (self.S, self.I):
+            with raises_value_error("swa"):
+                c.free_swa(chunk, start, num_live=n)
+        assert self.S.arena.snapshot() == before == self.I.arena.snapshot()
+        note("window free with a wrong host count")
 
     @rule(data=st.data())
     def finish(self, data):

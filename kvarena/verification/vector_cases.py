@@ -487,7 +487,7 @@ def composite_walkthrough(r, ps):
             r(v)
     r("translate", token_ids=a[:3] + [-1], pool="full")
     if _has(r, "free_swa"):
-        r("free_swa", token_ids=a[:ps], start_pos=0)  # the window slid past a's first page
+        r("free_swa", token_ids=a[:ps], start_pos=0, num_live=1)  # the window slid past a's first page (host count)
         r("free_swa", token_ids=a[:ps], start_pos=0)  # already freed: skipped, page 0 untouched
         r("free_swa", token_ids=[-1] * ps, start_pos=0)  # -1 never reaches a free list
         r("free_swa", token_ids=list(range(ps)), start_pos=0)  # page 0, the sink: skipped
@@ -520,6 +520,7 @@ def composite_bad_input(r, ps):
     r("relieve", tokens=-1)
     if _has(r, "free_swa"):
         r("free_swa", token_ids=a[:ps], start_pos=1 if ps > 1 else -1)
+        r("free_swa", token_ids=a[:ps], start_pos=0, num_live=2)  # a wrong host count: one page is live
     if _has(r, "alloc_state"):
         r("free_state", slots=[0])
         r("free_state", slots=slot + slot)

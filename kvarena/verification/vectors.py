@@ -612,7 +612,7 @@ def write_cases(root, cases):
         names.add(c["name"])
         p = case_path(root, c["name"])
         p.parent.mkdir(parents=True, exist_ok=True)
-        p.write_text(dump(c))
+        p.write_text(dump(c), encoding="utf-8")
     index = {"format": FORMAT, "cases": len(cases), "coverage": coverage(cases)}
     (root / "index.json").write_text(json.dumps(index, indent=1, sort_keys=True) + "\n")
     return len(cases)
@@ -627,11 +627,12 @@ def dump(case):
 def _dump(x, depth):
     pad = " " * (depth + 1)
     if isinstance(x, dict) and x and not all(_flat(v) for v in x.values()):
-        items = [f"{pad}{json.dumps(k)}: {_dump(x[k], depth + 1)}" for k in sorted(x)]
+        items = [f"{pad}{json.dumps(k, ensure_ascii=False)}: {_dump(x[k], depth + 1)}" for k in sorted(x)]
         return "{\n" + ",\n".join(items) + "\n" + " " * depth + "}"
     if isinstance(x, list) and any(isinstance(v, (dict, list)) for v in x) and not _pairs(x):
         return "[\n" + ",\n".join(pad + _dump(v, depth + 1) for v in x) + "\n" + " " * depth + "]"
-    return json.dumps(x, sort_keys=True, separators=(",", ":") if _pairs(x) else (", ", ": "))
+    # ensure_ascii=False: a citation's "§" stays readable, and the citation test reads it
+    return json.dumps(x, sort_keys=True, separators=(",", ":") if _pairs(x) else (", ", ": "), ensure_ascii=False)
 
 
 def _flat(x, nested=True):

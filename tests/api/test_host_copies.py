@@ -1,5 +1,5 @@
 """The engine's host copies (``prefix_lens_cpu``, ``seq_lens_cpu``,
-``extend_num_tokens``; docs/anchor.md §1) in both packages: given and agreeing
+``extend_num_tokens``; docs/anchor.md §1; ``free_swa``'s ``num_live``) in both packages: given and agreeing
 they change nothing; disagreeing they are a ``ValueError`` with nothing
 changed; on the implementation's trusted path they size the call (the
 read-free path, ``tests/impl/test_host_sync.py``) and give the same slots."""
@@ -33,6 +33,24 @@ def test_agreeing_copies_change_nothing(pkg, kind, ps):
 
 
 @pytest.mark.parametrize("pkg", PKGS)
+@pytest.mark.parametrize("kind", ["hybrid", "tri"])
+@pytest.mark.parametrize("ps", [1, 4])
+def test_an_agreeing_window_count_changes_nothing(pkg, kind, ps):
+    """``num_live`` right, on two requests' windows with a freed page, a
+    ``-1`` and a repeat among the representatives: the same pages freed."""
+    plain, counted = make(PKGS[pkg], kind, ps), make(PKGS[pkg], kind, ps)
+    a, b = (ints(plain.alloc_extend([0], [n], [-1])) for n in (3 * ps, 2 * ps))
+    assert ints(counted.alloc_extend([0], [3 * ps], [-1])) == a and ints(counted.alloc_extend([0], [2 * ps], [-1])) == b
+    for c in (plain, counted):
+        c.free_swa(a[:ps], 0)  # a's first page: no longer live
+    window = b + a[: 2 * ps] + [-1] * ps + b[:ps]  # live: b's 2 pages and a's second
+    plain.free_swa(window, 0)
+    counted.free_swa(window, 0, num_live=3)
+    assert counted.snapshot() == plain.snapshot()
+    assert counted.arena.live_pages("swa") == 1  # a's third page
+
+
+@pytest.mark.parametrize("pkg", PKGS)
 @pytest.mark.parametrize(
     "call, words",
     [
@@ -40,6 +58,8 @@ def test_agreeing_copies_change_nothing(pkg, kind, ps):
         (lambda c: c.alloc_extend([0], [5], [-1], seq_lens_cpu=[6]), "seq_lens_cpu"),
         (lambda c: c.alloc_extend([0], [5], [-1], extend_num_tokens=4), "extend_num_tokens"),
         (lambda c: c.alloc_decode([1], [-1], seq_lens_cpu=[2]), "seq_lens_cpu"),
+        (lambda c: c.free_swa([-1] * 4, 0, num_live=1), "pool 'swa': num_live 1 disagrees with the 0 live pages"),
+        (lambda c: c.free_swa([-1] * 4, 0, num_live=True), "num_live must be an int"),
     ],
 )
 def test_a_disagreeing_copy_is_a_value_error_and_changes_nothing(pkg, call, words):

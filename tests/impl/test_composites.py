@@ -335,7 +335,8 @@ def _same(checked, trusted):
 def drive_checked_and_trusted(kind, ps, lazy, seed, steps=60, pages=40):
     """One scheduler drives two twins: every decode-path call (``alloc_decode``,
     ``free_swa``, ``translate``) checked on one and ``check=False`` on the
-    other, on the same valid inputs; admissions, finishes and relief alike.
+    other, on the same valid inputs (``free_swa`` with the engine's host count
+    or without); admissions, finishes and relief alike.
     After every step the states, the bytes and every result agree."""
     rng = random.Random(seed)
     C, T = make(impl, kind, ps, pages=pages, lazy=lazy), make(impl, kind, ps, pages=pages, lazy=lazy)
@@ -390,8 +391,10 @@ def drive_checked_and_trusted(kind, ps, lazy, seed, steps=60, pages=40):
                 if rng.random() < 0.2:
                     chunks += [-1] * ps
             toks = torch.tensor(chunks, dtype=torch.int64)
-            C.free_swa(toks, 0)
-            T.free_swa(toks.clone(), 0, check=False)
+            # the engine's host count, when drawn: every real representative is a live page of its own
+            host = {"num_live": sum(t >= 0 for t in chunks[::ps])} if rng.random() < 0.5 else {}
+            C.free_swa(toks, 0, **(host if rng.random() < 0.5 else {}))
+            T.free_swa(toks.clone(), 0, check=False, **host)
         if reqs and rng.random() < 0.15:
             r = reqs.pop(rng.randrange(len(reqs)))
             for c in (C, T):
@@ -430,3 +433,22 @@ def test_trusted_decode_path_comparison_can_fail(monkeypatch):
     monkeypatch.setattr(composites._Composite, "_decode_trusted", off_by_one)
     with pytest.raises(AssertionError):
         drive_checked_and_trusted("hybrid", 16, True, 0)
+
+
+def test_trusted_window_free_with_the_host_count_keeps_page_order(monkeypatch):
+    """Plant the host-count path's bug: free a batch's pages in the order
+    given, not ascending (requests' windows interleave).  The twin drive
+    catches it: the holes, and so later placements, differ."""
+    real = composites._WithSWA.free_swa
+
+    def planted(self, token_ids, start_pos, check=True, *, num_live=None):
+        page = torch.div(token_ids[:: self.page_size], self.page_size, rounding_mode="floor")
+        if check or num_live != page.numel():
+            return real(self, token_ids, start_pos, check, num_live=num_live)
+        if num_live:
+            self.arena.free("swa", page, check=False)
+        return None
+
+    monkeypatch.setattr(composites._WithSWA, "free_swa", planted)
+    with pytest.raises(AssertionError):
+        drive_checked_and_trusted("hybrid", 1, True, 0)  # page size 1: every request frees each step

@@ -383,11 +383,14 @@ def trusted_run(kind, lazy, device="cpu", steps=20, host_copies=False):
         "last": torch.stack([r[-1] for r in reqs]),
         "rows": torch.arange(len(lens), device=device),
         "seq_cpu": torch.tensor(lens),  # the engine's host copy
+        "steps": 0,
+        "freed": [0] * len(lens),  # each request's window end as freed so far
     }
 
     def step():
         seq = state["seq"] + 1
         state["seq_cpu"] = state["seq_cpu"] + 1
+        state["steps"] += 1
         copy = {"seq_lens_cpu": state["seq_cpu"]} if host_copies else {}
         out = c.alloc_decode(seq, state["last"], check=False, **copy)
         table[state["rows"], seq - 1] = out
@@ -397,7 +400,12 @@ def trusted_run(kind, lazy, device="cpu", steps=20, host_copies=False):
             end = torch.div(seq - 4 - ps, ps, rounding_mode="floor") * ps
             cols = torch.clamp(end - ps, min=0).unsqueeze(1) + torch.arange(ps, device=device)
             toks = torch.where((end >= ps).unsqueeze(1), table[state["rows"].unsqueeze(1), cols], -1)
-            c.free_swa(toks.reshape(-1), 0, check=False)
+            # the engine's count of window pages: one for each request whose end passed the first page
+            # the scheduler's own ints: a request frees a live page when its window end passes a new one
+            ends = [(n + state["steps"] - 4 - ps) // ps * ps for n in lens]
+            count = {"num_live": sum(e > f for e, f in zip(ends, state["freed"]))} if host_copies else {}
+            state["freed"] = [max(e, f) for e, f in zip(ends, state["freed"])]
+            c.free_swa(toks.reshape(-1), 0, check=False, **count)
             c.translate(out, "swa", check=False)
         c.translate(out, check=False)
         return out
@@ -425,20 +433,23 @@ def test_trusted_decode_step_makes_only_its_documented_reads(monkeypatch, kind, 
 
 
 @pytest.mark.parametrize("kind", ["hybrid", "mamba", "tri"])
-def test_host_copies_take_the_read_out_of_alloc_decode(monkeypatch, kind):
-    """With the engine's ``seq_lens_cpu``, the trusted ``alloc_decode``
-    reads nothing back (syncs poisoned): only ``free_swa``'s count is left,
-    and the slots are the ones the read-sized step hands out."""
-    _, twin_step = trusted_run(kind, True)
+def test_host_copies_take_every_read_out_of_the_decode_step(monkeypatch, kind):
+    """With the engine's host copies (``seq_lens_cpu``, and ``free_swa``'s
+    ``num_live``), the trusted step reads nothing back (syncs poisoned), and
+    the slots, the states and the bytes are the read-sized step's."""
+    twin, twin_step = trusted_run(kind, True)
     c, step = trusted_run(kind, True, host_copies=True)
     reads = []
     counted_read(monkeypatch, reads)
     _poison(monkeypatch)
     got = [step() for _ in range(12)]
-    assert reads == ([1] * 12 if kind != "mamba" else [])
+    assert reads == []
     monkeypatch.undo()
     assert all(torch.equal(g, twin_step()) for g in got)
+    assert c.arena.snapshot() == twin.arena.snapshot()
+    assert torch.equal(c.arena.buffer, twin.arena.buffer)
     c.verify()
+    assert kind == "mamba" or 0 < c.arena.live_pages("swa") < c.arena.live_pages("full")  # window pages were freed
 
 
 def test_host_copies_take_the_read_out_of_alloc_extend(monkeypatch):
@@ -469,6 +480,19 @@ def test_trusted_decode_step_under_cuda_sync_debug_error(monkeypatch, kind):
         for _ in range(8):
             step()
     assert len(reads) == 16
+    c.verify()
+
+
+@pytest.mark.cuda
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="no CUDA device")
+@pytest.mark.parametrize("kind", ["hybrid", "mamba", "tri"])
+def test_trusted_decode_step_with_host_copies_never_syncs_on_cuda(kind):
+    """With the engine's host copies nothing is lifted: the driver itself
+    reports any sync of the whole step."""
+    c, step = trusted_run(kind, True, device="cuda", host_copies=True)
+    with cuda_syncs_raise():
+        for _ in range(8):
+            step()
     c.verify()
 
 

@@ -71,13 +71,14 @@ def test_each_decode_row_drives_the_path_it_names(monkeypatch, mode, trusted):
     """The target's row runs the trusted path (``check=False``) and the
     checked row the default path, in all three calls; seen by spying on
     the trusted path's own helpers."""
+    from kvarena.impl import arena as impl_arena
     from kvarena.impl import composites
 
     seen = []
     for owner, name in (
         (composites._Composite, "_decode_trusted"),
         (composites._Composite, "_translate"),
-        (composites._WithSWA, "_live_once"),
+        (impl_arena.Arena, "free"),
     ):
         raw = vars(owner)[name]
         fn = getattr(raw, "__func__", raw)  # a staticmethod's function
@@ -97,7 +98,7 @@ def test_each_decode_row_drives_the_path_it_names(monkeypatch, mode, trusted):
         assert {"_decode_trusted", "_translate"} <= set(seen)
     else:
         assert "_decode_trusted" not in seen and "_translate" not in seen
-    assert "_live_once" in seen  # both paths' one selection: window pages were freed
+    assert "free" in seen  # window pages were freed
 
 
 def test_eager_moves_are_counted_and_lazy_moves_nothing():
@@ -129,15 +130,19 @@ def test_count_moves_counts_live_pages_moved_only():
 
 def test_ops_per_decode_step_do_not_grow_with_the_batch():
     """The operation count of a decode step is the same at 16 and 512
-    requests on every side; with the host copy the trusted step's one read
-    is free_swa's count, without it alloc_decode reads too."""
+    requests on every side; with the host copies the trusted step reads
+    nothing back (the static twin neither), the checked one reads once in
+    each of its two validating calls; without them free_swa and
+    alloc_decode read once each."""
     args = types.SimpleNamespace(start=200, warmup=0, steps=0, ops_batches="16,512", batch=16)
     res = bench.bench_ops(args, "cpu")
-    for copies in ("with seq_lens_cpu", "without"):
+    for copies in ("with host copies", "without"):
         for side in bench.OPS_SIDES:
             small, large = (res[copies][b][side] for b in ("16", "512"))
             assert small["ops_max"] == large["ops_max"] > 0, (copies, side)
-    assert res["with seq_lens_cpu"]["512"]["trusted"]["reads_max"] == 1
+    assert res["with host copies"]["512"]["trusted"]["reads_max"] == 0
+    assert res["with host copies"]["512"]["static"]["reads_max"] == 0
+    assert res["with host copies"]["512"]["checked"]["reads_max"] == 2
     assert res["without"]["512"]["trusted"]["reads_max"] == 2
     assert res["without"]["512"]["static"]["reads_max"] == 2
 
@@ -155,7 +160,7 @@ def test_op_count_sees_a_per_request_loop(monkeypatch):
 
     monkeypatch.setattr(composites._Composite, "_decode_slots", looping)
     args = types.SimpleNamespace(start=200, warmup=0, steps=0, ops_batches="16,64", batch=16)
-    res = bench.bench_ops(args, "cpu")["with seq_lens_cpu"]
+    res = bench.bench_ops(args, "cpu")["with host copies"]
     assert res["64"]["trusted"]["ops_max"] > res["16"]["trusted"]["ops_max"]
 
 
@@ -257,7 +262,7 @@ def test_bench_command_writes_every_section(tmp_path, capsys):
         "decode step, batch 8, lazy (check=False)",
         "decode step, batch 32, lazy (checked)",
         "decode step, batch 32, eager",
-        "ops a decode step, with seq_lens_cpu, ours (check=False), batch 1, 32",
+        "ops a decode step, with host copies, ours (check=False), batch 1, 32",
         "memo, 2 pools",
         "memo, 5 pools",
         "spec oracle",
@@ -277,8 +282,8 @@ def test_bench_command_writes_every_section(tmp_path, capsys):
             assert r["ratio"]["min"] <= r["ratio"]["median"] <= r["ratio"]["max"]
             assert r["ours_us"]["median"] > 0 and r["static_us"]["median"] > 0
         assert data["decode"][batch]["eager"]["bytes_moved_per_step"] > 0
-    assert list(data["ops"]) == ["with seq_lens_cpu", "without"]
-    assert data["ops"]["with seq_lens_cpu"]["32"]["static"]["reads_max"] == 1  # free_swa's count alone
+    assert list(data["ops"]) == ["with host copies", "without"]
+    assert data["ops"]["with host copies"]["32"]["static"]["reads_max"] == 0  # the window free's count given
     assert set(data["memo"]) == {"2 pools", "3 pools", "4 pools", "5 pools"}
     assert data["copy"]["bytes"] == 1 << 20
     assert list(data["copy"]["envelopes"]) == ["4 KiB", "16 KiB"]

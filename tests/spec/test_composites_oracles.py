@@ -142,6 +142,11 @@ def _errors():
         (lambda: c.free_swa(toks, 0.0), "free_swa: start_pos must be an int, got 0.0"),
         (lambda: c.free_swa([top], 0), f"free_swa: pool 'swa': token {top} out of range [-1, {top})"),
         (lambda: c.free_swa("ab", 0), "free_swa: token_ids must be a sequence of ints, got str"),
+        (
+            lambda: c.free_swa(toks[:2], 0, num_live=2),
+            "free_swa: pool 'swa': num_live 2 disagrees with the 1 live pages",
+        ),
+        (lambda: c.free_swa(toks[:2], 0, num_live=1.5), "free_swa: num_live must be an int, got 1.5"),
         (lambda: c.fits(-1), "fits: tokens must be >= 0, got -1"),
         (lambda: c.fits(0, -1), "fits: state_slots must be >= 0, got -1"),
         (lambda: h.fits(0, 1), "fits: state_slots=1, but HybridSWA has no state pool"),
