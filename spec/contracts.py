@@ -13,6 +13,7 @@ import contextlib
 import copy
 import functools
 import inspect
+import itertools
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from types import FunctionType, ModuleType
 from typing import Any
@@ -80,7 +81,9 @@ def checked(fn: FunctionType, invariants: Sequence[str] = (), outermost: bool = 
     bound arguments, the postconditions and ``invariants`` on them plus
     ``__return__`` and, where a postcondition reads it, ``__old__`` (a deep
     copy of the arguments taken before the call).  A failed condition is a
-    ``ContractError``.
+    ``ContractError``.  A one-shot iterator argument is read into a list
+    for the conditions, and the call gets an iterator over the same items: a
+    condition that read it after the call would otherwise see it empty.
 
     With ``outermost``, a call made from inside another checked method is
     not checked: mid-operation the arena is legitimately between states.
@@ -114,10 +117,14 @@ def checked(fn: FunctionType, invariants: Sequence[str] = (), outermost: bool = 
         bound = sig.bind(*args, **kwargs)
         bound.apply_defaults()
         env = dict(bound.arguments)
+        for name, value in env.items():
+            if isinstance(value, Iterator):  # one pass only: the call gets a twin, the conditions a list
+                bound.arguments[name], twin = itertools.tee(value)
+                env[name] = list(twin)
         _check("pre", cond["pre"], fn, env)
         if wants_old:
             env["__old__"] = _Old(copy.deepcopy(env))
-        env["__return__"] = fn(*args, **kwargs)
+        env["__return__"] = fn(*bound.args, **bound.kwargs)
         _check("post", cond["post"], fn, env)
         _check("inv", invariants, fn, env)
         return env["__return__"]

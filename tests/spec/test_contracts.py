@@ -7,7 +7,7 @@ restores exactly what it touched.  Fast unit tests for the mutation selection
 import pytest
 
 from kvarena.spec import arith, composites, contracts
-from kvarena.spec.arena import Arena
+from kvarena.spec.arena import Arena, SubPool
 from kvarena.spec.contracts import ContractError, checked, checking, conditions, unchecked
 
 pytestmark = pytest.mark.mutation  # in the subset mutmut runs per mutant
@@ -142,3 +142,21 @@ def test_a_failing_method_names_its_arguments_but_not_self():
     with pytest.raises(ContractError) as e:
         checked(_Box.put)(_Box(), -1)
     assert str(e.value) == "_Box.put: pre failed: x > 0  with {'x': -1}"
+
+
+def test_a_one_shot_iterator_is_read_once_for_the_call_and_its_conditions():
+    """``free``'s postconditions read ``ids`` again: an iterator (valid
+    input, ``Iterable[int]``) used to be empty by then, so a correct free
+    failed its own contract after changing the state."""
+    a = Arena(4096, [SubPool("U", 64, 1, "up"), SubPool("D", 64, 1, "down")])
+    ids = a.alloc("U", 3)
+    with checking():
+        assert a.translate("U", iter(ids)) == [1, 2, 3]
+        a.free("U", iter(ids))
+    assert a.live_pages("U") == 0
+
+    def total(xs):
+        """post: __return__ == sum(xs)"""
+        return sum(xs)
+
+    assert checked(total)(iter([1, 2, 3])) == 6  # the function and its condition each see all three
