@@ -319,6 +319,22 @@ def machine_test(cls, keyed_as, test_settings):
     return test
 
 
+def hypofuzz_target(module, test_settings):
+    """``module``'s untraced machine as a ``unittest.TestCase``, the form
+    ``fuzz_targets`` hands to HypoFuzz.
+
+    HypoFuzz (25.11) keys a TestCase target as Hypothesis keys a stateful
+    test, by the machine class: the key ``machine_test`` gives ``kvarena
+    fuzz``'s rounds, so each replays what the other stored.  A plain test
+    function it keys by its pytest node id instead, which neither
+    Hypothesis nor ``kvarena fuzz`` reads: what it shrank was never handed
+    over (docs/guides/verifying.md "Beyond one machine").
+    """
+    case = module.machine_for("cpu").TestCase
+    case.settings = test_settings
+    return case
+
+
 def _clip(text, head=3000, tail=5000):
     """Hypothesis's step listing, its start and end kept when it is long."""
     return text if len(text) <= head + tail else text[:head] + "\n[...]\n" + text[-tail:]

@@ -20,7 +20,6 @@ The spec's contracts are checked for the life of the fuzzing process, as in
 import os
 
 from hypothesis import HealthCheck, settings
-from hypothesis.stateful import get_state_machine_test
 
 from kvarena.spec.contracts import checking
 from kvarena.verification import differential, differential_composites, fuzz
@@ -38,10 +37,12 @@ checking().__enter__()  # a fuzzing process checks the contracts until it exits
 HEALTH = [HealthCheck.too_slow, HealthCheck.data_too_large, HealthCheck.filter_too_much, HealthCheck.large_base_example]
 
 
-def _test(module):
+def _target(module):
     opts = {**module.PROFILES["long"], **differential.COMMON, "suppress_health_check": HEALTH}
-    return get_state_machine_test(module.machine_for("cpu"), settings=settings(**opts))
+    return fuzz.hypofuzz_target(module, settings(**opts))
 
 
-test_differential_arena = _test(differential)
-test_differential_composites = _test(differential_composites)
+# TestCase classes, not test functions: HypoFuzz keys those by the machine
+# class, as Hypothesis and ``kvarena fuzz`` do (``fuzz.hypofuzz_target``).
+TestDifferentialArena = _target(differential)
+TestDifferentialComposites = _target(differential_composites)

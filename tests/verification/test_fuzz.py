@@ -5,6 +5,7 @@ import json
 import shutil
 import socket
 import subprocess
+import sys
 import time
 
 import pytest
@@ -301,12 +302,16 @@ def test_two_workers_share_a_redis_server_and_a_third_finds_the_failure_at_once(
 
 
 def test_a_failure_a_hypofuzz_target_stored_is_replayed_at_once(tmp_path, monkeypatch):
-    """``fuzz_targets``' tests (the untraced machines, what HypoFuzz runs)
-    and ``kvarena fuzz``'s rounds (the machines traced) share one database
-    key: a failure a HypoFuzz worker stored is the first example ``kvarena
-    fuzz --db`` runs.  (They did not: Hypothesis keys a stateful test by its
-    machine class, and the traced subclass had its own key.)"""
+    """``fuzz_targets``' targets (the untraced machines as TestCase classes,
+    what HypoFuzz runs) and ``kvarena fuzz``'s rounds (the machines traced)
+    share one database key: a failure a HypoFuzz worker stored is the first
+    example ``kvarena fuzz --db`` runs.  The target is built by HypoFuzz
+    25.11's rule for a TestCase (``hypofuzz/collection.py``: the machine's
+    test, keyed by its class).  (They did not share it twice over: the
+    traced subclass had its own key, and HypoFuzz keys a plain test
+    function by its pytest node id.)"""
     from hypothesis import settings
+    from hypothesis.internal.reflection import function_digest
     from hypothesis.stateful import get_state_machine_test
 
     from kvarena.verification import differential
@@ -314,10 +319,36 @@ def test_a_failure_a_hypofuzz_target_stored_is_replayed_at_once(tmp_path, monkey
     plant_holes_not_credited(monkeypatch)
     db = fuzz.open_database(tmp_path / "db")
     opts = {**differential.PROFILES["ci"], **differential.COMMON, "database": db, "derandomize": False}
-    machine = differential.machine_for("cpu")
+    case = fuzz.hypofuzz_target(differential, settings(**opts))
+    machine = case.runTest._hypothesis_state_machine_class
     machine._hypothesis_internal_use_seed = 0  # what @seed(0) sets: the same draws every run
-    target = get_state_machine_test(machine, settings=settings(**opts))
+    target = get_state_machine_test(machine, settings=case.settings)  # what HypoFuzz runs
+    ours = fuzz.machine_test(differential.machine_for("cpu"), machine, case.settings)  # what kvarena fuzz runs
+    key = function_digest(target.hypothesis.inner_test)  # HypoFuzz's database key for the target
+    assert key == function_digest(ours.hypothesis.inner_test)
     with pytest.raises(AssertionError):
         target()  # the HypoFuzz target finds the planted bug and stores the failing example
+    assert list(db.fetch(key))  # under the key HypoFuzz reads and writes
     again = fuzz.run_round("core", examples=1, database=db, shrink=False)
     assert again["failure"] is not None and again["examples"] <= 2  # the stored example, then its final replay
+
+
+def test_every_hypofuzz_target_is_a_machine_test_case():
+    """HypoFuzz keys a plain test function by its pytest node id, which no
+    ``kvarena fuzz`` round reads; so every target ``fuzz_targets`` exposes
+    must be a machine's TestCase (checked in a fresh process: importing the
+    module loads its settings profile and turns the contracts on)."""
+    code = (
+        "import unittest\n"
+        "from kvarena.verification import fuzz_targets as t\n"
+        "names = [n for n in dir(t) if n.lower().startswith('test') and not n.startswith('TestCase')]\n"
+        "assert names, 'no targets'\n"
+        "for n in names:\n"
+        "    c = getattr(t, n)\n"
+        "    assert isinstance(c, type) and issubclass(c, unittest.TestCase), n\n"
+        "    assert c.runTest._hypothesis_state_machine_class.__name__.endswith('_cpu'), n\n"
+        "print(sorted(names))\n"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert out.stdout.strip() == "['TestDifferentialArena', 'TestDifferentialComposites']"
