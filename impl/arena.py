@@ -354,7 +354,7 @@ class Arena:
         return self._band(name).lender
 
     def borrowers(self, name: str) -> list[str]:
-        """The pools that borrow ``name``'s ids (docs/design.md §3); as the spec's.
+        """The pools that borrow ``name``'s ids, in chain order (docs/design.md §3); as the spec's.
 
         Args:
             name: the pool.
@@ -366,7 +366,7 @@ class Arena:
             ValueError: an unknown pool, naming it.
         """
         self._band(name)
-        return [n for n, lender in self.lenders.items() if lender == name]
+        return [n for n in self.chain if self.lenders.get(n) == name]
 
     def v2p(self, name: str) -> torch.Tensor:
         """``name``'s virtual-to-physical table, a copy (docs/design.md §3).
@@ -782,11 +782,12 @@ class Arena:
         return 0 if nb is None else nb.frontiers[1]
 
     def region(self, name: str) -> tuple[int, int]:
-        """A float's pages ``[lo, hi)`` between its opaque neighbours, rounded
-        inward on its own grid (docs/design.md §3, "Float region"); as the spec's.
+        """A pool's pages ``[lo, hi)`` between its opaque neighbours, rounded
+        inward on its own grid (docs/design.md §3, "Float region"); for an
+        END, the most it could span; as the spec's.
 
         Args:
-            name: the pool.
+            name: the pool (a float, or an END).
 
         Returns:
             ``(lo, hi)``, in pages of ``name``'s grid.

@@ -327,14 +327,16 @@ class Arena:
         return self._band(name).frontiers
 
     def region(self, name: str) -> tuple[int, int]:
-        """A float's pages ``[lo, hi)`` between its opaque neighbours.
+        """A pool's pages ``[lo, hi)`` between its opaque neighbours.
 
-        The float region of docs/design.md §3, on the float's own grid:
+        The float region of docs/design.md §3, on the pool's own grid:
         ``lo = max(ceil(below/epp), min_page)``, ``hi = min(floor(above/epp),
         num_pages)``, so no page overlaps a neighbour's off-grid frontier.
+        For an END, whose outer side is the buffer's end, it is the most the
+        END could span with its inner neighbour where it stands.
 
         Args:
-            name: the pool, a float.
+            name: the pool (a float, or an END).
 
         Returns:
             ``(lo, hi)`` in pages of the pool's grid.

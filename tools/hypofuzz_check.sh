@@ -34,12 +34,9 @@ for target in TestDifferentialComposites:differential_composites TestDifferentia
     fuzzer=$!
     python - "$limit" "${target##*:}" <<'PY'
 import os, sys, time
-from hypothesis import settings
-from hypothesis.internal.reflection import function_digest
 from kvarena.verification import fuzz
 mod = __import__(f"kvarena.verification.{sys.argv[2]}", fromlist=["machine_for"])
-m = mod.machine_for("cpu")
-key = function_digest(fuzz.machine_test(m, m, settings(database=None)).hypothesis.inner_test)
+key = fuzz.database_key(mod.machine_for("cpu"))
 db, t0 = fuzz.open_database(os.environ["KVARENA_FUZZ_DB"]), time.time()
 while not list(db.fetch(key)):
     if time.time() - t0 > float(sys.argv[1]):

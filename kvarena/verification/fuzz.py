@@ -319,6 +319,16 @@ def machine_test(cls, keyed_as, test_settings):
     return test
 
 
+def database_key(cls):
+    """The key under which a shared database holds state machine ``cls``'s
+    examples: the one Hypothesis, HypoFuzz and ``kvarena fuzz`` read and
+    write (``machine_test``)."""
+    from hypothesis import settings
+    from hypothesis.internal.reflection import function_digest
+
+    return function_digest(machine_test(cls, cls, settings(database=None)).hypothesis.inner_test)
+
+
 def hypofuzz_target(module, test_settings):
     """``module``'s untraced machine as a ``unittest.TestCase``, the form
     ``fuzz_targets`` hands to HypoFuzz.

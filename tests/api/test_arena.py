@@ -74,6 +74,40 @@ def test_bug2_borrowing_on_the_readme_geometry(Arena):
 
 
 @pytest.mark.parametrize("Arena", ARENAS)
+def test_borrowers_are_listed_in_chain_order(Arena):
+    """Two borrowers of one lender, given against the chain's order: both
+    packages list them as the chain runs (the implementation used to list
+    them in the order ``borrow`` named them)."""
+    pools = [
+        SubPool("full", 256, 16, "up"),
+        SubPool("swa1", 64, 16, "float"),
+        SubPool("swa2", 64, 16, "float"),
+        SubPool("state", 64, 1, "down", "state"),
+    ]
+    a = Arena(1 << 20, pools, borrow={"swa2": "full", "swa1": "full"})
+    assert a.borrowers("full") == ["swa1", "swa2"]
+    assert a.borrowers("swa1") == [] and a.lender("swa2") == "full"
+
+
+@pytest.mark.parametrize("Arena", ARENAS)
+def test_an_ends_region_runs_from_the_buffers_end_to_its_neighbour(Arena):
+    """``region`` of an END: its own grid's pages from the buffer's end (its
+    first page) to the last whole page below its inner neighbour."""
+    a = Arena(1 << 20, README)
+    a.alloc("mamba", 3)
+    for _ in range(2):
+        g = a.geometry("mamba")
+        lo, hi = a.region("mamba")
+        assert lo == g.min_page and a.below("mamba") == 0
+        assert hi * g.epp <= a.above("mamba") < (hi + 1) * g.epp or hi == g.num_pages
+        g = a.geometry("full")
+        lo, hi = a.region("full")
+        assert hi == g.num_pages and a.above("full") == 1 << 20
+        assert (lo - 1) * g.epp < a.below("full") <= lo * g.epp or lo == g.min_page
+        a.alloc("swa", 5)  # the float becomes opaque: both ENDs' regions end at it
+
+
+@pytest.mark.parametrize("Arena", ARENAS)
 def test_borrower_rules(Arena):
     a = Arena(1 << 20, README, borrow={"swa": "full"})
     full = ids_of(a.alloc("full", 4))
