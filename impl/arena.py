@@ -1194,7 +1194,7 @@ class Arena:
         if b.is_end and not b.lazy:
             self._compact_eager(b, pages, k)
         else:
-            b.holes = torch.cat([b.holes, pages])
+            b.append_holes(pages)
             if not b.is_end and b.live == 0:
                 b.park()
         return None

@@ -13,7 +13,7 @@ first) that is always rebound, never written in place.  Each rebind bumps
 the band's ``epoch`` and the arena's shared ``clock``.
 """
 
-from typing import NamedTuple
+from typing import NamedTuple, cast
 
 import torch
 
@@ -177,6 +177,7 @@ class Band:
         self.p2v[0] = 0
         self.free_ids = None if lender else FreeIds(ids.min_page, ids.num_pages, device)
         self.holes = torch.empty(0, dtype=I64, device=device)
+        self._reserve, self._mark = self.holes, 0  # where append_holes writes: see there
         self.live = 0
         start = geom.min_page if self.grow == "up" else n  # down END, parked float
         self.lo = self.hi = start
@@ -254,6 +255,33 @@ class Band:
         """
         g = self.geom
         return torch.nonzero(self.p2v[g.min_page : g.num_pages] >= 0).flatten() + g.min_page
+
+    def append_holes(self, pages: torch.Tensor) -> None:
+        """Queue freed ``pages`` behind the holes: reuse goes oldest first (docs/design.md §4).
+
+        The holes are a view of a reserve.  While they end at the reserve's
+        high-water mark and it has room, the new pages are copied in behind
+        them, so a free copies its own pages, not every hole; else they and
+        the pages go to a fresh reserve of twice their size or the grid's
+        page count, whichever is larger (so a steady free-and-reuse cycle
+        refreshes once every page count's worth of frees).  Nothing is ever
+        written below a mark, so a view taken earlier (a bind's pages, the
+        holes a journal saved) keeps its values.  No host sync: offsets and
+        lengths are shapes.
+
+        Args:
+            pages: int64 physical pages, not holes.
+        """
+        h, m, res = self.holes, pages.numel(), self._reserve
+        n = h.numel()
+        start = cast(int, h.storage_offset())  # a shape, never a SymInt here
+        if h._base is not res or start + n != self._mark or self._mark + m > res.numel():
+            res = torch.empty(max(2 * (n + m), self.geom.num_pages), dtype=I64, device=self.device)
+            res[:n].copy_(h)
+            self._reserve, start = res, 0
+        res[start + n : start + n + m].copy_(pages)
+        self._mark = start + n + m
+        self.holes = res[start : self._mark]
 
     def park(self) -> None:
         """Park a float: empty span at ``num_pages``, no holes (docs/design.md §3, §4)."""

@@ -282,7 +282,7 @@ def run_round(
     t = time.perf_counter()
     out = {"machine": label, "policy": policy or "every policy", "device": device}
     try:
-        with checking():
+        with checking(), differential.same_draws(derandomize or seed is not None):
             machine_test(cls, machine, settings(**opts))()
         failure = None
     except Exception as e:

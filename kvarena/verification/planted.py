@@ -139,7 +139,7 @@ MUTATIONS = [
         "lazy-frees-overwrite",
         "anchor bug 8: a batch of lazy frees replaces the earlier batches' holes (pages lost)",
         "impl/arena.py",
-        [("            b.holes = torch.cat([b.holes, pages])\n", "            b.holes = pages\n")],
+        [("            b.append_holes(pages)\n", "            b.holes = pages\n")],
     ),
     Mutation(
         "sentinel-passes-free-check",

@@ -47,3 +47,42 @@ def test_every_table_is_int64():
         for t in (a.free_ids(name), a.v2p(name), a.p2v(name), a.bands[name].holes, a.bands[name].pages(1, 3)):
             assert t.dtype == torch.int64, name
     assert a.free_ids("f").numel() == 0  # a borrower has no queue of its own
+
+
+@pytest.mark.parametrize("name", ["d", "f"])  # a lazy END; a float, which parks when it empties
+def test_holes_are_a_fifo_appended_in_place(name):
+    """``append_holes`` against a list: oldest first, each free copied in
+    behind the holes when they end at the reserve's mark and it has room
+    (else a fresh reserve), and a view taken earlier never changes under a
+    later append, refresh or park (a bind's pages, a journal's saved holes)."""
+    rng = random.Random(5)
+    pools = [SubPool("u", 8, 1, "up"), SubPool("f", 8, 1, "float"), SubPool("d", 8, 1, "down")]
+    a = impl.Arena(1 << 16, pools, lazy={"d"})
+    b = a.bands[name]
+    model, live, kept = [], [], []
+    in_place = refreshed = parked = 0
+    for _ in range(600):
+        if live and (rng.random() < 0.5 or a.available_pages(name) == 0):
+            ids = rng.sample(live, rng.randint(1, min(5, len(live))))
+            pages = a.v2p(name)[ids].tolist()
+            reserve, h = b._reserve, b.holes
+            room = (
+                h._base is reserve and h.storage_offset() + h.numel() == b._mark and b._mark + len(ids) <= len(reserve)
+            )
+            a.free(name, ids)
+            live = [v for v in live if v not in ids]
+            model += pages
+            if not live and name == "f":  # a float with no live page parks: no holes
+                model, parked = [], parked + 1
+            else:
+                assert (b.holes._base is reserve) == room
+                in_place, refreshed = in_place + room, refreshed + (not room)
+        else:
+            n = rng.randint(1, min(4, a.available_pages(name)))
+            live += a.alloc(name, n).tolist()
+            del model[: min(n, len(model))]  # holes go first, oldest first
+        assert b.holes.tolist() == model
+        kept.append((b.holes, list(model)))
+    assert all(view.tolist() == values for view, values in kept)
+    assert in_place > 50 and refreshed >= 1, (in_place, refreshed)
+    assert parked >= (name == "f"), parked

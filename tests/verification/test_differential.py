@@ -5,6 +5,7 @@ verify`` runs it too.  Profiles: the default is sized for CI;
 ``KVARENA_PROFILE=long`` runs thousands of examples.
 """
 
+import importlib
 import os
 
 import pytest
@@ -24,6 +25,26 @@ def test_differential(device):  # conftest: cpu, and cuda where present
     print("differential cases:", dict(CASES))
     missing = [c for c in REQUIRED if CASES[c] == 0]
     assert not missing, f"cases never reached: {missing}; counts {dict(CASES)}"
+
+
+def test_a_pinned_run_draws_the_same_whatever_else_is_imported(tmp_path, monkeypatch):
+    """Hypothesis draws some values from the literals of the local modules
+    imported so far; a derandomized run must not (``same_draws``).  The
+    required cases above were once reached or missed by what pytest-xdist
+    had collected beside this file: the same seed, other examples."""
+
+    def counts():
+        CASES.clear()
+        run_machine("cpu", derandomize=True, database=None, max_examples=6, stateful_step_count=20)
+        return dict(CASES)
+
+    before = counts()
+    # a local module full of integer literals, as any module another test imports
+    literals = ", ".join(map(str, range(2, 600, 3)))
+    (tmp_path / "kvarena_literals_probe.py").write_text(f"X = [{literals}]\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    importlib.import_module("kvarena_literals_probe")
+    assert counts() == before
 
 
 @pytest.mark.mutation
