@@ -68,15 +68,33 @@ def solver_pool(jobs):
     return ctx.Pool(jobs, maxtasksperchild=1)
 
 
-def run_z3(only=None, jobs=2):
-    names = selected(only)
+def _run_patched(task):
+    name, patch = task
+    if patch is not None:
+        patch()
+    return run_one(name)
+
+
+def run_fresh(names, patch=None, jobs=1):
+    """Run the obligations ``names``, each in a fresh solver process; their
+    result rows, in the order given.
+
+    ``patch``, when given, is called in each process before its obligation
+    runs: a function defined at module level (the process imports it by
+    name) that mutates the spec there, as the mutation tests do.  The
+    caller's process is never changed, and a verdict does not depend on
+    what it ran before."""
     # the largest limits (the slowest obligations) first, so that no long one
-    # is left running alone at the end; rows come back in registry order
+    # is left running alone at the end
     limits = {n: ob.timeout_s for n, ob in registry().items()}
     order = sorted(names, key=lambda n: -limits[n])
     with solver_pool(max(1, jobs)) as pool:
-        rows = dict(zip(order, pool.map(run_one, order, chunksize=1)))
+        rows = dict(zip(order, pool.map(_run_patched, [(n, patch) for n in order], chunksize=1)))
     return [rows[n] for n in names]
+
+
+def run_z3(only=None, jobs=2):
+    return run_fresh(selected(only), jobs=jobs)
 
 
 def run_all(only=None, crosshair=True, jobs=2):

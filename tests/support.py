@@ -1,7 +1,11 @@
 """Helpers shared by the tests of every folder (``from tests.support import ...``)."""
 
 import contextlib
+import dataclasses
+import importlib
+import inspect
 import json
+import types
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]  # the repository
@@ -53,3 +57,48 @@ def unchanged(a):
     yield
     assert a.snapshot() == before
     a.verify()
+
+
+# ------------------------------------------------- mutants for the solver pool
+
+
+def mutant_module(module, old, new):
+    """Re-execute ``module``'s source with one edit; return the mutant module."""
+    src = inspect.getsource(module)
+    assert src.count(old) == 1, f"mutation site {old!r} not unique in {module.__name__}"
+    m = types.ModuleType(module.__name__ + "_mutant")
+    m.__package__ = module.__package__
+    exec(compile(src.replace(old, new), module.__name__ + "_mutant", "exec"), m.__dict__)
+    return m
+
+
+@dataclasses.dataclass(frozen=True)
+class Patch:
+    """``module.attr = value``, applied in a fresh solver process
+    (``kvarena.proofs.cli.run_fresh``'s ``patch``).  It crosses to that
+    process by pickle: the module goes by name, and ``value`` must be a
+    function defined at module level."""
+
+    module: str
+    attr: str
+    value: object
+
+    def __call__(self):
+        setattr(importlib.import_module(self.module), self.attr, self.value)
+
+
+@dataclasses.dataclass(frozen=True)
+class SourcePatch:
+    """``target.attr`` set to the ``attr`` of module ``source`` re-executed
+    with ``old`` replaced by ``new`` (a one-token source mutation), in a
+    fresh solver process."""
+
+    source: str
+    old: str
+    new: str
+    target: str
+    attr: str
+
+    def __call__(self):
+        m = mutant_module(importlib.import_module(self.source), self.old, self.new)
+        setattr(importlib.import_module(self.target), self.attr, getattr(m, self.attr))

@@ -7,7 +7,7 @@
 # command RUNS times: odd runs in file order (-p no:randomly), even runs shuffled with the seed
 # SEED + run (pytest-randomly shuffles the files and the tests in each, and reseeds `random`).
 # Between runs `git clean -xdf` (the venv kept) puts the clone back to a clean checkout.  Stops at
-# the first failing run; fails too if two runs' tallies differ.  Not in CI: about 15 minutes a run
+# the first failing run; fails too if two runs' tallies differ.  Not in CI: about 8 minutes a run
 # on two cores.  Usage: tools/suite_soak.sh [RUNS] [COMMIT] [SEED]   (default 10, HEAD, 20261200)
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -24,7 +24,9 @@ work=$(mktemp -d /tmp/kvarena-soak.XXXXXX)
 echo "== $runs runs of $commit in $work: $test_cmd"
 git clone -q "$PWD" "$work/repo" && cd "$work/repo" && git checkout -q "$commit"
 python3 -m venv .venv && . .venv/bin/activate
-pip install -q torch==2.13.0 && pip install -q -e ".[test]" && pip install -q pytest-randomly
+# pip's own output (a mirror's warnings among it) goes to a file, not the soak's log
+{ pip install torch==2.13.0 && pip install -e ".[test]" && pip install pytest-randomly; } > "$work/install.log" 2>&1 \
+    || { echo "suite_soak: the install failed; see $work/install.log"; exit 1; }
 first=""
 for ((i = 1; i <= runs; i++)); do
     if ((i % 2)); then order="-p no:randomly"; else order="-p randomly --randomly-seed=$((seed + i))"; fi

@@ -38,6 +38,7 @@ from hypothesis.database import DirectoryBasedExampleDatabase
 from kvarena import spec
 from kvarena.spec.contracts import checking
 from kvarena.verification import differential, differential_composites, vectors
+from kvarena.verification.draws import same_draws
 
 # Every call that changes the spec object: a trace without one replays to
 # another state, where the failure may not show (``save_failure`` checks).
@@ -282,7 +283,7 @@ def run_round(
     t = time.perf_counter()
     out = {"machine": label, "policy": policy or "every policy", "device": device}
     try:
-        with checking(), differential.same_draws(derandomize or seed is not None):
+        with checking(), same_draws(derandomize or seed is not None):
             machine_test(cls, machine, settings(**opts))()
         failure = None
     except Exception as e:

@@ -524,17 +524,17 @@ def suite_proofs(m):
         return _kvarena_prove(m.proof_only)
     if not m.proof_groups:
         return None, "not run: the proofs reason about the spec, this mutation is in the implementation"
-    from kvarena.proofs.core import run_obligation
-    from kvarena.proofs.obligations import REGISTRY
+    from kvarena.proofs import cli
 
-    names = [n for n in REGISTRY if n.split(".")[0] in m.proof_groups]
+    # each in a fresh solver process, as kvarena prove runs them: a verdict
+    # must not depend on the obligations this process ran before
+    names = [n for n in cli.registry() if n.split(".")[0] in m.proof_groups]
     unknown = []
-    for n in names:
-        r = run_obligation(REGISTRY[n])
+    for r in cli.run_fresh(names, jobs=2):
         if r["result"] == "unknown":  # a time-out is no verdict, either way
-            unknown.append(n)
+            unknown.append(r["name"])
         elif not r["ok"]:
-            return True, f"{n}: {r['result']}"
+            return True, f"{r['name']}: {r['result']}"
     return False, (
         f"{len(names) - len(unknown)} obligations of {', '.join(m.proof_groups)} hold"
         + (f"; {len(unknown)} timed out: {', '.join(unknown[:3])}" if unknown else "")

@@ -17,11 +17,11 @@ from kvarena.impl import capacity as icap
 from kvarena.proofs import abstract as A
 from kvarena.proofs import cli
 from kvarena.proofs import composites as C
-from kvarena.proofs.core import run_obligation
 from kvarena.proofs.obligations import REGISTRY
 from kvarena.spec import arith
 from kvarena.spec import composites as SC
 from tests.api.test_uneven import oracle
+from tests.support import Patch
 
 torch = pytest.importorskip("torch")
 from kvarena.impl import composites as IC  # noqa: E402
@@ -429,79 +429,86 @@ def SC_arena_of_finding():
 
 
 # ---------------------------------------------------------------- mutations
+#
+# Each mutant is refuted in fresh solver processes (``cli.run_fresh``): the
+# refutation's cost depends on the terms a process built before, and one ran
+# past its budget in a long-lived worker of a parallel run.  The mutants are
+# module-level functions, which those processes import by name.
+
+ARITH = "kvarena.spec.arith"
+_JOINT = arith.two_end_joint_pages  # the real closed form, taken before any patch
 
 
-def _fails(*names):
-    """The obligations refuted (a counterexample; a time-out is no verdict)."""
-    return [n for n in names if run_obligation(REGISTRY[n])["result"] == "counterexample"]
+def _fails(names, patch):
+    """The obligations refuted under ``patch`` (a counterexample; a time-out is no verdict)."""
+    return [r["name"] for r in cli.run_fresh(names, patch) if r["result"] == "counterexample"]
 
 
-def test_mutation_closed_form_drops_a_hole_term(monkeypatch):
+def _joint_without_b_holes(gap, epp_a, holes_a, room_a, epp_b, holes_b, room_b):
+    return arith.min_(_JOINT(gap, epp_a, holes_a, room_a, epp_b, holes_b, room_b), room_b)
+
+
+def test_mutation_closed_form_drops_a_hole_term():
     """``b``'s room cap without its holes (``room_b`` for ``holes_b +
     room_b``) under-promises: ``joint_tight`` fails."""
-    real = arith.two_end_joint_pages
-
-    def mutant(gap, epp_a, holes_a, room_a, epp_b, holes_b, room_b):
-        return arith.min_(real(gap, epp_a, holes_a, room_a, epp_b, holes_b, room_b), room_b)
-
-    monkeypatch.setattr(arith, "two_end_joint_pages", mutant)
-    assert "composite.hybrid.joint_tight" in _fails("composite.hybrid.joint_tight")
+    patch = Patch(ARITH, "two_end_joint_pages", _joint_without_b_holes)
+    assert _fails(["composite.hybrid.joint_tight"], patch) == ["composite.hybrid.joint_tight"]
 
 
-def test_mutation_closed_form_counts_the_larger_holes(monkeypatch):
+def _joint_from_the_larger_holes(gap, epp_a, holes_a, room_a, epp_b, holes_b, room_b):
+    lo, hi = arith.min_(holes_a, holes_b), arith.max_(holes_a, holes_b)
+    e1 = arith.ite(holes_a < holes_b, epp_a, epp_b)
+    one_side = hi + arith.fdiv(gap, e1)  # was lo + ...
+    both = hi + arith.fdiv(gap - (hi - lo) * e1, epp_a + epp_b)
+    return arith.min_(arith.min_(one_side, both), arith.min_(holes_a + room_a, holes_b + room_b))
+
+
+def test_mutation_closed_form_counts_the_larger_holes():
     """The one-side bound from ``max(holes)`` instead of ``min(holes)``
     over-promises (both sides extend sooner than it thinks): ``joint_sound``
     fails."""
-
-    def mutant(gap, epp_a, holes_a, room_a, epp_b, holes_b, room_b):
-        lo, hi = arith.min_(holes_a, holes_b), arith.max_(holes_a, holes_b)
-        e1 = arith.ite(holes_a < holes_b, epp_a, epp_b)
-        one_side = hi + arith.fdiv(gap, e1)  # was lo + ...
-        both = hi + arith.fdiv(gap - (hi - lo) * e1, epp_a + epp_b)
-        return arith.min_(arith.min_(one_side, both), arith.min_(holes_a + room_a, holes_b + room_b))
-
-    monkeypatch.setattr(arith, "two_end_joint_pages", mutant)
-    assert "composite.hybrid.joint_sound" in _fails("composite.hybrid.joint_sound")
+    patch = Patch(ARITH, "two_end_joint_pages", _joint_from_the_larger_holes)
+    assert _fails(["composite.hybrid.joint_sound"], patch) == ["composite.hybrid.joint_sound"]
 
 
-def test_mutation_uneven_gate_ignores_swa_holes(monkeypatch):
+def _uneven_without_swa_holes(pa, pb, gap, epp_a, holes_a, room_a, epp_b, holes_b, room_b):
+    m_a, m_b = arith.max_(0, pa - holes_a), arith.max_(0, pb)
+    return arith.and_(m_a <= room_a, m_b <= room_b, m_a * epp_a + m_b * epp_b <= gap)
+
+
+def test_mutation_uneven_gate_ignores_swa_holes():
     """The uneven closed form pricing all of swa's pages as extension (its
     holes ignored) under-promises: ``uneven_tight`` fails (the planted
-    proof bug ``uneven-gate-ignores-swa-holes``, in-process)."""
-
-    def mutant(pa, pb, gap, epp_a, holes_a, room_a, epp_b, holes_b, room_b):
-        m_a, m_b = arith.max_(0, pa - holes_a), arith.max_(0, pb)
-        return arith.and_(m_a <= room_a, m_b <= room_b, m_a * epp_a + m_b * epp_b <= gap)
-
-    monkeypatch.setattr(arith, "two_end_uneven_fits", mutant)
-    fails = _fails("composite.hybrid.uneven_sound", "composite.hybrid.uneven_tight")
-    assert fails == ["composite.hybrid.uneven_tight"]
+    proof bug ``uneven-gate-ignores-swa-holes``, as a patch)."""
+    names = ["composite.hybrid.uneven_sound", "composite.hybrid.uneven_tight"]
+    assert _fails(names, Patch(ARITH, "two_end_uneven_fits", _uneven_without_swa_holes)) == [
+        "composite.hybrid.uneven_tight"
+    ]
 
 
-def test_mutation_uneven_gate_drops_the_full_sides_cost(monkeypatch):
+def _uneven_without_the_full_sides_cost(pa, pb, gap, epp_a, holes_a, room_a, epp_b, holes_b, room_b):
+    m_a, m_b = arith.max_(0, pa - holes_a), arith.max_(0, pb - holes_b)
+    return arith.and_(m_a <= room_a, m_b <= room_b, m_b * epp_b <= gap)
+
+
+def test_mutation_uneven_gate_drops_the_full_sides_cost():
     """The uneven closed form forgetting what full's extension takes from
     the gap over-promises: ``uneven_sound`` and the TriPool golden fail."""
-
-    def mutant(pa, pb, gap, epp_a, holes_a, room_a, epp_b, holes_b, room_b):
-        m_a, m_b = arith.max_(0, pa - holes_a), arith.max_(0, pb - holes_b)
-        return arith.and_(m_a <= room_a, m_b <= room_b, m_b * epp_b <= gap)
-
-    monkeypatch.setattr(arith, "two_end_uneven_fits", mutant)
-    fails = _fails("composite.hybrid.uneven_sound", "golden.tripool_empty_float.uneven")
-    assert fails == ["composite.hybrid.uneven_sound", "golden.tripool_empty_float.uneven"]
+    names = ["composite.hybrid.uneven_sound", "golden.tripool_empty_float.uneven"]
+    assert _fails(names, Patch(ARITH, "two_end_uneven_fits", _uneven_without_the_full_sides_cost)) == names
 
 
-def test_mutation_closed_form_drops_the_first_sides_cost(monkeypatch):
+def _joint_at_b_epp_only(gap, epp_a, holes_a, room_a, epp_b, holes_b, room_b):
+    return arith.min_(
+        arith.fdiv(gap, 2 * epp_b) + arith.min_(holes_a, holes_b), arith.min_(holes_a + room_a, holes_b + room_b)
+    )
+
+
+def test_mutation_closed_form_drops_the_first_sides_cost():
     """Pricing both sides' extension at ``b``'s epp only (``2*epp_b`` for
     ``epp_a + epp_b``, with ``epp_a`` the larger) over-promises: sound fails."""
-
-    def mutant(gap, epp_a, holes_a, room_a, epp_b, holes_b, room_b):
-        return arith.min_(
-            arith.fdiv(gap, 2 * epp_b) + arith.min_(holes_a, holes_b), arith.min_(holes_a + room_a, holes_b + room_b)
-        )
-
-    monkeypatch.setattr(arith, "two_end_joint_pages", mutant)
-    assert "composite.hybrid.joint_sound" in _fails("composite.hybrid.joint_sound")
+    patch = Patch(ARITH, "two_end_joint_pages", _joint_at_b_epp_only)
+    assert _fails(["composite.hybrid.joint_sound"], patch) == ["composite.hybrid.joint_sound"]
 
 
 # ------------------------------------------------------ the relief ladder
@@ -510,13 +517,17 @@ def test_mutation_closed_form_drops_the_first_sides_cost(monkeypatch):
 def test_surplus_only_fails_when_the_ladder_stops_a_hole_early():
     """Stopping at ``holes <= demand + 1`` leaves the END one page short of
     the packed END's reach: z3 finds it, on both chain sizes."""
-    # unplanted, each is proved in a clean process (an in-process proof's
-    # budget depends on the process's history: docs/proofs.md)
-    assert all(r["ok"] for r in cli.run_z3(only="relief.surplus_only.", jobs=1))
+    # each in a clean process (an in-process proof's budget depends on the
+    # process's history: docs/proofs.md)
+    names = ["relief.surplus_only.n2", "relief.surplus_only.n3"]
+    assert all(r["ok"] for r in cli.run_fresh(names))
+    assert [r["result"] for r in cli.run_fresh(names, _stop_a_hole_early)] == ["counterexample"] * 2
+
+
+def _stop_a_hole_early():
     for n in (2, 3):
         ob = REGISTRY[f"relief.surplus_only.n{n}"]
-        planted = dataclasses.replace(ob, build=C._surplus_only(n, slack=1))
-        assert not run_obligation(planted)["ok"]
+        REGISTRY[ob.name] = dataclasses.replace(ob, build=C._surplus_only(n, slack=1))
 
 
 @pytest.mark.parametrize("policy", ["anchor", "planner"])

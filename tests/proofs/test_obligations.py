@@ -7,12 +7,14 @@ import json
 import pytest
 import z3
 
+from kvarena.proofs import abstract as A
 from kvarena.proofs import cli
 from kvarena.proofs.core import UNITS_PER_S, Built, Obligation, run_obligation
 from kvarena.spec import Arena, SubPool, arith
-from tests.support import ROOT
+from tests.support import ROOT, Patch, SourcePatch, mutant_module
 
 REG = cli.registry()
+ARITH, POLICY, ABSTRACT = "kvarena.spec.arith", "kvarena.proofs.policy", "kvarena.proofs.abstract"
 GROUPS = {"layout", "golden", "invariants", "capacity", "policy", "composite", "planner", "integrity", "views"}
 
 
@@ -151,6 +153,20 @@ def test_a_verdict_does_not_depend_on_the_calling_process():
         ob.build()
     again = {r["name"]: r["units"] for r in cli.run_z3(names, jobs=2)}
     assert first == again and len(first) == 7  # the three k1 obligations, their bounded twins, the lemma
+
+
+def test_a_mutants_verdict_does_not_depend_on_the_calling_process():
+    """A mutant runs in a clean process too (``cli.run_fresh``): the same
+    units spent after this process has run other refutations.  Run in this
+    process, the second search spends a different count (a mutation test
+    once ran out of budget in a long-lived worker this way)."""
+    names = ["layout.float_region.n3", "inv.alloc_float_parked.order.n3"]
+    patch = Patch(ARITH, "cdiv", arith.fdiv)
+    first = [(r["result"], r["units"]) for r in cli.run_fresh(names, patch)]
+    for n in names + ["capacity.end_up.sound.n2"]:
+        run_obligation(REG[n])  # wear this process's z3 context
+    again = [(r["result"], r["units"]) for r in cli.run_fresh(names, patch)]
+    assert first == again and [r for r, _ in first] == ["counterexample"] * 2
     err = run_obligation(Obligation("t.err", "t", "broken encoding", lambda: 1 / 0))
     assert err["result"] == "error" and not err["ok"]
 
@@ -184,10 +200,14 @@ def test_cli_list_shows_kind_and_source_and_only_takes_several_prefixes(tmp_path
     assert names == ["inv.init.n2", "dead.golden_clamp.n2"]
 
 
+def _no_gap(*args):
+    return 0
+
+
 def test_cli_exits_nonzero_on_failure(monkeypatch, capsys):
-    monkeypatch.setattr(arith, "golden_gap", lambda *a: 0)  # a wrong closed form
-    # in this process: the solver pool starts clean interpreters, which the patch does not reach
-    monkeypatch.setattr(cli, "run_z3", lambda only, jobs: [run_obligation(REG[n]) for n in cli.selected(only)])
+    # a wrong closed form, in the solver processes the command starts
+    wrong = Patch(ARITH, "golden_gap", _no_gap)
+    monkeypatch.setattr(cli, "run_z3", lambda only, jobs: cli.run_fresh(cli.selected(only), wrong, jobs))
     assert cli.main(["--only", "golden.up_gap.n2", "--no-crosshair", "--jobs", "1"]) == 1
     out = capsys.readouterr().out
     assert "counterexample" in out and "1 failed" in out
@@ -248,37 +268,18 @@ def test_conservation_goal_is_not_a_tautology(n):
 
 
 # ---------------------------------------------------------------- mutation
+#
+# Each mutant runs in fresh solver processes (``cli.run_fresh``), the patch
+# applied there: a refutation's cost depends on the terms a process built
+# before, and a worker of a parallel run searched mutants past their budget
+# where a fresh process refutes them in seconds (docs/proofs.md, "Budgets
+# are deterministic").  The mutants are module-level functions, which those
+# processes import by name.
 
 
-def _run(name):
-    """An obligation run in this process (the mutation tests patch the spec
-    here).  Its verdict on the unpatched spec is the fresh process's
-    (``results``): a budget spent in a process with history is not the
-    budget a clean one spends (``docs/proofs.md``, "Budgets are
-    deterministic"), and a proof here could come back unknown."""
-    return run_obligation(REG[name])
-
-
-def _fresh(names, patch):
-    """Obligations run in one fresh process after ``patch()`` (a function of
-    this module, so a spawned process can import it) mutated the spec there:
-    the verdict then does not depend on which tests this process ran before
-    (a worker of a parallel run searched ``layout.float_region.n3`` under
-    the mutation past its budget, where a fresh process refutes it in
-    seconds)."""
-    import multiprocessing
-
-    with multiprocessing.get_context("spawn").Pool(1) as pool:
-        return pool.apply(_patched_runs, (names, patch))
-
-
-def _patched_runs(names, patch):
-    patch()
-    return [run_obligation(REG[n]) for n in names]
-
-
-def _ceil_is_floor():
-    arith.cdiv = arith.fdiv
+def _refuted(names, patch):
+    """Whether every obligation of ``names`` is refuted under ``patch``."""
+    return [r["result"] for r in cli.run_fresh(names, patch)] == ["counterexample"] * len(names)
 
 
 def test_mutation_ceil_to_floor_in_float_region(results):
@@ -287,58 +288,55 @@ def test_mutation_ceil_to_floor_in_float_region(results):
     # 3 pools: with conservation's clamped byte equation among the hypotheses the
     # 4-pool counterexample takes z3 10+ s under load (the 3-pool one about 2 s)
     names = ["layout.float_region.n3", "inv.alloc_float_parked.order.n3"]
-    assert [r["result"] for r in _fresh(names, _ceil_is_floor)] == ["counterexample"] * 2
-    assert arith.cdiv is not arith.fdiv  # the mutation stayed in that process
+    assert _refuted(names, Patch(ARITH, "cdiv", arith.fdiv))
+    assert arith.cdiv is not arith.fdiv  # the mutation stayed in those processes
 
 
-def test_mutation_end_available_ceil(monkeypatch, results):
+def _end_available_ceil(gap, epp, room, holes):
+    return arith.min_(arith.cdiv(gap, epp), room) + holes
+
+
+def test_mutation_end_available_ceil(results):
     """Pricing an END's gap with ceil over-promises a page: capacity soundness fails."""
-    real = arith.end_available
-    monkeypatch.setattr(
-        arith, "end_available", lambda gap, epp, room, holes: arith.min_(arith.cdiv(gap, epp), room) + holes
-    )
-    assert _run("capacity.end_up.sound.n2")["result"] == "counterexample"
-    monkeypatch.setattr(arith, "end_available", real)
+    assert _refuted(["capacity.end_up.sound.n2"], Patch(ARITH, "end_available", _end_available_ceil))
     assert results["capacity.end_up.sound.n2"]["result"] == "proved"
 
 
-def test_mutation_ge_to_gt_in_min_page(monkeypatch):
+def _min_page_floor(sink, epp):
+    return arith.fdiv(sink, epp)
+
+
+def test_mutation_ge_to_gt_in_min_page():
     """min_page one page too low (>= sink turned into > sink - epp): the sink is not covered."""
-    monkeypatch.setattr(arith, "min_page", lambda sink, epp: arith.fdiv(sink, epp))
-    assert _run("layout.sink_covers_page0.n2")["result"] == "counterexample"
+    assert _refuted(["layout.sink_covers_page0.n2"], Patch(ARITH, "min_page", _min_page_floor))
 
 
-def test_mutation_policy_both_short_guard(monkeypatch):
-    """Dropping the both-sides-short guard from the decision breaks no_move_both_short."""
-    import kvarena.proofs.policy as P
+def _decision_without_both_short_guard(sides_low, sides_high, band_low, band_high, float_bytes, slack):
     from kvarena.spec import policy as spec_policy
 
-    real = spec_policy.short_side_decision
-
-    def mutant(sides_low, sides_high, band_low, band_high, float_bytes, slack):
-        act, low, target = real(sides_low, sides_high, band_low, band_high, float_bytes, slack)
-        return arith.ite(sides_low > band_low, True, act), low, target
-
-    monkeypatch.setattr(P, "short_side_decision", mutant)
-    assert _run("policy.no_move_both_short")["result"] == "counterexample"
-    assert _run("policy.pure.no_move_both_short")["result"] == "counterexample"
+    act, low, target = spec_policy.short_side_decision(sides_low, sides_high, band_low, band_high, float_bytes, slack)
+    return arith.ite(sides_low > band_low, True, act), low, target
 
 
-def test_mutation_frontier_off_by_one(monkeypatch):
+def test_mutation_policy_both_short_guard():
+    """Dropping the both-sides-short guard from the decision breaks no_move_both_short."""
+    names = ["policy.no_move_both_short", "policy.pure.no_move_both_short"]
+    assert _refuted(names, Patch(POLICY, "short_side_decision", _decision_without_both_short_guard))
+
+
+_REAL_ALLOC_END = A.rel_alloc_end  # taken at import, before any patch, in every process
+
+
+def _alloc_up_one_page_too_far(s, t, i, n):
+    # the mutant's post-state: the up END's watermark lands one page too far
+    b = t.bands[i]
+    shifted = t.with_band(i, A.BandState(b.lo, b.hi - 1, b.live, b.holes))
+    return _REAL_ALLOC_END(s, shifted, i, n) if s.pools[i].grow == "up" else _REAL_ALLOC_END(s, t, i, n)
+
+
+def test_mutation_frontier_off_by_one():
     """An alloc_up transition that extends one page too far is caught."""
-    import kvarena.proofs.abstract as A
-
-    real = A.rel_alloc_end
-
-    def mutant(s, t, i, n):
-        # the mutant's post-state: the up END's watermark lands one page too far
-        b = t.bands[i]
-        shifted = t.with_band(i, A.BandState(b.lo, b.hi - 1, b.live, b.holes))
-        return real(s, shifted, i, n) if s.pools[i].grow == "up" else real(s, t, i, n)
-
-    monkeypatch.setattr(A, "rel_alloc_end", mutant)
-    r = _run("inv.alloc_up.conservation.n2")
-    assert r["result"] == "counterexample"
+    assert _refuted(["inv.alloc_up.conservation.n2"], Patch(ABSTRACT, "rel_alloc_end", _alloc_up_one_page_too_far))
 
 
 # ---------------------------------------------------------------- findings
@@ -440,67 +438,63 @@ def test_anchor_bug_raw_bytes_overpromise_example():
 # ------------------------------------------------- source-level mutations
 
 
-def _mutant_module(module, old, new):
-    """Re-execute ``module``'s source with one edit; return the mutant module."""
-    import inspect
-    import types
-
-    src = inspect.getsource(module)
-    assert src.count(old) == 1, f"mutation site {old!r} not unique in {module.__name__}"
-    m = types.ModuleType(module.__name__ + "_mutant")
-    m.__package__ = module.__package__
-    exec(compile(src.replace(old, new), module.__name__ + "_mutant", "exec"), m.__dict__)
-    return m
-
-
-def test_source_mutation_gt_to_ge_in_policy(monkeypatch):
+def test_source_mutation_gt_to_ge_in_policy():
     """``float_bytes > max_(...)`` turned into ``>=`` in spec/policy.py: the policy
     then acts when nothing is short and asks make_room for what the band has."""
-    import kvarena.proofs.policy as P
-    from kvarena.spec import policy as spec_policy
-
-    m = _mutant_module(spec_policy, "float_short = float_bytes > max_(", "float_short = float_bytes >= max_(")
-    monkeypatch.setattr(P, "short_side_decision", m.short_side_decision)
-    assert _run("policy.pure.target_beyond_band")["result"] == "counterexample"
-
-
-def test_source_mutation_floor_to_ceil_in_end_available(monkeypatch):
-    """``fdiv(gap, epp)`` turned into ``cdiv(gap, epp)`` in spec/arith.py."""
-    m = _mutant_module(
-        arith, "return min_(fdiv(gap, epp), index_room) + holes", "return min_(cdiv(gap, epp), index_room) + holes"
+    patch = SourcePatch(
+        "kvarena.spec.policy",
+        "float_short = float_bytes > max_(",
+        "float_short = float_bytes >= max_(",
+        POLICY,
+        "short_side_decision",
     )
-    monkeypatch.setattr(arith, "end_available", m.end_available)
-    assert _run("capacity.end_down.sound.n2")["result"] == "counterexample"
+    assert _refuted(["policy.pure.target_beyond_band"], patch)
 
 
-def test_source_mutation_first_pages_raw_bytes(monkeypatch, results):
+def test_source_mutation_floor_to_ceil_in_end_available():
+    """``fdiv(gap, epp)`` turned into ``cdiv(gap, epp)`` in spec/arith.py."""
+    patch = SourcePatch(
+        ARITH,
+        "return min_(fdiv(gap, epp), index_room) + holes",
+        "return min_(cdiv(gap, epp), index_room) + holes",
+        ARITH,
+        "end_available",
+    )
+    assert _refuted(["capacity.end_down.sound.n2"], patch)
+
+
+FIRST_PAGES_FLOOR = ("page = max_(cdiv(high, epp), m)", "page = max_(fdiv(high, epp), m)")
+
+
+def test_source_mutation_first_pages_raw_bytes(results):
     """``cdiv(high, epp)`` turned into ``fdiv`` in ``arith.first_pages``: a
     float's first page may then overlap the page below it, the layout check
     accepts a float that can never allocate, and every_pool_allocates fails."""
     assert results["layout.every_pool_allocates.n3"]["result"] == "proved"
-    real = arith.first_pages
-    m = _mutant_module(arith, "page = max_(cdiv(high, epp), m)", "page = max_(fdiv(high, epp), m)")
-    monkeypatch.setattr(arith, "first_pages", m.first_pages)
-    r = _run("layout.every_pool_allocates.n3")
-    assert r["result"] == "counterexample", r
+    assert _refuted(["layout.every_pool_allocates.n3"], SourcePatch(ARITH, *FIRST_PAGES_FLOOR, ARITH, "first_pages"))
     # the design's example (docs/design.md §3), concretely: the mutant accepts F, whose region is empty
+    m = mutant_module(arith, *FIRST_PAGES_FLOOR)
     grids = [(10, 8, 4), (33, 2, 1), (10, 8, 4)]
-    assert all(f for _, f in m.first_pages(grids)) and not all(f for _, f in real(grids))
+    assert all(f for _, f in m.first_pages(grids)) and not all(f for _, f in arith.first_pages(grids))
 
 
-def test_mutation_first_pages_dropped(monkeypatch):
+def _first_pages_unpacked(grids):
+    return [(0, True) for _ in grids]
+
+
+def test_mutation_first_pages_dropped():
     """Without the packing (only a page above the sink for everyone) a pool
     may never allocate: the obligation needs the first_pages hypotheses."""
-    monkeypatch.setattr(arith, "first_pages", lambda grids: [(0, True) for _ in grids])
-    for n in (2, 3):
-        assert _run(f"layout.every_pool_allocates.n{n}")["result"] == "counterexample"
+    names = ["layout.every_pool_allocates.n2", "layout.every_pool_allocates.n3"]
+    assert _refuted(names, Patch(ARITH, "first_pages", _first_pages_unpacked))
 
 
-def test_source_mutation_region_ceil_to_floor(monkeypatch):
+def test_source_mutation_region_ceil_to_floor():
     """``cdiv(below, epp)`` turned into ``fdiv`` in float_region (anchor bug 1)."""
-    m = _mutant_module(arith, "lo = max_(cdiv(below, epp), lowest)", "lo = max_(fdiv(below, epp), lowest)")
-    monkeypatch.setattr(arith, "float_region", m.float_region)
-    assert _run("capacity.float.sound.n3")["result"] == "counterexample"
+    patch = SourcePatch(
+        ARITH, "lo = max_(cdiv(below, epp), lowest)", "lo = max_(fdiv(below, epp), lowest)", ARITH, "float_region"
+    )
+    assert _refuted(["capacity.float.sound.n3"], patch)
 
 
 def test_readme_proof_table_matches_the_registry():

@@ -8,7 +8,7 @@ from hypothesis.stateful import run_state_machine_as_test
 from kvarena import impl, spec
 from kvarena.spec import AccountingError, Arena, SubPool
 from kvarena.spec.bands import Band
-from kvarena.verification.differential import same_draws
+from kvarena.verification.draws import same_draws
 from tests.support import busy as busy_arena
 from tests.support import check_all, check_content
 

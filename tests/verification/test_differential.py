@@ -7,6 +7,7 @@ verify`` runs it too.  Profiles: the default is sized for CI;
 
 import importlib
 import os
+import sys
 
 import pytest
 
@@ -44,7 +45,10 @@ def test_a_pinned_run_draws_the_same_whatever_else_is_imported(tmp_path, monkeyp
     (tmp_path / "kvarena_literals_probe.py").write_text(f"X = [{literals}]\n")
     monkeypatch.syspath_prepend(str(tmp_path))
     importlib.import_module("kvarena_literals_probe")
-    assert counts() == before
+    try:
+        assert counts() == before
+    finally:
+        del sys.modules["kvarena_literals_probe"]  # later unpinned draws in this worker must not see it
 
 
 @pytest.mark.mutation
