@@ -219,6 +219,7 @@ class _Composite:
         self._joint_key = ("joint_pages", type(self).__name__)
         self._zero = torch.zeros((), dtype=I64, device=self.device)  # where()'s 0, made once, not per call
         self._owner: torch.Tensor | None = None  # the checked decode's scratch (_owner_table)
+        self._index: torch.Tensor | None = None  # the checked decode's request indices (_request_index)
         self._end_t = torch.tensor(self.arena.id_end(FULL), dtype=I64, device=self.device)  # full's sentinel row
         self.verify()
 
@@ -236,7 +237,7 @@ class _Composite:
         if isinstance(x, torch.Tensor):
             if x.dtype.is_floating_point or x.dtype.is_complex or x.dtype == torch.bool:
                 raise ValueError(f"{what} must hold ints, got dtype {x.dtype}")
-            return x.reshape(-1).to(self.device, I64)
+            return (x if x.dim() == 1 else x.reshape(-1)).to(self.device, I64)  # a 1-D tensor: no view dispatched
         if isinstance(x, (str, bytes, set, frozenset, dict)) or not hasattr(x, "__len__"):
             raise ValueError(f"{what} must be a tensor or a sequence of ints, got {type(x).__name__}")
         vals = [_int(f"{what}[{i}]", v) for i, v in enumerate(x)]
@@ -632,15 +633,15 @@ class _Composite:
         loc = self._vec(f"{what}: last_loc", last_loc)
         self._same_length(what, seq, seq, loc)
         opens = self._opens_page(seq)
-        good, dup = self._decode_flags(seq, loc, opens)
-        if seq_lens_cpu is not None:  # a disagreeing host copy makes its request bad
+        flags = [opens, *self._decode_flags(seq, loc, opens)]
+        if seq_lens_cpu is not None:  # the requests whose host copy disagrees
             h = self._vec(f"{what}: seq_lens_cpu", seq_lens_cpu)
             if h.numel() != seq.numel():
                 raise ValueError(f"{what}: seq_lens_cpu has {h.numel()} entries, seq_lens {seq.numel()}")
-            good = good & (h == seq)
-        # SYNC: the one documented read: pages to bind, good requests, requests sharing a page.
-        n, n_good, n_dup = _host_read(torch.stack([opens, good, dup]).sum(1))
-        if n_good != seq.numel() or n_dup:
+            flags.append(h != seq)
+        # SYNC: the one documented read: pages to bind, good requests, requests sharing a page, disagreeing copies.
+        n, n_good, n_dup, *n_disagree = _host_read(torch.stack(flags).sum(1))
+        if n_good != seq.numel() or n_dup or any(n_disagree):
             self._explain_copies(what, {"seq_lens": (seq, seq_lens_cpu)})
             self._explain(what, seq - 1, seq, loc)
         with self.arena.atomic():
@@ -655,8 +656,9 @@ class _Composite:
         another request also continues (bool tensors, sync-free)."""
         ps, end = self.page_size, self.arena.id_end(FULL)
         g = self.arena.geometry(FULL)
-        page = torch.clamp(torch.div(loc, ps, rounding_mode="floor"), -1, end)
-        live = self.arena.v2p_at(FULL, torch.remainder(page, end + 1)) > 0  # the sink row holds 0
+        # -1 and ids below read the sink's row (0), ids past the end the sentinel's (-1): dead
+        page = torch.clamp(torch.div(loc, ps, rounding_mode="floor"), 0, end)
+        live = self.arena.v2p_at(FULL, page) > 0
         aligned = torch.remainder(loc - seq, ps) == (ps - 2) % ps  # last_loc at position seq - 2
         in_range = torch.clamp(seq, 1, (g.num_pages - g.min_page) * ps) == seq
         good = torch.where(seq == 1, loc == -1, live & aligned) & in_range
@@ -664,10 +666,16 @@ class _Composite:
         # scratch table: of two on one page, one reads the other's index back.
         cont = torch.gt(live, opens)  # live and not opening a page
         target = torch.where(cont, page, self._end_t)
-        idx = torch.arange(seq.numel(), dtype=I64, device=self.device)
+        idx = self._request_index(seq.numel())
         owner = self._owner_table()
         owner.index_copy_(0, target, idx)
         return good, cont & (owner.index_select(0, target) != idx)
+
+    def _request_index(self, n: int) -> torch.Tensor:
+        """``arange(n)``, kept while the batch size stays (read only)."""
+        if self._index is None or self._index.numel() != n:
+            self._index = torch.arange(n, dtype=I64, device=self.device)
+        return self._index
 
     def _owner_table(self) -> torch.Tensor:
         """Scratch rows, one per full id and a sentinel: only rows written in
@@ -972,7 +980,9 @@ class _WithSWA(_Composite):
         nothing back, and when it counts every representative (a segment
         whose pages are all live) one sort picks the pages.  The checked
         path compares it with the device in its one read (a disagreement
-        is a ``ValueError``, nothing changed).
+        is a ``ValueError``, nothing changed); when it counts every
+        representative, that read only checks each page is live and
+        distinct (a second read, on the error path only, counts them).
 
         Without ``num_live``, one documented host read (``_host_read``):
         how many entries to free (it sizes the hole list, a host-side count)
@@ -1000,6 +1010,7 @@ class _WithSWA(_Composite):
         """
         ps = self.page_size
         end = self.arena.id_end(SWA)
+        count: int | None  # entries to free (None: not known yet)
         if not check:
             page = torch.div(cast(torch.Tensor, token_ids)[::ps], ps, rounding_mode="floor")
             if num_live is None:
@@ -1015,14 +1026,27 @@ class _WithSWA(_Composite):
             if start < 0 or start % ps:
                 raise ValueError(f"free_swa: start_pos {start} must be a non-negative multiple of page_size {ps}")
             reps = self._vec("free_swa: token_ids", token_ids)[::ps]
-            inside = torch.clamp(reps, -1, end * ps - 1)  # an out-of-range representative changes
-            key, count_t = self._live_pages(torch.div(inside, ps, rounding_mode="floor"), end)
-            # SYNC: the one documented read: entries to free, and bad representatives.
-            count, n_bad = _host_read(torch.stack([count_t, (inside != reps).sum()]))
-            if n_bad:
-                self._explain_reps(reps, end)
-            if num_live is not None and _int("free_swa: num_live", num_live) != count:
-                raise ValueError(f"free_swa: pool 'swa': num_live {num_live} disagrees with the {count} live pages")
+            claimed = None if num_live is None else _int("free_swa: num_live", num_live)
+            count = None
+            if claimed == reps.numel():
+                # every representative claims a live page of its own: check just that.  An
+                # out-of-range one reads the sink's or the sentinel's row, dead, so it fails too.
+                key = torch.sort(torch.div(reps, ps, rounding_mode="floor")).values
+                dead = self.arena.v2p_at(SWA, torch.clamp(key, 0, end)) <= 0
+                wrong = torch.cat([dead, key[1:] == key[:-1]]).sum()
+                # SYNC: the one documented read: dead or repeated pages (none expected).
+                (n_wrong,) = _host_read(wrong.reshape(1))
+                count = None if n_wrong else claimed
+            if count is None:  # no claim, another, or a claim that failed (its error explained here)
+                inside = torch.clamp(reps, -1, end * ps - 1)  # an out-of-range representative changes
+                page = torch.div(inside, ps, rounding_mode="floor")
+                key, count_t = self._live_pages(page, end)
+                # SYNC: the one documented read: entries to free, and bad representatives.
+                count, n_bad = _host_read(torch.stack([count_t, (inside != reps).sum()]))
+                if n_bad:
+                    self._explain_reps(reps, end)
+                if claimed is not None and claimed != count:
+                    raise ValueError(f"free_swa: pool 'swa': num_live {num_live} disagrees with the {count} live pages")
         if count:
             self.arena.free(SWA, key[:count], check=False)
         return None

@@ -103,3 +103,22 @@ def test_a_host_copy_on_the_device_is_refused():
             prefix_lens_cpu=torch.tensor([0]),
             seq_lens_cpu=meta,
         )
+
+
+@pytest.mark.parametrize("pkg", PKGS)
+def test_a_window_count_of_every_representative_is_checked(pkg):
+    """``num_live`` equal to the number of representatives claims each is a
+    live page of its own: a repeat, a freed page or an out-of-range
+    representative breaks the claim (``ValueError``, nothing changed)."""
+    c = make(PKGS[pkg], "tri", 4)
+    toks = ints(c.alloc_extend([0], [12], [-1]))  # three pages
+    c.free_swa(toks[:4], 0)  # the first leaves the window
+    for window, words in [
+        (toks[4:8] + toks[4:8], "num_live 2 disagrees with the 1 live pages"),  # a repeat
+        (toks[:8], "num_live 2 disagrees with the 1 live pages"),  # a freed page
+        (toks[4:8] + [10**9] * 4, "token 1000000000 out of range"),
+    ]:
+        with unchanged(c), pytest.raises(ValueError, match=words):
+            c.free_swa(window, 0, num_live=2)
+    c.free_swa(toks[4:], 0, num_live=2)  # the claim holds
+    assert c.arena.live_pages("swa") == 0
