@@ -56,7 +56,9 @@ class Journal:
             (b, b.lo, b.hi, b.live, b.holes, None if b.free_ids is None else b.free_ids.state()) for b in bands
         ]
         self.undo: list[Callable[[], object]] = []
-        self.taken: set[int] = set()  # id() of the rings this scope took ids from
+        # id() of the rings this scope took ids from: sound, as each ring is a band's, made once,
+        # and ``saved`` holds each band alive for the scope, so no id is reused within it
+        self.taken: set[int] = set()
         self.freed = False  # whether this scope freed a page (rule 3)
 
     def on_undo(self, f: Callable[..., object], *args: object) -> None:
