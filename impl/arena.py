@@ -270,10 +270,10 @@ class Arena:
     # ------------------------------------------------------------ access
 
     def _band(self, name: str) -> Band:
-        b = self.bands.get(name) if isinstance(name, str) else None
-        if b is None:
-            raise ValueError(f"pool {name!r}: unknown pool (arena has {', '.join(self.chain)})")
-        return b
+        try:  # the hot paths' lookup: one dict read
+            return self.bands[name]
+        except (KeyError, TypeError):  # TypeError: an unhashable name
+            raise ValueError(f"pool {name!r}: unknown pool (arena has {', '.join(self.chain)})") from None
 
     def _float(self, name: str) -> Band:
         b = self._band(name)
@@ -497,9 +497,9 @@ class Arena:
         device, each in ``[0, id_end]``), gathered into a new tensor.
 
         Sync-free and unchecked: the composites' way to read the table on
-        their hot paths (row ``id_end`` reads ``-1``; an index outside the
-        table fails the gather on CPU and is a device-side assert on CUDA;
-        docs/design.md §3, §8).
+        their hot paths (row ``id_end`` reads ``-1``, row 0, the sink's,
+        reads 0; an index outside the table fails the gather on CPU and is
+        a device-side assert on CUDA; docs/design.md §3, §8).
 
         Args:
             name: the pool.
@@ -961,7 +961,7 @@ class Arena:
         if isinstance(ids, torch.Tensor):
             if ids.dtype.is_floating_point or ids.dtype == torch.bool:
                 raise ValueError(f"pool {b.name!r}: ids must be ints")
-            return ids.reshape(-1).to(self.device, I64)
+            return (ids if ids.dim() == 1 else ids.reshape(-1)).to(self.device, I64)  # 1-D: no view dispatched
         return torch.tensor(self._host_ids(b, ids), dtype=I64, device=self.device)
 
     def _host_ids(self, b: Band, ids: Iterable[int]) -> list[int]:

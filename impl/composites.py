@@ -219,8 +219,10 @@ class _Composite:
         self._joint_key = ("joint_pages", type(self).__name__)
         self._zero = torch.zeros((), dtype=I64, device=self.device)  # where()'s 0, made once, not per call
         self._owner: torch.Tensor | None = None  # the checked decode's scratch (_owner_table)
-        self._index: torch.Tensor | None = None  # the checked decode's request indices (_request_index)
-        self._end_t = torch.tensor(self.arena.id_end(FULL), dtype=I64, device=self.device)  # full's sentinel row
+        self._rows: tuple[torch.Tensor, torch.Tensor] | None = None  # its request rows (_request_rows)
+        self._id_end = {name: self.arena.id_end(name) for name in self.CHAIN}  # fixed at boot: read per step
+        g = self.arena.geometry(FULL)
+        self._max_tokens = (g.num_pages - g.min_page) * page_size  # the longest request any arena state holds
         self.verify()
 
     def _has(self, name: str) -> bool:
@@ -401,15 +403,14 @@ class _Composite:
         """How many requests are invalid, as a 0-dim int64 tensor (sync-free): the
         checks of ``_explain``, vectorised; ``_explain`` names the first."""
         ps = self.page_size
-        end = self.arena.id_end(FULL)
+        end = self._id_end[FULL]
         page = torch.div(loc, ps, rounding_mode="floor")
         ok_idx = (loc >= 0) & (page >= 1) & (page < end)
         row = self.arena.v2p_at(FULL, torch.where(ok_idx, page, end))
         live = ok_idx & (row >= 0)
         empty = prefix == 0
         aligned = torch.remainder(loc, ps) == torch.remainder(prefix - 1, ps)
-        g = self.arena.geometry(FULL)
-        fits_ever = seq <= (g.num_pages - g.min_page) * ps  # before any sum can overflow
+        fits_ever = seq <= self._max_tokens  # before any sum can overflow
         good = (prefix >= 0) & (seq >= prefix) & fits_ever & torch.where(empty, loc == -1, live & aligned)
         bad = (~good).to(I64)
         # Two requests may not continue the same partly filled page.
@@ -434,11 +435,10 @@ class _Composite:
                 raise ValueError(f"{what}: request {i}: prefix_len {p} < 0")
             if s < p:
                 raise ValueError(f"{what}: request {i}: seq_len {s} < prefix_len {p}")
-            g = self.arena.geometry(FULL)
-            if s > (g.num_pages - g.min_page) * ps:
+            if s > self._max_tokens:
                 raise ValueError(
                     f"{what}: request {i}: seq_len {s} is more than the "
-                    f"{(g.num_pages - g.min_page) * ps} tokens this arena could ever hold"
+                    f"{self._max_tokens} tokens this arena could ever hold"
                 )
             if p == 0:
                 if last != -1:
@@ -639,9 +639,10 @@ class _Composite:
             if h.numel() != seq.numel():
                 raise ValueError(f"{what}: seq_lens_cpu has {h.numel()} entries, seq_lens {seq.numel()}")
             flags.append(h != seq)
-        # SYNC: the one documented read: pages to bind, good requests, requests sharing a page, disagreeing copies.
-        n, n_good, n_dup, *n_disagree = _host_read(torch.stack(flags).sum(1))
-        if n_good != seq.numel() or n_dup or any(n_disagree):
+        # SYNC: the one documented read: pages to bind, requests passing each of the three
+        # checks, requests sharing a page, disagreeing copies.
+        n, n_held, n_aligned, n_in_range, n_dup, *n_disagree = _host_read(torch.stack(flags).sum(1))
+        if min(n_held, n_aligned, n_in_range) != seq.numel() or n_dup or any(n_disagree):
             self._explain_copies(what, {"seq_lens": (seq, seq_lens_cpu)})
             self._explain(what, seq - 1, seq, loc)
         with self.arena.atomic():
@@ -650,38 +651,46 @@ class _Composite:
 
     def _decode_flags(
         self, seq: torch.Tensor, loc: torch.Tensor, opens: torch.Tensor
-    ) -> tuple[torch.Tensor, torch.Tensor]:
+    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
         """``_request_flags`` for a decode batch (``prefix = seq - 1``), in
-        fewer operations: which requests are good, and which continue a page
-        another request also continues (bool tensors, sync-free)."""
-        ps, end = self.page_size, self.arena.id_end(FULL)
-        g = self.arena.geometry(FULL)
+        fewer operations (bool tensors, sync-free): three checks that every
+        good request passes (a live ``last_loc``, or ``-1`` when ``seq`` is 1;
+        ``last_loc`` at position ``seq - 2``'s offset; ``seq`` in range), and
+        which requests continue a page another request also continues.  Kept
+        apart, the checks need no ``&``: the one read counts each."""
+        ps, end = self.page_size, self._id_end[FULL]
         # -1 and ids below read the sink's row (0), ids past the end the sentinel's (-1): dead
         page = torch.clamp(torch.div(loc, ps, rounding_mode="floor"), 0, end)
         live = self.arena.v2p_at(FULL, page) > 0
-        aligned = torch.remainder(loc - seq, ps) == (ps - 2) % ps  # last_loc at position seq - 2
-        in_range = torch.clamp(seq, 1, (g.num_pages - g.min_page) * ps) == seq
-        good = torch.where(seq == 1, loc == -1, live & aligned) & in_range
+        held = torch.where(seq == 1, loc == -1, live)
+        # last_loc at position seq - 2; seq 1's -1 passes (-2 mod ps is ps - 2)
+        aligned = torch.remainder(loc - seq, ps) == (ps - 2) % ps
+        in_range = torch.clamp(seq, 1, self._max_tokens) == seq
         # Continuing requests write their index into their page's row of a
-        # scratch table: of two on one page, one reads the other's index back.
-        cont = torch.gt(live, opens)  # live and not opening a page
-        target = torch.where(cont, page, self._end_t)
-        idx = self._request_index(seq.numel())
-        owner = self._owner_table()
+        # scratch table, the others into a spare row of their own: of two on
+        # one page, one reads the other's index back.
+        cont = torch.gt(live, opens)  # live and not opening a page: its page is in [1, end)
+        idx, spare = self._request_rows(seq.numel())
+        target = torch.where(cont, page, spare)
+        owner = self._owner_table(seq.numel())
         owner.index_copy_(0, target, idx)
-        return good, cont & (owner.index_select(0, target) != idx)
+        return held, aligned, in_range, owner.index_select(0, target) != idx
 
-    def _request_index(self, n: int) -> torch.Tensor:
-        """``arange(n)``, kept while the batch size stays (read only)."""
-        if self._index is None or self._index.numel() != n:
-            self._index = torch.arange(n, dtype=I64, device=self.device)
-        return self._index
+    def _request_rows(self, n: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """``arange(n)`` and each request's spare scratch row ``end + i``,
+        kept while the batch size stays (read only)."""
+        if self._rows is None or self._rows[0].numel() != n:
+            idx = torch.arange(n, dtype=I64, device=self.device)
+            self._rows = idx, idx + self._id_end[FULL]
+        return self._rows
 
-    def _owner_table(self) -> torch.Tensor:
-        """Scratch rows, one per full id and a sentinel: only rows written in
-        the same call are read, so it is never cleared (made on first use)."""
-        if self._owner is None:
-            self._owner = torch.empty(self.arena.id_end(FULL) + 1, dtype=I64, device=self.device)
+    def _owner_table(self, n: int) -> torch.Tensor:
+        """Scratch rows, one per full id and one spare per request of a batch
+        of ``n``: only rows written in the same call are read, so it is never
+        cleared (made on first use, remade for a larger batch)."""
+        rows = self._id_end[FULL] + n
+        if self._owner is None or self._owner.numel() < rows:
+            self._owner = torch.empty(rows, dtype=I64, device=self.device)
         return self._owner
 
     def _decode_trusted(
@@ -694,7 +703,7 @@ class _Composite:
             n = _host_decode_pages(seq_lens_cpu, self.page_size)
         else:
             # SYNC: the one documented read without the host copy: pages to bind.
-            (n,) = _host_read(opens.sum().reshape(1))
+            (n,) = _host_read(opens.sum(0, keepdim=True))
         with self.arena.atomic():
             ids = self._take_pages(n)
             return None if ids is None else self._decode_slots(opens, ids, loc)
@@ -907,25 +916,25 @@ class _Composite:
         if not isinstance(pool, str) or not self._has(pool):
             raise ValueError(f"translate: pool {pool!r}: {type(self).__name__} has pools {', '.join(self.CHAIN)}")
         ps = 1 if pool == STATE else self.page_size
-        n_ids = self.arena.id_end(pool)
+        n_ids = self._id_end[pool]
         toks = self._vec("translate: token_ids", token_ids)
         if not isinstance(token_ids, torch.Tensor):  # a host sequence: range-checked on the host
             for t in token_ids:
                 if t < -1 or t // ps >= n_ids:
                     raise ValueError(f"translate: pool {pool!r}: token {t} out of range [-1, {n_ids * ps})")
-        # Out of range: below -1 clamps to -1, past the ids to the sentinel row; both give slot 0.
-        return self._slots_of(toks, torch.clamp(torch.div(toks, ps, rounding_mode="floor"), -1, n_ids), pool, ps)
+        # -1 and below read the sink's row, past the ids the sentinel's: both give slot 0.
+        return self._slots_of(toks, torch.clamp(torch.div(toks, ps, rounding_mode="floor"), 0, n_ids), pool, ps)
 
     def _translate(self, toks: torch.Tensor, pool: str, ps: int) -> torch.Tensor:
         """``translate(check=False)``: every id is in ``[-1, id end)``, so a
-        page is in ``[-1, id end)``: no clamp."""
-        return self._slots_of(toks, torch.div(toks, ps, rounding_mode="floor"), pool, ps)
+        page is in ``[-1, id end)``: only ``-1`` needs the clamp onto the sink's row."""
+        return self._slots_of(toks, torch.clamp(torch.div(toks, ps, rounding_mode="floor"), min=0), pool, ps)
 
-    def _slots_of(self, toks: torch.Tensor, page: torch.Tensor, pool: str, ps: int) -> torch.Tensor:
-        """Slots of ``toks`` whose pages ``page`` are in ``[-1, id end]``:
-        ``page mod (id end + 1)`` sends ``-1`` to the sentinel row, which
-        holds ``-1``; a dead row and the sink give slot 0."""
-        phys = self.arena.v2p_at(pool, torch.remainder(page, self.arena.id_end(pool) + 1))
+    def _slots_of(self, toks: torch.Tensor, rows: torch.Tensor, pool: str, ps: int) -> torch.Tensor:
+        """Slots of ``toks`` whose pages are read at ``rows`` of the table,
+        in ``[0, id end]``: a dead row, the sink's (0) and the sentinel's
+        (-1) give slot 0."""
+        phys = self.arena.v2p_at(pool, rows)
         return torch.where(phys > 0, torch.add(torch.remainder(toks, ps), phys, alpha=ps), self._zero)
 
     # ---------------------------------------------------------- checks
@@ -1009,14 +1018,14 @@ class _WithSWA(_Composite):
                 is not the number of live pages; nothing changed.
         """
         ps = self.page_size
-        end = self.arena.id_end(SWA)
+        end = self._id_end[SWA]
         count: int | None  # entries to free (None: not known yet)
         if not check:
             page = torch.div(cast(torch.Tensor, token_ids)[::ps], ps, rounding_mode="floor")
             if num_live is None:
                 key, count_t = self._live_pages(page, end)
                 # SYNC: the one read without the host copy: entries to free.
-                (count,) = _host_read(count_t.reshape(1))
+                (count,) = _host_read(count_t)
             elif num_live == page.numel():  # every representative a live page of its own
                 key, count = torch.sort(page).values, num_live
             else:
@@ -1032,41 +1041,42 @@ class _WithSWA(_Composite):
                 # every representative claims a live page of its own: check just that.  An
                 # out-of-range one reads the sink's or the sentinel's row, dead, so it fails too.
                 key = torch.sort(torch.div(reps, ps, rounding_mode="floor")).values
-                dead = self.arena.v2p_at(SWA, torch.clamp(key, 0, end)) <= 0
-                wrong = torch.cat([dead, key[1:] == key[:-1]]).sum()
-                # SYNC: the one documented read: dead or repeated pages (none expected).
-                (n_wrong,) = _host_read(wrong.reshape(1))
-                count = None if n_wrong else claimed
+                live = self.arena.v2p_at(SWA, torch.clamp(key, 0, end)) > 0
+                # distinct: each key below the next (rolled, the last meets the first, never below it)
+                rising = torch.roll(key, -1) > key
+                # SYNC: the one documented read: live pages (all expected) and rises (all but one).
+                n_live, n_rising = _host_read(torch.stack([live, rising]).sum(1))
+                count = claimed if (n_live, n_rising) == (claimed, claimed - 1) else None
             if count is None:  # no claim, another, or a claim that failed (its error explained here)
                 inside = torch.clamp(reps, -1, end * ps - 1)  # an out-of-range representative changes
                 page = torch.div(inside, ps, rounding_mode="floor")
                 key, count_t = self._live_pages(page, end)
                 # SYNC: the one documented read: entries to free, and bad representatives.
-                count, n_bad = _host_read(torch.stack([count_t, (inside != reps).sum()]))
+                count, n_bad = _host_read(torch.cat([count_t, (inside != reps).sum(0, keepdim=True)]))
                 if n_bad:
                     self._explain_reps(reps, end)
                 if claimed is not None and claimed != count:
                     raise ValueError(f"free_swa: pool 'swa': num_live {num_live} disagrees with the {count} live pages")
         if count:
-            self.arena.free(SWA, key[:count], check=False)
+            self.arena.free(SWA, key if count == key.numel() else key[:count], check=False)
         return None
 
     def _live_pages(self, page: torch.Tensor, end: int) -> tuple[torch.Tensor, torch.Tensor]:
         """``_live_once`` of the pages in ``[-1, end)`` whose swa entries are
-        live: ``mod (end + 1)`` sends ``-1`` alone to the sentinel row, and
-        ``v2p > 0`` also skips the sink (row 0 holds 0) and freed entries."""
-        live = self.arena.v2p_at(SWA, torch.remainder(page, end + 1)) > 0
+        live: page ``-1`` reads the sink's row (clamped to 0), and ``v2p >
+        0`` skips the sink (row 0 holds 0) and freed entries."""
+        live = self.arena.v2p_at(SWA, torch.clamp(page, min=0)) > 0
         return self._live_once(page, live, end)
 
     @staticmethod
     def _live_once(page: torch.Tensor, live: torch.Tensor, end: int) -> tuple[torch.Tensor, torch.Tensor]:
         """The ``live`` pages ascending and once each, then ``end`` keys, and
-        their count (a 0-dim tensor).  Sync-free; both paths' selection."""
+        their count (a one-entry tensor, ready to read).  Sync-free; both paths' selection."""
         key = torch.sort(torch.where(live, page, end)).values
         rest = key[1:]
         rest.masked_fill_(rest == key[:-1], end)  # a repeat keyed past the end (sort's own tensor)
         key = torch.sort(key).values
-        return key, (key < end).sum()
+        return key, (key < end).sum(0, keepdim=True)
 
     def _explain_reps(self, reps: torch.Tensor, end: int) -> NoReturn:
         """Error path only: name the first out-of-range representative."""

@@ -102,3 +102,11 @@ class SourcePatch:
     def __call__(self):
         m = mutant_module(importlib.import_module(self.source), self.old, self.new)
         setattr(importlib.import_module(self.target), self.attr, getattr(m, self.attr))
+
+
+def refuted(names, patch):
+    """The obligations of ``names`` that ``patch`` refutes (a counterexample;
+    a time-out is no verdict), each run in a fresh solver process."""
+    from kvarena.proofs import cli
+
+    return [r["name"] for r in cli.run_fresh(names, patch) if r["result"] == "counterexample"]

@@ -3,7 +3,9 @@
 Every comparison times its two sides in the same process, alternating which
 goes first, after warm-up, over ``--repeats`` repeats; it prints the
 minimum, the median and the spread (max - min) of the ratio, never a
-threshold test.  Sections (``--only``):
+threshold test.  The decode rows time the two sides' steps interleaved, one
+step each in turn, and take each side's median step (``_paired_steps``).
+Sections (``--only``):
 
 - ``decode``: one decode step (``alloc_decode`` + ``free_swa`` +
   ``translate`` of both pools) at every batch of ``--decode-batches``, on
@@ -39,6 +41,7 @@ threshold test.  Sections (``--only``):
 
 import argparse
 import bisect
+import gc
 import json
 import random
 import statistics
@@ -322,9 +325,37 @@ def _batches(text):
     return out
 
 
+def _paired_steps(loops, steps, device):
+    """Time ``steps`` steps of each loop in ``loops`` (name -> loop), one
+    step of each in turn, the first alternating step by step, with the
+    garbage collector off: each side's median seconds a step.  Interleaved,
+    the two sides see the same machine moment by moment, so a slow spell
+    (another process, a frequency step) lands on both; the median drops the
+    steps a collection or a preemption hit."""
+    names = list(loops)
+    times = {name: [] for name in names}
+    was_enabled = gc.isenabled()
+    gc.collect()
+    gc.disable()
+    try:
+        for i in range(steps):
+            for name in names if i % 2 == 0 else names[::-1]:
+                _sync(device)
+                t = time.perf_counter()
+                loops[name].step()
+                _sync(device)
+                times[name].append(time.perf_counter() - t)
+    finally:
+        if was_enabled:
+            gc.enable()
+    return {name: statistics.median(ts) for name, ts in times.items()}
+
+
 def bench_decode(args, device):
-    """Every decode row at every batch of ``--decode-batches``, the two
-    sides alternating which runs first."""
+    """Every decode row at every batch of ``--decode-batches``: each repeat
+    builds both sides afresh (alternating which first), warms them up, and
+    times their steps interleaved (``_paired_steps``); its ratio is the
+    ratio of their median steps."""
     out = {}
     for batch in _batches(args.decode_batches):
         rows = {}
@@ -332,19 +363,16 @@ def bench_decode(args, device):
             ours_mk, static_mk, ps = _decode_pair(mode, args, device, batch)
             ratios, t_ours, t_static = [], [], []
             for rep in range(args.repeats):
-                times = {}
+                makers = {"ours": ours_mk, "static": static_mk}
                 order = ("ours", "static") if rep % 2 == 0 else ("static", "ours")
-                for side in order:
-                    alloc = ours_mk() if side == "ours" else static_mk()
-                    loop = DecodeLoop(alloc, batch, ps, 127, args.start, args.warmup + args.steps, device)
-                    for _ in range(args.warmup):
+                loops = {
+                    side: DecodeLoop(makers[side](), batch, ps, 127, args.start, args.warmup + args.steps, device)
+                    for side in order
+                }
+                for _ in range(args.warmup):
+                    for loop in loops.values():
                         loop.step()
-                    _sync(device)
-                    t = time.perf_counter()
-                    for _ in range(args.steps):
-                        loop.step()
-                    _sync(device)
-                    times[side] = (time.perf_counter() - t) / args.steps
+                times = _paired_steps(loops, args.steps, device)
                 ratios.append(times["ours"] / times["static"])
                 t_ours.append(times["ours"] * 1e6)
                 t_static.append(times["static"] * 1e6)
@@ -679,7 +707,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--batch", type=int, default=256, help="sglang: requests a step (with 1 and 64)")
     p.add_argument("--decode-batches", default="16,256,1024,4096", help="decode: requests a step, comma-separated")
     p.add_argument("--ops-batches", default="1,64,256,4096", help="ops: requests a step, comma-separated")
-    p.add_argument("--steps", type=int, default=64, help="decode: timed steps a repeat")
+    p.add_argument("--steps", type=int, default=128, help="decode: timed steps a repeat, each side")
     p.add_argument("--warmup", type=int, default=16, help="decode: untimed steps first")
     p.add_argument("--start", type=int, default=512, help="decode: prompt length of the first request")
     p.add_argument("--reads", type=int, default=4000, help="memo: read rounds (every view of every pool)")

@@ -153,8 +153,8 @@ MUTATIONS = [
         "impl/composites.py",
         [
             (
-                "live = self.arena.v2p_at(SWA, torch.remainder(page, end + 1)) > 0",
-                "live = self.arena.v2p_at(SWA, torch.remainder(page, end + 1)) >= 0",
+                "live = self.arena.v2p_at(SWA, torch.clamp(page, min=0)) > 0",
+                "live = self.arena.v2p_at(SWA, torch.clamp(page, min=0)) >= 0",
             )
         ],
         unit=("tests/api/test_composites.py", "tests/impl/test_composites.py"),
@@ -208,9 +208,8 @@ MUTATIONS = [
         "impl/composites.py",
         [
             (
-                "        if count:\n            self.arena.free(SWA, key[:count], check=False)",
-                "        if count and not self._has(STATE):\n"
-                "            self.arena.free(SWA, key[:count], check=False)",
+                "        if count:\n            self.arena.free(SWA, key if",
+                "        if count and not self._has(STATE):\n            self.arena.free(SWA, key if",
             )
         ],
         unit=("tests/api/test_composites.py", "tests/impl/test_composites.py"),
@@ -269,7 +268,12 @@ MUTATIONS = [
         "decode-misses-shared-page",
         "the checked alloc_decode no longer sees two requests continuing one page",
         "impl/composites.py",
-        [("return good, cont & (owner.index_select(0, target) != idx)", "return good, cont & (idx < 0)")],
+        [
+            (
+                "return held, aligned, in_range, owner.index_select(0, target) != idx",
+                "return held, aligned, in_range, idx < 0",
+            )
+        ],
         unit=("tests/api/test_composite_inputs.py",),
     ),
     Mutation(

@@ -114,6 +114,19 @@ BAD_CALLS = [
     (lambda c: c.alloc_extend([6, 6], [7, 8], [9, 9]), "alloc_extend: requests 0 and 1 both continue page 2"),
     (lambda c: c.alloc_extend([3, 3], [4, 4], [6, 6]), "alloc_extend: requests 0 and 1 both continue page 1"),
     (lambda c: c.alloc_decode([1, 7, 7], [-1, 9, 9]), "alloc_decode: requests 1 and 2 both continue page 2"),
+    # seq 1 needs -1 itself, not another token at a page's last offset (dead, or live)
+    (lambda c: c.alloc_decode([1], [-5]), "alloc_decode: request 0: empty prefix needs last_loc -1, got -5"),
+    (lambda c: c.alloc_decode([7, 1], [9, 11]), "alloc_decode: request 1: empty prefix needs last_loc -1, got 11"),
+    (lambda c: c.alloc_decode([1], [15]), "alloc_decode: request 0: empty prefix needs last_loc -1, got 15"),
+    # a live last_loc at the right offset does not make a length the arena could never hold
+    (
+        lambda c: c.alloc_decode([1023], [9]),
+        "alloc_decode: request 0: seq_len 1023 is more than the 1020 tokens this arena could ever hold",
+    ),
+    (
+        lambda c: c.alloc_decode([7, 2**62 + 3], [9, 9]),
+        f"alloc_decode: request 1: seq_len {2**62 + 3} is more than the 1020 tokens this arena could ever hold",
+    ),
     (
         lambda c: c.alloc_extend([0, 0], [3], [-1]),
         "alloc_extend: length mismatch: 2 prefix_lens, 1 seq_lens, 1 last_loc",

@@ -6,6 +6,8 @@ read-free path, ``tests/impl/test_host_sync.py``) and give the same slots."""
 
 import pytest
 import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from kvarena import impl, spec
 from tests.api.test_composites import make
@@ -122,3 +124,34 @@ def test_a_window_count_of_every_representative_is_checked(pkg):
             c.free_swa(window, 0, num_live=2)
     c.free_swa(toks[4:], 0, num_live=2)  # the claim holds
     assert c.arena.live_pages("swa") == 0
+
+
+@settings(max_examples=60, deadline=None)
+@given(picks=st.lists(st.integers(-2, 13), min_size=1, max_size=8), freed=st.sets(st.integers(0, 5), max_size=3))
+def test_the_claim_check_agrees_with_the_selection(picks, freed):
+    """The implementation's two ways to size a window free give one
+    answer: a count of every representative is accepted by the claim check
+    (each page live, none repeated) exactly when the selection, asked
+    without a count, frees that many pages, and then both free the same.
+    A representative is a token of one of six pages (some freed first),
+    -1, page 0's, or past the id space."""
+    ps = 4
+    claimed, selected = make(impl, "hybrid", ps), make(impl, "hybrid", ps)
+    for c in (claimed, selected):
+        toks = ints(c.alloc_extend([0], [6 * ps], [-1]))  # the same tokens in both
+        c.free_swa([t for i in sorted(freed) for t in toks[i * ps : (i + 1) * ps]], 0)
+    end = claimed.arena.id_end("swa") * ps
+    reps = [{-2: -1, -1: 1, 12: end, 13: 10**9}.get(p, toks[min(p, 5) * ps]) for p in picks]
+    window = [t for r in reps for t in [r] + [-1] * (ps - 1)]
+    live = selected.arena.live_pages("swa")
+    try:
+        selected.free_swa(window, 0)
+        selection = live - selected.arena.live_pages("swa")  # pages the selection freed
+    except ValueError:
+        selection = None  # a representative out of range: the claim must fail too
+    if selection == len(reps):
+        claimed.free_swa(window, 0, num_live=len(reps))
+        assert claimed.snapshot() == selected.snapshot()
+    else:
+        with unchanged(claimed), pytest.raises(ValueError):
+            claimed.free_swa(window, 0, num_live=len(reps))

@@ -521,6 +521,7 @@ HOT = [
     "_live_pages",
     "_decode_flags",
     "_owner_table",
+    "_request_rows",
 ]
 
 

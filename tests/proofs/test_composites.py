@@ -21,7 +21,7 @@ from kvarena.proofs.obligations import REGISTRY
 from kvarena.spec import arith
 from kvarena.spec import composites as SC
 from tests.api.test_uneven import oracle
-from tests.support import Patch
+from tests.support import Patch, refuted
 
 torch = pytest.importorskip("torch")
 from kvarena.impl import composites as IC  # noqa: E402
@@ -439,11 +439,6 @@ ARITH = "kvarena.spec.arith"
 _JOINT = arith.two_end_joint_pages  # the real closed form, taken before any patch
 
 
-def _fails(names, patch):
-    """The obligations refuted under ``patch`` (a counterexample; a time-out is no verdict)."""
-    return [r["name"] for r in cli.run_fresh(names, patch) if r["result"] == "counterexample"]
-
-
 def _joint_without_b_holes(gap, epp_a, holes_a, room_a, epp_b, holes_b, room_b):
     return arith.min_(_JOINT(gap, epp_a, holes_a, room_a, epp_b, holes_b, room_b), room_b)
 
@@ -452,7 +447,7 @@ def test_mutation_closed_form_drops_a_hole_term():
     """``b``'s room cap without its holes (``room_b`` for ``holes_b +
     room_b``) under-promises: ``joint_tight`` fails."""
     patch = Patch(ARITH, "two_end_joint_pages", _joint_without_b_holes)
-    assert _fails(["composite.hybrid.joint_tight"], patch) == ["composite.hybrid.joint_tight"]
+    assert refuted(["composite.hybrid.joint_tight"], patch) == ["composite.hybrid.joint_tight"]
 
 
 def _joint_from_the_larger_holes(gap, epp_a, holes_a, room_a, epp_b, holes_b, room_b):
@@ -468,7 +463,7 @@ def test_mutation_closed_form_counts_the_larger_holes():
     over-promises (both sides extend sooner than it thinks): ``joint_sound``
     fails."""
     patch = Patch(ARITH, "two_end_joint_pages", _joint_from_the_larger_holes)
-    assert _fails(["composite.hybrid.joint_sound"], patch) == ["composite.hybrid.joint_sound"]
+    assert refuted(["composite.hybrid.joint_sound"], patch) == ["composite.hybrid.joint_sound"]
 
 
 def _uneven_without_swa_holes(pa, pb, gap, epp_a, holes_a, room_a, epp_b, holes_b, room_b):
@@ -481,7 +476,7 @@ def test_mutation_uneven_gate_ignores_swa_holes():
     holes ignored) under-promises: ``uneven_tight`` fails (the planted
     proof bug ``uneven-gate-ignores-swa-holes``, as a patch)."""
     names = ["composite.hybrid.uneven_sound", "composite.hybrid.uneven_tight"]
-    assert _fails(names, Patch(ARITH, "two_end_uneven_fits", _uneven_without_swa_holes)) == [
+    assert refuted(names, Patch(ARITH, "two_end_uneven_fits", _uneven_without_swa_holes)) == [
         "composite.hybrid.uneven_tight"
     ]
 
@@ -495,7 +490,7 @@ def test_mutation_uneven_gate_drops_the_full_sides_cost():
     """The uneven closed form forgetting what full's extension takes from
     the gap over-promises: ``uneven_sound`` and the TriPool golden fail."""
     names = ["composite.hybrid.uneven_sound", "golden.tripool_empty_float.uneven"]
-    assert _fails(names, Patch(ARITH, "two_end_uneven_fits", _uneven_without_the_full_sides_cost)) == names
+    assert refuted(names, Patch(ARITH, "two_end_uneven_fits", _uneven_without_the_full_sides_cost)) == names
 
 
 def _joint_at_b_epp_only(gap, epp_a, holes_a, room_a, epp_b, holes_b, room_b):
@@ -508,7 +503,7 @@ def test_mutation_closed_form_drops_the_first_sides_cost():
     """Pricing both sides' extension at ``b``'s epp only (``2*epp_b`` for
     ``epp_a + epp_b``, with ``epp_a`` the larger) over-promises: sound fails."""
     patch = Patch(ARITH, "two_end_joint_pages", _joint_at_b_epp_only)
-    assert _fails(["composite.hybrid.joint_sound"], patch) == ["composite.hybrid.joint_sound"]
+    assert refuted(["composite.hybrid.joint_sound"], patch) == ["composite.hybrid.joint_sound"]
 
 
 # ------------------------------------------------------ the relief ladder
@@ -521,7 +516,7 @@ def test_surplus_only_fails_when_the_ladder_stops_a_hole_early():
     # process's history: docs/proofs.md)
     names = ["relief.surplus_only.n2", "relief.surplus_only.n3"]
     assert all(r["ok"] for r in cli.run_fresh(names))
-    assert [r["result"] for r in cli.run_fresh(names, _stop_a_hole_early)] == ["counterexample"] * 2
+    assert refuted(names, _stop_a_hole_early) == names
 
 
 def _stop_a_hole_early():

@@ -11,7 +11,7 @@ from kvarena.proofs import abstract as A
 from kvarena.proofs import cli
 from kvarena.proofs.core import UNITS_PER_S, Built, Obligation, run_obligation
 from kvarena.spec import Arena, SubPool, arith
-from tests.support import ROOT, Patch, SourcePatch, mutant_module
+from tests.support import ROOT, Patch, SourcePatch, mutant_module, refuted
 
 REG = cli.registry()
 ARITH, POLICY, ABSTRACT = "kvarena.spec.arith", "kvarena.proofs.policy", "kvarena.proofs.abstract"
@@ -277,18 +277,13 @@ def test_conservation_goal_is_not_a_tautology(n):
 # processes import by name.
 
 
-def _refuted(names, patch):
-    """Whether every obligation of ``names`` is refuted under ``patch``."""
-    return [r["result"] for r in cli.run_fresh(names, patch)] == ["counterexample"] * len(names)
-
-
 def test_mutation_ceil_to_floor_in_float_region(results):
     """The float region's low edge rounded down (anchor bug 1) breaks the proofs."""
     assert results["layout.float_region.n3"]["result"] == "proved"
     # 3 pools: with conservation's clamped byte equation among the hypotheses the
     # 4-pool counterexample takes z3 10+ s under load (the 3-pool one about 2 s)
     names = ["layout.float_region.n3", "inv.alloc_float_parked.order.n3"]
-    assert _refuted(names, Patch(ARITH, "cdiv", arith.fdiv))
+    assert refuted(names, Patch(ARITH, "cdiv", arith.fdiv)) == names
     assert arith.cdiv is not arith.fdiv  # the mutation stayed in those processes
 
 
@@ -298,7 +293,9 @@ def _end_available_ceil(gap, epp, room, holes):
 
 def test_mutation_end_available_ceil(results):
     """Pricing an END's gap with ceil over-promises a page: capacity soundness fails."""
-    assert _refuted(["capacity.end_up.sound.n2"], Patch(ARITH, "end_available", _end_available_ceil))
+    assert refuted(["capacity.end_up.sound.n2"], Patch(ARITH, "end_available", _end_available_ceil)) == [
+        "capacity.end_up.sound.n2"
+    ]
     assert results["capacity.end_up.sound.n2"]["result"] == "proved"
 
 
@@ -308,7 +305,9 @@ def _min_page_floor(sink, epp):
 
 def test_mutation_ge_to_gt_in_min_page():
     """min_page one page too low (>= sink turned into > sink - epp): the sink is not covered."""
-    assert _refuted(["layout.sink_covers_page0.n2"], Patch(ARITH, "min_page", _min_page_floor))
+    assert refuted(["layout.sink_covers_page0.n2"], Patch(ARITH, "min_page", _min_page_floor)) == [
+        "layout.sink_covers_page0.n2"
+    ]
 
 
 def _decision_without_both_short_guard(sides_low, sides_high, band_low, band_high, float_bytes, slack):
@@ -321,7 +320,7 @@ def _decision_without_both_short_guard(sides_low, sides_high, band_low, band_hig
 def test_mutation_policy_both_short_guard():
     """Dropping the both-sides-short guard from the decision breaks no_move_both_short."""
     names = ["policy.no_move_both_short", "policy.pure.no_move_both_short"]
-    assert _refuted(names, Patch(POLICY, "short_side_decision", _decision_without_both_short_guard))
+    assert refuted(names, Patch(POLICY, "short_side_decision", _decision_without_both_short_guard)) == names
 
 
 _REAL_ALLOC_END = A.rel_alloc_end  # taken at import, before any patch, in every process
@@ -336,7 +335,9 @@ def _alloc_up_one_page_too_far(s, t, i, n):
 
 def test_mutation_frontier_off_by_one():
     """An alloc_up transition that extends one page too far is caught."""
-    assert _refuted(["inv.alloc_up.conservation.n2"], Patch(ABSTRACT, "rel_alloc_end", _alloc_up_one_page_too_far))
+    assert refuted(["inv.alloc_up.conservation.n2"], Patch(ABSTRACT, "rel_alloc_end", _alloc_up_one_page_too_far)) == [
+        "inv.alloc_up.conservation.n2"
+    ]
 
 
 # ---------------------------------------------------------------- findings
@@ -448,7 +449,7 @@ def test_source_mutation_gt_to_ge_in_policy():
         POLICY,
         "short_side_decision",
     )
-    assert _refuted(["policy.pure.target_beyond_band"], patch)
+    assert refuted(["policy.pure.target_beyond_band"], patch) == ["policy.pure.target_beyond_band"]
 
 
 def test_source_mutation_floor_to_ceil_in_end_available():
@@ -460,7 +461,7 @@ def test_source_mutation_floor_to_ceil_in_end_available():
         ARITH,
         "end_available",
     )
-    assert _refuted(["capacity.end_down.sound.n2"], patch)
+    assert refuted(["capacity.end_down.sound.n2"], patch) == ["capacity.end_down.sound.n2"]
 
 
 FIRST_PAGES_FLOOR = ("page = max_(cdiv(high, epp), m)", "page = max_(fdiv(high, epp), m)")
@@ -471,7 +472,9 @@ def test_source_mutation_first_pages_raw_bytes(results):
     float's first page may then overlap the page below it, the layout check
     accepts a float that can never allocate, and every_pool_allocates fails."""
     assert results["layout.every_pool_allocates.n3"]["result"] == "proved"
-    assert _refuted(["layout.every_pool_allocates.n3"], SourcePatch(ARITH, *FIRST_PAGES_FLOOR, ARITH, "first_pages"))
+    assert refuted(
+        ["layout.every_pool_allocates.n3"], SourcePatch(ARITH, *FIRST_PAGES_FLOOR, ARITH, "first_pages")
+    ) == ["layout.every_pool_allocates.n3"]
     # the design's example (docs/design.md §3), concretely: the mutant accepts F, whose region is empty
     m = mutant_module(arith, *FIRST_PAGES_FLOOR)
     grids = [(10, 8, 4), (33, 2, 1), (10, 8, 4)]
@@ -486,7 +489,7 @@ def test_mutation_first_pages_dropped():
     """Without the packing (only a page above the sink for everyone) a pool
     may never allocate: the obligation needs the first_pages hypotheses."""
     names = ["layout.every_pool_allocates.n2", "layout.every_pool_allocates.n3"]
-    assert _refuted(names, Patch(ARITH, "first_pages", _first_pages_unpacked))
+    assert refuted(names, Patch(ARITH, "first_pages", _first_pages_unpacked)) == names
 
 
 def test_source_mutation_region_ceil_to_floor():
@@ -494,7 +497,7 @@ def test_source_mutation_region_ceil_to_floor():
     patch = SourcePatch(
         ARITH, "lo = max_(cdiv(below, epp), lowest)", "lo = max_(fdiv(below, epp), lowest)", ARITH, "float_region"
     )
-    assert _refuted(["capacity.float.sound.n3"], patch)
+    assert refuted(["capacity.float.sound.n3"], patch) == ["capacity.float.sound.n3"]
 
 
 def test_readme_proof_table_matches_the_registry():
