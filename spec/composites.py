@@ -707,7 +707,8 @@ class _Composite:
         whole flush leaves it (packed, for the anchor's slide), so the
         verdict is the one a flush-everything ladder gives (flushing never
         lowers what a placement can fit); only the bytes moved on the way
-        differ (docs/results/bench.md "Churn: why tri misses").  With the ``"anchor"`` policy one run is not
+        differ (docs/results/bench.md "Churn before that: why tri missed").
+        With the ``"anchor"`` policy one run is not
         all the ladder can do (docs/findings.md, policy findings 1 and 6): a second
         identical call can succeed where the first failed
         (``tests/api/test_composites.py`` pins a case).

@@ -6,12 +6,15 @@ both:
 
 - ``available()``: the joint view, in units a coupled bind (full and, where
   present, SWA) gets now;
-- ``admits(units, slots, reserve)``: the admission gate, exact: would
-  ``slots`` state slots and then ``units + reserve`` units all be served now,
-  without relief (a slot that reuses a free one costs nothing);
+- ``admits(units, slots, reserve)``: the admission gate: would ``slots``
+  state slots and then ``units`` units be served now, exactly, without
+  relief (a slot that reuses a free one costs nothing), with ``reserve``
+  more units held back for the decodes to come (how a setup prices the
+  reserve is its own: below);
 - ``alloc_state()``, ``extend(prefix, n, last)``, ``decode(seqs, lasts)``,
   ``free_window(ids)``, ``release(ids, slots)``, ``relieve(units, slots,
-  evict)``;
+  evict, reserve=0)``: make room for ``units`` and ``slots``, True once
+  ``admits(units, slots, reserve)``;
 - byte accounting: ``live_bytes()``, ``free_bytes()``, ``demand_bytes()``,
   ``slack_bytes``, ``allocated_bytes``, ``moved_bytes``.
 
@@ -87,10 +90,28 @@ class Unified:
         return self.c.available_size()
 
     def admits(self, units, slots, reserve):
-        """The composite's own exact test (``fits``): the state END's free
-        slots cost nothing, a slot that extends it costs what the extension
-        takes from the joint view, to the page."""
-        return self.c.fits(units + reserve, slots if self.has_state else 0)
+        """The chunk and its slot by the composite's own exact test
+        (``fits``: the state END's free slots cost nothing, a slot that
+        extends it costs what the extension takes from the joint view, to
+        the page); the reserve by the free bytes.
+
+        Why bytes for the reserve: its units are allocated later, by the
+        decodes that take them, and each of those calls runs the ladder for
+        what it takes.  Placing the reserve now would move data for pages
+        nobody allocates yet, and the frees of the requests that finish
+        first mostly make that move needless (docs/results/bench.md,
+        "Churn").  SGLang prices its decode headroom the same way: its
+        admission gate (``can_reserve``) reads the layout compaction would
+        reach, and its allocator relieves only for an allocation
+        (``ensure_capacity``).  With the planner the verdicts are the ones a
+        relief for the reserve gave: its ladder finds every page-aligned
+        placement that exists (``planner.complete``), and no run has seen
+        it refuse with the free bytes covering a demand and the grid slack
+        (false OOM 0), so only the moves changed."""
+        slots = slots if self.has_state else 0
+        if not self.c.fits(units, slots):
+            return False
+        return not reserve or self.free_bytes() >= self.demand_bytes(units + reserve, slots)
 
     def fits_empty(self, full_units, swa_units, slots):
         """Could a request of this footprint run in the empty arena?"""
@@ -129,7 +150,10 @@ class Unified:
         if slots:
             self.c.free_state(torch.tensor(slots))
 
-    def relieve(self, units, slots, evict=None):
+    def relieve(self, units, slots, evict=None, reserve=0):
+        """The composite's ladder for ``units`` and ``slots``: the reserve
+        moves nothing (``admits`` prices it in bytes, which a move does not
+        change)."""
         return self.c.relieve(units, slots if self.has_state else 0, evict)
 
     # bytes
@@ -259,8 +283,11 @@ class StaticSplit:
         if slots:
             self.pools["state"].put(slots)
 
-    def relieve(self, units, slots, evict=None):
-        """No ladder: only eviction rounds (at most 4, as the arena's)."""
+    def relieve(self, units, slots, evict=None, reserve=0):
+        """No ladder: only eviction rounds (at most 4, as the arena's).  The
+        reserve is part of the demand: behind walls, a later decode can
+        take only what its own pool holds."""
+        units += reserve
         for _ in range(MAX_EVICT_ROUNDS if evict is not None else 0):
             if self._fits(units, slots):
                 return True

@@ -18,13 +18,16 @@ decoding request gains one unit (a page), since the model is page-granular
    in one ``free_window`` call (the anchor's rule, ``swa_window_end``);
 5. **admission**: chunked prefill (``chunk_tokens`` a chunk, at most one
    chunk per decode iteration), requests that started prefilling first,
-   then the queue in order.  A chunk is admitted while the setup's exact
-   gate says its state slot (a request's first chunk) and ``chunk +
-   reserve`` units would be served now (``admits``), the reserve being
-   ``reserve_ratio`` of the output the decoding requests still owe.  When
-   it does not, and the free bytes could cover the demand, ``relieve``
-   without eviction runs once (flush, slide); if that fails too the
-   refusal is counted and admission stops for the step.  After each chunk
+   then the queue in order.  A chunk is admitted while the setup's gate
+   says its state slot (a request's first chunk) and ``chunk`` units would
+   be served now, exactly, with a reserve held back (``admits``), the
+   reserve being ``reserve_ratio`` of the output the decoding requests
+   still owe: the unified arena prices the reserve in free bytes (the
+   decodes that take it run the ladder then), a static setup in its own
+   pools.  When the gate says no, and the free bytes could cover chunk,
+   slot and reserve, ``relieve`` without eviction runs once for the chunk
+   and its slot (flush, slide); if that fails too the refusal is counted
+   and admission stops for the step.  After each chunk
    the request's SWA pages outside the window are freed, so a long prompt
    holds at most a chunk plus a window of SWA.
 
@@ -482,7 +485,7 @@ class _Sim:
                 could = self.b.free_bytes() >= self.b.demand_bytes(n + reserve, slots)
                 if not could:
                     cause = "full"
-                elif not self.b.relieve(n + reserve, slots):
+                elif not self.b.relieve(n, slots, reserve=reserve):
                     cause = "ladder"
                 elif not self.b.admits(n, slots, reserve):
                     cause = "gate after relief"

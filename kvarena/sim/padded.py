@@ -199,8 +199,10 @@ class PaddedPool:
         batch's requests each open their own block)."""
         return max(self._new_blocks(units) + self.nm * slots, self._refused) <= self.free
 
-    def relieve(self, units, slots, evict=None):
-        """No ladder: only eviction rounds (at most 4, as the arena's)."""
+    def relieve(self, units, slots, evict=None, reserve=0):
+        """No ladder: only eviction rounds (at most 4, as the arena's).  The
+        reserve is part of the demand, as the gate prices it."""
+        units += reserve
         for _ in range(MAX_EVICT_ROUNDS if evict is not None else 0):
             if self._fits(units, slots):
                 return True
