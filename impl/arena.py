@@ -20,6 +20,22 @@ device.  ``free(check=False)``, ``bind_with_borrowers``, ``v2p_at`` and
 scans them).  The remaining syncs are marked ``# SYNC:`` where they happen:
 id validation, and the cold paths (flush, make_room, compact_holes, refit)
 that compute move sets from the tables.
+
+In-flight forwards (docs/design.md §12).  ``in_flight`` is a host flag and
+each band's pins and pending pages one device table (``impl/band.py``), so
+with nothing in flight every path above is as it was, and ``launch`` is
+device work only (a scatter of the pinned pages).  While one is in flight
+the decode path stays sync-free too: ``free(check=False)`` marks the
+freed pins with three device operations, and ``alloc`` decides whether it
+must settle (the spec's ``transitions.alloc_settles``) from host bounds on
+its band's guarded holes.  The bounds are exact except for holes that
+``free(check=False)`` made in this flight, whose pins only the device
+knows; an allocation that reaches into them reads their count once
+(``_guarded_holes``, ``# SYNC:``), and so does a float whose last page is
+freed while something of it is guarded (it settles if a hole or a freed
+page is guarded).  A settle (each ``settle``, and every urgent settle) makes
+the bounds exact again; ``free(check=True)`` and the non-urgent flush count
+exactly as they go.
 """
 
 import functools
@@ -39,7 +55,7 @@ from kvarena.spec.geometry import AccountingError, Geometry, SubPool, borrowing,
 from kvarena.spec.planner import End, Float, move_order, plan_chain
 
 from . import capacity as cap
-from .band import I64, Band, BandCounts
+from .band import FREED, I64, Band, BandCounts
 from .journal import Journal
 from .memo import Memo
 
@@ -178,6 +194,14 @@ def _unmove_rows(b: Band, dst: torch.Tensor, src: torch.Tensor, v: torch.Tensor,
     b.v2p.index_copy_(0, torch.where(alive, v, b.id_end), torch.where(alive, src, -1))
 
 
+def _restore_flight(arena: "Arena", in_flight: bool, bands: list[tuple[Band, torch.Tensor | None, int, int]]) -> None:
+    """The in-flight state's undo (``impl/journal.py``, rule 5): the flag,
+    and each band's guard table reference and guarded-hole bounds."""
+    arena.in_flight = in_flight
+    for b, guard, lo, hi in bands:
+        b.guard, b.g_lo, b.g_hi = guard, lo, hi
+
+
 def _swap_back(rows: torch.Tensor, dst: torch.Tensor, src: torch.Tensor) -> None:
     """A whole gather-and-scatter move's reverse."""
     rows.index_copy_(0, src, rows.index_select(0, dst))
@@ -202,7 +226,10 @@ class Arena:
     ``buffer`` lends it an existing byte buffer (an engine's KV storage; the
     arena then adds tables, not memory) and ``mover`` routes every
     relocation's bytes through the engine's own page copy (``Mover``); both
-    default to the arena's own (docs/design.md §11).
+    default to the arena's own (docs/design.md §11).  ``on_settle``, None
+    or a callable the engine sets, runs at every ``settle`` of an in-flight
+    forward, before the guards are lifted: the engine's wait on the
+    forward (a stream wait on its done event; docs/design.md §12).
 
     Args:
         total_bytes: the byte buffer's size.
@@ -265,6 +292,8 @@ class Arena:
         self._memo = Memo.shared_by(self._order)  # one arena-wide epoch; a deep copy gets its own
         self._cache = self._memo.cache  # the memo's dict, emptied in place on every tick
         self._journal: Journal | None = None  # the open scope's undo log (impl/journal.py)
+        self.in_flight = False  # a forward launched and not yet settled (docs/design.md §12)
+        self.on_settle: Callable[[], None] | None = None  # the engine's wait on that forward, or None
         self.verify()
 
     # ------------------------------------------------------------ access
@@ -1053,6 +1082,13 @@ class Arena:
         fresh ids), with no host read; bad ids there are undefined behaviour.
         As the spec's (docs/design.md §4); one ``atomic()`` scope (docs/design.md §9c).
 
+        With a forward in flight (docs/design.md §12) the holes reused are
+        the unguarded ones, oldest first; an allocation that would need a
+        guarded one settles first and then allocates as with nothing in
+        flight.  It decides from host bounds on the guarded holes, reading
+        their count once only when it reaches holes freed unchecked in this
+        flight (``_guarded_holes``).
+
         Args:
             name: the pool.
             n: pages wanted, at least 0; 0 gives an empty tensor.
@@ -1114,14 +1150,10 @@ class Arena:
         """Bind ``n`` pages, ``0 < n <= available_pages``, to ``ids`` (valid
         unbound ids, or None: the queue's oldest).  No check, no sync: the
         tail of ``alloc`` and of ``bind_with_borrowers``.  Returns the ids."""
-        k = min(n, b.n_holes)
-        if k == 0:  # no hole: the extension alone (no slice, no rebind)
-            pages = self._extend(b, n)
+        if self.in_flight and b.g_hi > 0 and self._skips_guards(b, n):
+            pages = self._take_unguarded(b, n)
         else:
-            pages = b.holes[:k]
-            b.holes = b.holes[k:]
-            if n > k:  # holes first, then the extension
-                pages = torch.cat([pages, self._extend(b, n - k)])
+            pages = self._pages_for(b, n)
         journal = self._open()
         if ids is None:
             assert b.free_ids is not None  # only a band that mints its ids binds without them
@@ -1134,6 +1166,50 @@ class Arena:
         b.p2v.index_copy_(0, pages, ids)
         b.live = b.live + n
         return ids
+
+    def _pages_for(self, b: Band, n: int) -> torch.Tensor:
+        """The pages of a bind with no guarded hole in the way: the oldest
+        holes, then the extension."""
+        k = min(n, b.n_holes)
+        if k == 0:  # no hole: the extension alone (no slice, no rebind)
+            pages = self._extend(b, n)
+        else:
+            pages = b.holes[:k]
+            b.holes = b.holes[k:]
+            if n > k:  # holes first, then the extension
+                pages = torch.cat([pages, self._extend(b, n - k)])
+        return pages
+
+    def _skips_guards(self, b: Band, n: int) -> bool:
+        """Whether a bind of ``n`` pages in ``b``, with a forward in flight
+        and maybe a guarded hole, must pass over its guarded holes; False
+        once it has settled (the spec's ``transitions.alloc_settles``: a
+        guarded hole and more pages than the unguarded holes), or when no
+        hole is guarded (docs/design.md §12).  Host ints, unless the bounds
+        cannot tell (``_guarded_holes``)."""
+        h = b.n_holes
+        if n <= h - b.g_hi:  # it never reaches as many holes as may be guarded
+            return True
+        g = b.g_lo if b.g_lo > 0 and n > h - b.g_lo else self._guarded_holes(b)
+        if g > 0 and n > h - g:
+            self.settle()  # it would hand out a hole the forward still writes or reads
+            return False
+        return g > 0
+
+    def _take_unguarded(self, b: Band, n: int) -> torch.Tensor:
+        """The ``n`` oldest unguarded holes of ``b``, out of its hole list,
+        the others keeping their order (``n`` is at most the unguarded
+        holes; docs/design.md §12).  Sync-free: a stable sort puts the
+        taken holes first."""
+        assert b.guard is not None  # g_hi > 0: a guard table exists
+        h = b.holes
+        free = b.guard.index_select(0, h) == -1
+        taken = free & (torch.cumsum(free, 0) <= n)
+        order = torch.sort(torch.logical_not(taken).to(torch.int8), stable=True).indices
+        self._keep_flight()
+        b.holes = h.index_select(0, order[n:])
+        b.g_hi = min(b.g_hi, b.n_holes)  # only unguarded holes left the list
+        return h.index_select(0, order[:n])
 
     def _extend(self, b: Band, m: int) -> torch.Tensor:
         """Grow ``b``'s span by ``m`` pages (the gate checked they fit)."""
@@ -1166,6 +1242,14 @@ class Arena:
         a device-side assert on CUDA; it never reaches the FIFO silently).
         As the spec's (docs/design.md §4, §8); one ``atomic()`` scope (docs/design.md §9c).
 
+        With a forward in flight (docs/design.md §12) an eager END settles
+        first (its compaction moves), as does a float left with no live page
+        if one of its holes or freed pages is guarded (it drops its holes;
+        deciding reads the host once unless nothing of it is guarded).  A
+        freed pinned page stays pinned, as ``FREED``, and a hole until
+        settle: three device operations, and with ``check=True`` one more
+        read to count them.
+
         Args:
             name: the pool.
             ids: live virtual ids.
@@ -1182,6 +1266,7 @@ class Arena:
         if k == 0:
             return None
         pages = b.v2p.index_select(0, ids)
+        freed_pins = self._free_in_flight(b, pages, k, check) if self.in_flight else None
         journal = self._open()
         journal.on_undo(_rebind, b, ids, pages)
         journal.freed = True
@@ -1197,7 +1282,47 @@ class Arena:
             b.append_holes(pages)
             if not b.is_end and b.live == 0:
                 b.park()
+            if freed_pins is not None:  # freed pins are guarded holes now
+                lo, hi = freed_pins
+                b.g_lo, b.g_hi = b.g_lo + lo, min(b.g_hi + hi, b.n_holes)
         return None
+
+    def _free_in_flight(self, b: Band, pages: torch.Tensor, k: int, check: bool) -> tuple[int, int] | None:
+        """A free of ``k`` pages while a forward is in flight, before the
+        unbind (docs/design.md §12).  Settles first where ``free`` says; else
+        marks the freed pins ``FREED``.  Returns bounds on how many freed
+        pages were pinned (exact when ``check``: one read; else ``(0, k)``),
+        or None when it settled or nothing of ``b`` is guarded."""
+        eager = b.is_end and not b.lazy
+        if eager or (not b.is_end and b.live == k and self._parks_guarded(b, pages)):
+            self.settle()
+            return None
+        guard = b.guard
+        if guard is None:
+            return None
+        self._keep_flight()
+        old = guard.index_select(0, pages)
+        self._open().on_undo(guard.index_copy_, 0, pages, old)
+        guard.index_copy_(0, pages, old.clamp_max(FREED))  # a live page is pinned (-> FREED) or not (-1)
+        if check:
+            pins = self._pins_among(old)
+            return pins, pins
+        return 0, k
+
+    def _parks_guarded(self, b: Band, pages: torch.Tensor) -> bool:
+        """Whether float ``b``, about to park as ``pages`` are freed, holds a
+        guarded hole or frees a pinned page.  SYNC: one read, unless the
+        host knows (no guard table, or a hole known guarded)."""
+        if b.guard is None:
+            return False
+        if b.g_lo > 0:
+            return True
+        return bool((b.guard.index_select(0, torch.cat([b.holes, pages])) != -1).any())  # SYNC: a float parks
+
+    def _pins_among(self, rows: torch.Tensor) -> int:
+        """How many of these guard rows of live pages are pins (SYNC: a
+        checked free, which reads the host to validate already)."""
+        return int((rows >= 0).sum())  # SYNC: a checked free counts the pins it frees
 
     def _compact_eager(self, b: Band, freed: torch.Tensor, k: int) -> None:
         """Retreat the frontier by ``k`` and fill holes from the vacated pages.
@@ -1227,7 +1352,7 @@ class Arena:
         self._move(b, dst, vacated, SrcRun(start))  # disjoint
 
     @_all_or_nothing
-    def flush(self, name: str, max_moves: int | None = None) -> int:
+    def flush(self, name: str, max_moves: int | None = None, urgent: bool = True) -> int:
         """Settle a band's backlog; pages moved.
 
         A lazy END absorbs frontier holes and moves the survivors nearest the
@@ -1236,9 +1361,20 @@ class Arena:
         A cold path that reads the host (``# SYNC:``): the move set depends on
         which pages are live.
 
+        With a forward in flight (docs/design.md §12) an urgent flush settles
+        first when it would move a page or the band holds a guarded hole.  A
+        non-urgent one never waits: the END's walk from the frontier stops
+        at the first pinned survivor and skips guarded holes, every page it
+        vacates waits as a pending hole (at the back of the hole list,
+        ascending), the frontier retreats over no guarded page, and a float
+        with a guarded hole is left alone.  With nothing in flight the two
+        are the same flush.
+
         Args:
             name: the pool.
             max_moves: the most pages to move; None for no cap, 0 to absorb only.
+            urgent: False for a flush that must not wait for an in-flight
+                forward (between steps); True for the shortfall ladder's.
 
         Returns:
             The pages moved.
@@ -1249,8 +1385,13 @@ class Arena:
         b = self._band(name)
         if max_moves is not None:
             max_moves = self._count(name, max_moves, "max_moves")
+        guarded = self._guarded_holes(b) > 0  # never, with nothing in flight
         if not b.is_end:
             if b.opaque:
+                if guarded and not urgent:
+                    return 0  # a guarded hole may lie at the boundary: it waits for settle
+                if guarded:
+                    self.settle()
                 self._refit(b)
             return 0
         g = b.geom
@@ -1263,21 +1404,46 @@ class Arena:
         else:
             edge = g.num_pages - b.live  # packed band: [edge, num_pages)
             src, dst = live[live < edge], holes[holes >= edge]
-        k = src.numel() if max_moves is None else min(src.numel(), max_moves)
+        if self.in_flight and not urgent and b.guard is not None:
+            src, dst = self._walk(b, src, dst)
+        k = min(src.numel(), dst.numel())
+        k = k if max_moves is None else min(k, max_moves)
         if b.grow == "up":  # survivors nearest the frontier, holes furthest from it
             src, dst = src[src.numel() - k :], dst[:k]
         else:
             src, dst = src[:k], dst[dst.numel() - k :]
+        if urgent and (k or guarded):
+            self.settle()  # the ladder's flush: it waits for the forward, once
+        vacated = self.in_flight and k > 0
+        if vacated:
+            self._vacate(b, src)
         moved = self._move(b, dst, src)
-        live = b.occupied_pages()
+        held = b.p2v[g.min_page : g.num_pages] >= 0
+        if self.in_flight and b.guard is not None:  # the frontier keeps every guarded page inside
+            held = held | (b.guard[g.min_page : g.num_pages] != -1)
+        kept = torch.nonzero(held).flatten() + g.min_page  # SYNC: the new frontier
         if b.grow == "up":
-            b.hi = int(live[-1]) + 1 if live.numel() else g.min_page
+            b.hi = int(kept[-1]) + 1 if kept.numel() else g.min_page
         else:
-            b.lo = int(live[0]) if live.numel() else g.num_pages
+            b.lo = int(kept[0]) if kept.numel() else g.num_pages
         h = b.holes
         keep = ~torch.isin(h, dst) & (h >= b.lo) & (h < b.hi)
-        b.holes = h[keep]  # order kept: reuse stays oldest first
+        b.holes = torch.cat([h[keep], src]) if vacated else h[keep]  # order kept; vacated pages wait last
+        if self.in_flight and b.guard is not None:
+            self._recount_guarded(b)
         return moved
+
+    def _walk(self, b: Band, src: torch.Tensor, dst: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """The non-urgent walk's candidates (docs/design.md §12): of the
+        survivors outside the packed band (``src``, ascending), those the
+        walk from the frontier reaches before the first pinned one; of the
+        holes inside it (``dst``, ascending), the unguarded ones.  SYNC:
+        masks, on the flush's cold path."""
+        assert b.guard is not None
+        pinned = src[b.guard.index_select(0, src) >= 0]
+        if pinned.numel():  # what lies deeper than a pinned survivor waits too
+            src = src[src > pinned.max()] if b.grow == "up" else src[src < pinned.min()]
+        return src, dst[b.guard.index_select(0, dst) == -1]
 
     def _refit(self, b: Band) -> None:
         """Shrink a float's span to its live pages; drop holes left outside.
@@ -1299,7 +1465,9 @@ class Arena:
         Returns pages moved; 0 with nothing changed when the side already has
         it, the float is transparent, or even a leapfrog cannot reach it.
         As the spec's (docs/design.md §4).  A cold path that reads the host
-        (``# SYNC:``): the move set depends on the live pages.
+        (``# SYNC:``): the move set depends on the live pages.  With a
+        forward in flight it settles first when it moves a page or the
+        float holds a guarded hole (docs/design.md §12).
 
         Args:
             name: the float.
@@ -1349,6 +1517,8 @@ class Arena:
             near = torch.sort(holes[holes < edge], descending=True).values
             room = torch.cat([near, torch.flip(b.pages(region_lo, b.lo), (0,))])
             dst = torch.sort(room[: src.numel()]).values
+        if src.numel() or self._guarded_holes(b):
+            self.settle()  # the urgent path (docs/design.md §12): it may move and reshape
         moved = self._move(b, dst, src)
         self._refit(b)
         return moved
@@ -1358,6 +1528,8 @@ class Arena:
         """Pack a float's live pages toward the edge opposite ``retreat_side``,
         keeping their order.  As the spec's (docs/design.md §4).  A cold path
         that reads the host (``# SYNC:``): the move set depends on the live pages.
+        With a forward in flight it settles first when it moves a page or
+        the float holds a guarded hole (docs/design.md §12).
 
         Args:
             name: the float.
@@ -1379,7 +1551,10 @@ class Arena:
         first = b.hi - live.numel() if retreat_side == "low" else b.lo
         target = b.pages(first, first + live.numel())
         off = target != live
-        moved = self._move(b, target[off], live[off])
+        dst, src = target[off], live[off]
+        if src.numel() or self._guarded_holes(b):
+            self.settle()  # the urgent path (docs/design.md §12): it may move and drops holes
+        moved = self._move(b, dst, src)
         self._refit(b)
         return moved
 
@@ -1417,6 +1592,180 @@ class Arena:
             return pages
         out.copy_(pages)
         return out
+
+    # ------------------------------------------------ in-flight forwards
+
+    @_all_or_nothing
+    def launch(self, writes: Mapping[str, Ids | None], check: bool = True) -> None:
+        """A forward was launched: pin the pages it writes (docs/design.md §12); as the spec's.
+
+        Until ``settle`` no move reads a pinned page and no move or hand-out
+        writes a pinned page or a page a move vacated (pending): the
+        operations settle first, or (the non-urgent flush) leave them
+        alone.  A launch while one is in flight adds its pins.  Device work
+        only: a scatter of each pool's pinned pages into its guard table
+        (made here when the band has none); ``check=True`` validates the
+        ids first with one host read, ``check=False`` (the engine's step)
+        reads nothing.  One ``atomic()`` scope (docs/design.md §9c).
+
+        Args:
+            writes: ``{pool: virtual ids the forward writes}`` (a tensor or
+                a host sequence); ``-1`` and the sink (0) are skipped; None
+                for every page the pool holds.  Pools not named are not written.
+            check: False to take the ids as valid (unchecked: an id outside
+                the pool's range, or not allocated, pins nothing).
+
+        Raises:
+            ValueError: an unknown pool, or (checked) an id that is not an
+                int, out of range, or not allocated in that pool, naming the
+                pool.  Nothing has changed.
+        """
+        pins: list[tuple[Band, torch.Tensor | None]] = []
+        for name, ids in writes.items():
+            b = self._band(name)
+            if ids is None:
+                pins.append((b, None))
+            else:
+                pins.append((b, self._launch_ids(b, ids) if check else self._as_tensor(b, ids)))
+        self._keep_flight()
+        for b, t in pins:
+            self._pin(b, t)
+        self.in_flight = True
+
+    def _launch_ids(self, b: Band, ids: Ids) -> torch.Tensor:
+        """``launch``'s checked ids for ``b``: ints in ``[-1, id_end)``, each
+        ``> 0`` allocated; in the spec's words.  SYNC: validation reads the
+        ids and their rows."""
+        what = f"pool {b.name!r}: launch"
+        try:
+            if isinstance(ids, torch.Tensor):
+                if ids.dtype.is_floating_point or ids.dtype.is_complex or ids.dtype == torch.bool:
+                    raise TypeError
+                vals = ids.reshape(-1).tolist()  # SYNC: launch validation
+            else:
+                host = list(ids)
+                if any(isinstance(v, bool) for v in host):
+                    raise TypeError  # a bool is not an id
+                vals = [operator.index(v) for v in host]
+        except TypeError:
+            raise ValueError(f"{what}: ids must be ints") from None
+        end = b.id_end
+        rows = self.v2p_at(b.name, torch.tensor([min(max(v, 0), end) for v in vals], dtype=I64, device=self.device))
+        for v, p in zip(vals, rows.tolist()):  # SYNC: launch validation
+            if not -1 <= v < end:
+                raise ValueError(f"{what}: id {v} out of range [-1, {end})")
+            if v > 0 and p < 0:
+                raise ValueError(f"{what}: id {v} is not allocated")
+        return torch.tensor(vals, dtype=I64, device=self.device)
+
+    def _pin(self, b: Band, ids: torch.Tensor | None) -> None:
+        """Pin the pages that ``ids`` (None: every live id) hold in ``b``: its
+        guard table's rows get the ids.  Sync-free (docs/design.md §12)."""
+        if ids is None:  # every live page holds its id: a new table, nothing written in place
+            b.guard = torch.where(b.p2v > 0, b.p2v, -1 if b.guard is None else b.guard)
+            return
+        fresh = b.guard is None
+        guard = torch.full((b.geom.num_pages + 1,), -1, dtype=I64, device=self.device) if b.guard is None else b.guard
+        rows = ids.clamp(0, b.id_end)  # -1, the sink and ids past the end read a page <= 0
+        target = b.v2p.index_select(0, rows).clamp(min=0)  # ... which writes the sink's row: never read
+        if not fresh:
+            self._open().on_undo(guard.index_copy_, 0, target, guard.index_select(0, target))
+        guard.index_copy_(0, target, rows)
+        b.guard = guard
+
+    def settle(self) -> None:
+        """The in-flight forward is done, or waited on: lift every pin and
+        pending mark (docs/design.md §12); as the spec's.  Pending pages stay
+        holes, now free to reuse; no count changes, so no view does.
+        Host work only: each band drops its guard table, after ``on_settle``
+        (the engine's wait on the forward) when one is set.  Nothing in
+        flight: nothing to do.
+        """
+        if not self.in_flight:
+            return
+        if self.on_settle is not None:
+            self.on_settle()  # the forward's writes and reads are ordered before what follows
+        self._keep_flight()
+        for b in self._order:
+            b.guard = None
+            b.g_lo = b.g_hi = 0
+        self.in_flight = False
+
+    def _keep_flight(self) -> None:
+        """Record the in-flight state for the open scope's undo, once a
+        scope, before its first change (``impl/journal.py``, rule 5)."""
+        journal = self._journal
+        if journal is not None and not journal.flight:
+            journal.flight = True
+            state = [(b, b.guard, b.g_lo, b.g_hi) for b in self._order]
+            journal.on_undo(_restore_flight, self, self.in_flight, state)
+
+    def _vacate(self, b: Band, src: torch.Tensor) -> None:
+        """A move while a forward is in flight: its sources wait, pending,
+        holding the ids whose bytes the forward may still read.  Before the
+        move (docs/design.md §12)."""
+        self._keep_flight()
+        if b.guard is None:
+            b.guard = torch.full((b.geom.num_pages + 1,), -1, dtype=I64, device=self.device)
+        else:
+            self._open().on_undo(b.guard.index_copy_, 0, src, b.guard.index_select(0, src))
+        b.guard.index_copy_(0, src, -2 - b.p2v.index_select(0, src))
+
+    def _guarded_holes(self, b: Band) -> int:
+        """How many of ``b``'s holes an in-flight forward guards, exactly; 0
+        with nothing in flight (docs/design.md §12).  The host bounds answer
+        when they agree; else ``_recount_guarded`` reads the count once."""
+        if not self.in_flight or b.g_hi == 0:
+            return 0
+        if b.g_lo < b.g_hi:
+            self._recount_guarded(b)
+        return b.g_lo
+
+    def _recount_guarded(self, b: Band) -> None:
+        """Make ``b``'s guarded-hole bounds exact.  SYNC: one read (the
+        cold paths, and an allocation that reaches holes freed unchecked in
+        this flight)."""
+        assert b.guard is not None
+        g = int((b.guard.index_select(0, b.holes) != -1).sum())  # SYNC: the guarded holes, counted
+        self._keep_flight()
+        b.g_lo = b.g_hi = g
+
+    def pinned(self, name: str) -> torch.Tensor:
+        """Pages an in-flight forward writes (docs/design.md §12); as the spec's.
+
+        Args:
+            name: the pool.
+
+        Returns:
+            The pinned physical pages, ascending, int64 (a new tensor);
+                empty when nothing is in flight.
+
+        Raises:
+            ValueError: an unknown pool, naming it.
+        """
+        return self._guarded_pages(self._band(name), True)
+
+    def pending(self, name: str) -> torch.Tensor:
+        """Holes a move vacated while a forward is in flight, which it may
+        still read (docs/design.md §12); as the spec's.
+
+        Args:
+            name: the pool.
+
+        Returns:
+            The pending physical pages, ascending, int64 (a new tensor);
+                empty when nothing is in flight.
+
+        Raises:
+            ValueError: an unknown pool, naming it.
+        """
+        return self._guarded_pages(self._band(name), False)
+
+    def _guarded_pages(self, b: Band, pinned: bool) -> torch.Tensor:
+        if b.guard is None:
+            return torch.empty(0, dtype=I64, device=self.device)
+        rows = b.guard[1 : b.geom.num_pages]  # the sink's row is launch's scratch (``_pin``)
+        return torch.nonzero(rows >= 0 if pinned else rows <= -2).flatten() + 1  # SYNC: a view, a cold path
 
     # ------------------------------------------------------------ policy
 
@@ -1470,6 +1819,8 @@ class Arena:
         like ``check_policy``), fed from this arena's host counters; the
         repacks run in ``planner.move_order``, each one batched move (a cold
         path: each move set is read from the live pages, ``# SYNC:``).  As the spec's.
+        With a forward in flight a repack settles first when it moves a page
+        or its float holds a guarded hole (docs/design.md §12).
 
         Args:
             demand: pages each pool needs; 0 for pools the operation does not touch.
@@ -1509,7 +1860,10 @@ class Arena:
             live = b.occupied_pages()  # SYNC: the move set depends on the live pages
             target = b.pages(plan.starts[i], plan.starts[i] + live.numel())
             # pages already in the target stay; the rest fill its free pages, both ascending
-            moved += self._move(b, target[~torch.isin(target, live)], live[~torch.isin(live, target)])
+            dst, src = target[~torch.isin(target, live)], live[~torch.isin(live, target)]
+            if src.numel() or self._guarded_holes(b):
+                self.settle()  # the urgent path (docs/design.md §12): it may move and drops holes
+            moved += self._move(b, dst, src)
             self._refit(b)
         return moved
 
@@ -1600,7 +1954,10 @@ class Arena:
 
         The memo is checked first, so a write around a ``CapField`` is
         reported as what it is.  Everything else is recounted from the
-        device tables (SYNC: a cold path).  The checks of docs/design.md §5.
+        device tables (SYNC: a cold path).  The checks of docs/design.md §5,
+        and an in-flight forward's (docs/design.md §12: "pending page
+        untouched", "pinned page kept", "guards without a forward", and the
+        implementation's "guarded holes" bounds).
 
         Raises:
             AccountingError: a rule is broken, naming the pool and the rule.
@@ -1682,6 +2039,7 @@ class Arena:
             need(not holes, "eager band has no holes")
         if not b.is_end:
             need(b.opaque or lo == hi == n, "parked float", "a float with no live page must park")
+        self._check_guards(b, need, p2v, holes)
         queue = b.queued_ids().tolist()  # SYNC: verify is an audit
         expected = set() if b.lender else set(range(first_id, ids_end)) - set(bound)
         need(
@@ -1691,6 +2049,35 @@ class Arena:
         )
         return len(live)
 
+    def _check_guards(self, b: Band, need: Callable[..., None], p2v: list[int], holes: list[int]) -> None:
+        """An in-flight forward's rules on ``b``, by the spec's names (docs/design.md §12):
+        a pending page is still a hole (none of its bytes handed out or
+        moved over), a pinned page still holds its launch id or, freed, is a
+        hole; no guard with nothing in flight; and (the implementation's
+        own) the host bounds hold the guarded holes' count."""
+        n = b.geom.num_pages
+        if b.guard is None:
+            need(b.g_lo == b.g_hi == 0, "guarded holes", f"bounds [{b.g_lo}, {b.g_hi}] without a guard table")
+            return
+        guard = b.guard.tolist()  # SYNC: verify is an audit
+        guard[0] = -1  # the sink's row: where launch writes what it skips (``_pin``)
+        hole_set = set(holes)
+        for p, v in enumerate(guard[:n]):
+            if v <= -2:  # the forward reads the bytes a move left here
+                need(
+                    p in hole_set,
+                    "pending page untouched",
+                    f"page {p} was vacated holding id {-2 - v}; an unsettled forward reads it",
+                )
+            elif v > 0:  # the forward writes here late: the id must not have moved
+                need(p2v[p] == v, "pinned page kept", f"page {p} held id {v} at launch; an unsettled forward writes it")
+            elif v == FREED:
+                need(p in hole_set, "pinned page kept", f"freed pinned page {p} must stay a hole until settle")
+        if not self.in_flight and any(v != -1 for v in guard[:n]):
+            raise AccountingError(b.name, "guards without a forward", "pins or pending pages with nothing in flight")
+        g = sum(1 for h in holes if guard[h] != -1)
+        need(b.g_lo <= g <= b.g_hi, "guarded holes", f"{g} guarded holes, bounds [{b.g_lo}, {b.g_hi}]")
+
     def snapshot(self) -> dict[str, object]:
         """The whole state as JSON-able data (same shape as the spec's).
 
@@ -1698,9 +2085,11 @@ class Arena:
         docs/design.md §10.
 
         Returns:
-            The total and sink bytes, the policy, the chain, and per pool its
-            sub-pool, grid, laziness, lender, span, frontiers, live count,
-            tables, free ids and holes, as host lists.
+            The total and sink bytes, the policy, the chain, whether a
+            forward is in flight, and per pool its sub-pool, grid, laziness,
+            lender, span, frontiers, live count, tables, free ids, holes, and
+            pinned and pending pages (``[page, id]`` pairs, docs/design.md
+            §12), as host lists.
         """
         pools = {}
         for name in self.chain:
@@ -1708,6 +2097,7 @@ class Arena:
             g, n = b.geom, b.geom.num_pages
             tables = {"v2p": b.v2p[: b.id_end], "p2v": b.p2v[:n], "free_ids": b.queued_ids(), "holes": b.holes}
             host = {k: t.tolist() for k, t in tables.items()}  # SYNC: snapshot, a tool and test path
+            guard = [] if b.guard is None else [-1, *b.guard[1:n].tolist()]  # the sink's row: never a guard
             pools[name] = {
                 "pool": {
                     "entry_bytes": b.pool.entry_bytes,
@@ -1722,11 +2112,14 @@ class Arena:
                 "frontiers": list(b.frontiers),
                 "live": b.live,
                 **host,
+                "pinned": [[p, v] for p, v in enumerate(guard) if v >= 0],
+                "pending": [[p, -2 - v] for p, v in enumerate(guard) if v <= -2],
             }
         return {
             "total_bytes": self.total_bytes,
             "sink_bytes": self.sink_bytes,
             "policy": self.policy,
             "chain": list(self.chain),
+            "in_flight": self.in_flight,
             "pools": pools,
         }

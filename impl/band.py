@@ -11,6 +11,19 @@ lender's ids and no free-id queue.
 ints (reading capacity never syncs) and an ordered hole tensor (oldest
 first) that is always rebound, never written in place.  Each rebind bumps
 the band's ``epoch`` and the arena's shared ``clock``.
+
+An in-flight forward's guards (docs/design.md §12) live in one table per
+band, ``guard``, made at the first launch or move that needs it and
+dropped at ``settle`` (so a band with nothing guarded holds none): by
+physical page, ``-1`` for nothing, ``>= 0`` pinned (the id the page held at
+launch, ``FREED`` once that id is freed), ``<= -2`` pending (the id ``v``
+whose bytes a move left there, as ``-2 - v``); ``num_pages + 1`` rows, as
+``p2v``, of which row 0 (the sink's page, never guarded) is where a launch
+writes the ids it skips, and is never read.  A page is never both: a
+pinned page is live or a freed hole, a pending page a vacated hole, and
+neither is ever a move's source or destination.  ``g_lo <= guarded holes
+<= g_hi`` are host bounds on how many holes are guarded, exact wherever the
+arena read them (``Arena._guarded_holes``).
 """
 
 from typing import NamedTuple, cast
@@ -22,6 +35,7 @@ from kvarena.spec.geometry import Geometry, SubPool
 from .memo import CapField, Clock
 
 I64 = torch.int64
+FREED = 0  # a pin whose launch id has been freed: the late write still lands there
 
 
 class BandCounts(NamedTuple):
@@ -179,6 +193,8 @@ class Band:
         self.holes = torch.empty(0, dtype=I64, device=device)
         self._reserve, self._mark = self.holes, 0  # where append_holes writes: see there
         self.live = 0
+        self.guard: torch.Tensor | None = None  # an in-flight forward's pins and pending pages (docstring above)
+        self.g_lo = self.g_hi = 0  # bounds on how many holes are guarded
         start = geom.min_page if self.grow == "up" else n  # down END, parked float
         self.lo = self.hi = start
 

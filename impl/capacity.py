@@ -253,10 +253,11 @@ def two_end_uneven_fits(
         Whether both gates pass.
 
     Raises:
-        ValueError: a size is negative or an epp is not positive.
+        ValueError: a page count or size is negative or an epp is not positive.
     """
-    if gap < 0 or epp_a <= 0 or epp_b <= 0 or holes_a < 0 or room_a < 0 or holes_b < 0 or room_b < 0:
-        raise ValueError("two_end_uneven_fits: sizes must be >= 0 and epps > 0")
+    bad_counts = pages_a < 0 or pages_b < 0 or holes_a < 0 or room_a < 0 or holes_b < 0 or room_b < 0
+    if bad_counts or gap < 0 or epp_a <= 0 or epp_b <= 0:
+        raise ValueError("two_end_uneven_fits: page counts and sizes must be >= 0 and epps > 0")
     m_a = pages_a - holes_a if pages_a > holes_a else 0
     m_b = pages_b - holes_b if pages_b > holes_b else 0
     return m_a <= room_a and m_b <= room_b and m_a * epp_a + m_b * epp_b <= gap

@@ -113,15 +113,92 @@ def _host_vec(x: IntsLike) -> torch.Tensor:
     return torch.tensor(list(x), dtype=I64)
 
 
-def _host_extend_size(prefix_cpu: IntsLike, seq_cpu: IntsLike, ps: int) -> tuple[int, int]:
-    """New pages and tokens of an extend, from the engine's host copies."""
+def _host_extend_size(
+    prefix_cpu: IntsLike,
+    seq_cpu: IntsLike,
+    ps: int,
+    lengths: tuple[int, int, int],
+    extend_num_tokens: int | None,
+    most: int,
+) -> tuple[int, int]:
+    """New pages and tokens of an extend, from the engine's host copies.
+
+    The trusted path's bad input is still a ``ValueError``, in the spec's
+    words, raised before anything changes: what the host copies show (their
+    lengths against the device tensors' ``lengths``, a negative prefix, a
+    negative extend, a length no arena could hold, ``extend_num_tokens``)
+    is checked here on the host, with no device read."""
     p, s = _host_vec(prefix_cpu), _host_vec(seq_cpu)
-    return int((_cdiv_t(s, ps) - _cdiv_t(p, ps)).sum()), int((s - p).sum())  # host tensors: no device read
+    _host_lengths("alloc_extend", {"prefix_lens": (p, lengths[0]), "seq_lens": (s, lengths[1])})
+    if len(set(lengths)) > 1 or bool(((p < 0) | (s < p) | (s > most)).any()):  # host tensors: no device read
+        _explain_host_extend(p, s, lengths, extend_num_tokens, most)
+    total = int((s - p).sum())  # every request in [0, most]: the sum cannot wrap
+    if extend_num_tokens is not None and _int("alloc_extend: extend_num_tokens", extend_num_tokens) != total:
+        raise ValueError(f"alloc_extend: extend_num_tokens {extend_num_tokens} != {total} tokens asked")
+    return int((_cdiv_t(s, ps) - _cdiv_t(p, ps)).sum()), total
 
 
-def _host_decode_pages(seq_cpu: IntsLike, ps: int) -> int:
-    """Pages a decode step opens, from the engine's host copy of ``seq_lens``."""
-    return int((torch.remainder(_host_vec(seq_cpu), ps) == 1 % ps).sum())  # a host tensor: no device read
+def _host_decode_pages(seq_cpu: IntsLike, ps: int, lengths: tuple[int, int], most: int) -> int:
+    """Pages a decode step opens, from the engine's host copy of ``seq_lens``;
+    its bad input (a length below 1 or no arena could hold, lengths that
+    differ) a ``ValueError`` in the spec's words, from the host alone."""
+    s = _host_vec(seq_cpu)
+    _host_lengths("alloc_decode", {"seq_lens": (s, lengths[0])})
+    if lengths[0] != lengths[1] or bool(((s < 1) | (s > most)).any()):  # a host tensor: no device read
+        _explain_host_decode(s, lengths, most)
+    return int((torch.remainder(s, ps) == 1 % ps).sum())  # a host tensor: no device read
+
+
+def _host_lengths(what: str, copies: dict[str, tuple[torch.Tensor, int]]) -> None:
+    """Each host copy holds as many entries as its device tensor (a shape)."""
+    for name, (host, n) in copies.items():
+        if host.numel() != n:
+            raise ValueError(f"{what}: {name}_cpu has {host.numel()} entries, {name} {n}")
+
+
+def _length_mismatch(what: str, lengths: tuple[int, int, int]) -> ValueError:
+    p, s, loc = lengths
+    return ValueError(f"{what}: length mismatch: {p} prefix_lens, {s} seq_lens, {loc} last_loc")
+
+
+def _too_long(what: str, i: int, s: int, most: int) -> ValueError:
+    return ValueError(f"{what}: request {i}: seq_len {s} is more than the {most} tokens this arena could ever hold")
+
+
+def _explain_host_extend(
+    p: torch.Tensor, s: torch.Tensor, lengths: tuple[int, int, int], extend_num_tokens: int | None, most: int
+) -> NoReturn:
+    """Error path only: the spec's first complaint about these host copies."""
+    what = "alloc_extend"
+    prefix, seq = p.tolist(), s.tolist()  # host tensors: no device read
+    asked = sum(seq) - sum(prefix)
+    if extend_num_tokens is not None and _int(f"{what}: extend_num_tokens", extend_num_tokens) != asked:
+        raise ValueError(f"{what}: extend_num_tokens {extend_num_tokens} != {asked} tokens asked")
+    if len(set(lengths)) > 1:
+        raise _length_mismatch(what, lengths)
+    for i, (a, b) in enumerate(zip(prefix, seq)):
+        if a < 0:
+            raise ValueError(f"{what}: request {i}: prefix_len {a} < 0")
+        if b > most:
+            raise _too_long(what, i, b, most)
+        if b < a:
+            raise ValueError(f"{what}: request {i}: seq_len {b} < prefix_len {a}")
+    raise AssertionError("_explain_host_extend: no bad input found")
+
+
+def _explain_host_decode(s: torch.Tensor, lengths: tuple[int, int], most: int) -> NoReturn:
+    """Error path only: the spec's first complaint about this host copy."""
+    what = "alloc_decode"
+    seq = s.tolist()  # a host tensor: no device read
+    for i, v in enumerate(seq):
+        if v < 1:
+            raise ValueError(f"{what}: request {i}: seq_len must be >= 1, got {v}")
+    if lengths[0] != lengths[1]:
+        raise _length_mismatch(what, (lengths[0], lengths[0], lengths[1]))
+    for i, v in enumerate(seq):
+        if v > most:
+            raise _too_long(what, i, v, most)
+    raise AssertionError("_explain_host_decode: no bad input found")
 
 
 def _int(what: str, v: SupportsIndex) -> int:
@@ -490,9 +567,12 @@ class _Composite:
         the call's one read also checks they agree with the device tensors.
         ``check=False`` is the trusted path (the arguments are ones the
         checked call accepts, as 1-D int64 tensors on the arena's device):
-        with both host copies it reads nothing from the device
-        (docs/design.md §6, §8).  One ``atomic()`` scope: relief, bind and
-        slots (docs/design.md §9c).
+        with both host copies it reads nothing from the device, and checks
+        what they show on the host (the spec's ``ValueError`` for lengths
+        that differ, a negative prefix, ``seq < prefix``, a length no arena
+        could hold, a wrong ``extend_num_tokens``; the rest, ``last_loc``,
+        is trusted) (docs/design.md §6, §8).  One ``atomic()`` scope:
+        relief, bind and slots (docs/design.md §9c).
 
         Args:
             prefix_lens: each request's cached prefix, in tokens.
@@ -516,11 +596,14 @@ class _Composite:
         what = "alloc_extend"
         if not check:
             prefix, seq, loc = (cast(torch.Tensor, x) for x in (prefix_lens, seq_lens, last_loc))
+            if prefix_lens_cpu is not None and seq_lens_cpu is not None:  # checked on the host first
+                lengths = (prefix.numel(), seq.numel(), loc.numel())  # shapes: no read
+                n, total = _host_extend_size(
+                    prefix_lens_cpu, seq_lens_cpu, self.page_size, lengths, extend_num_tokens, self._max_tokens
+                )
             new = _cdiv_t(seq, self.page_size) - _cdiv_t(prefix, self.page_size)
             lens = seq - prefix
-            if prefix_lens_cpu is not None and seq_lens_cpu is not None:
-                n, total = _host_extend_size(prefix_lens_cpu, seq_lens_cpu, self.page_size)
-            else:
+            if prefix_lens_cpu is None or seq_lens_cpu is None:
                 # SYNC: the one documented read without host copies: pages to bind, tokens out.
                 n, total = _host_read(torch.stack([new.sum(), lens.sum()]))
             with self.arena.atomic():  # relief, bind and slots: all or nothing
@@ -608,8 +691,10 @@ class _Composite:
         token at position ``seq - 2``, or ``-1`` when ``seq`` is 1; no two
         requests continue one page).  Same slots and state; with
         ``seq_lens_cpu`` (the engine's host copy) it reads nothing from the
-        device, without it once.  Checked, the one read also checks the
-        host copy agrees (docs/design.md §6, §8).
+        device, and a host copy that shows bad input (lengths that differ,
+        ``seq < 1``, a length no arena could hold) is the spec's
+        ``ValueError`` all the same; without it, one read.  Checked, the one
+        read also checks the host copy agrees (docs/design.md §6, §8).
 
         Args:
             seq_lens: each request's length after this step, at least 1.
@@ -700,7 +785,7 @@ class _Composite:
         slots, without its validation."""
         opens = self._opens_page(seq)
         if seq_lens_cpu is not None:
-            n = _host_decode_pages(seq_lens_cpu, self.page_size)
+            n = _host_decode_pages(seq_lens_cpu, self.page_size, (seq.numel(), loc.numel()), self._max_tokens)
         else:
             # SYNC: the one documented read without the host copy: pages to bind.
             (n,) = _host_read(opens.sum(0, keepdim=True))
@@ -756,8 +841,9 @@ class _Composite:
                 swa = self.arena.v2p_at(SWA, ids).tolist()  # SYNC: cold path
                 live = [p for p, s in zip(pages, swa) if s > 0]
                 if live:
-                    self.arena.free(SWA, torch.tensor(live, dtype=I64, device=self.device), check=False)
-            self.arena.free(FULL, ids, check=False)
+                    # in flight, checked: the arena counts the freed pins exactly (docs/design.md §12)
+                    self.arena.free(SWA, torch.tensor(live, dtype=I64, device=self.device), check=self.arena.in_flight)
+            self.arena.free(FULL, ids, check=self.arena.in_flight)
         return None
 
     # --------------------------------------------------------- relief
@@ -937,6 +1023,81 @@ class _Composite:
         phys = self.arena.v2p_at(pool, rows)
         return torch.where(phys > 0, torch.add(torch.remainder(toks, ps), phys, alpha=ps), self._zero)
 
+    # ------------------------------------------------ in-flight forwards
+
+    def launch(self, token_ids: IntsLike, state_slots: IntsLike | None = None, check: bool = True) -> None:
+        """A forward was launched that writes these tokens' slots (docs/design.md §12); as the spec's.
+
+        It pins their pages in full and, where live, in swa; the state
+        slots it updates are ``state_slots``, or every live slot when the
+        engine does not say (None).  Until ``settle`` nothing it writes
+        moves and nothing it reads is overwritten (``Arena.launch``).
+        ``check=False`` is the engine's step: device work only, no host
+        read (a token that is not live pins nothing).
+
+        Args:
+            token_ids: the batch's new token ids (``out_cache_loc``), a
+                tensor or a sequence; ``-1`` and tokens of page 0 are padding.
+            state_slots: the state slots it writes, or None for all;
+                ignored where there is no state pool.
+            check: False for the trusted step.
+
+        Raises:
+            ValueError: a token that is not an int, below ``-1``, out of
+                range or not allocated in full; a slot that is not live.
+                Nothing has changed.
+        """
+        toks = self._vec("launch: token_ids", token_ids)
+        writes: dict[str, torch.Tensor | list[int] | None] = {}
+        if not check:  # -1 and page 0 pin nothing, nor does a page not live in swa
+            pages = torch.div(toks, self.page_size, rounding_mode="floor")
+            writes = {name: pages for name in (FULL, SWA) if self._has(name)}
+        else:
+            host = self._launch_pages(toks)
+            writes[FULL] = host
+            if self._has(SWA):
+                swa = self.arena.v2p(SWA).tolist()  # SYNC: launch validation
+                writes[SWA] = [p for p in host if swa[p] > 0]
+        if self._has(STATE):
+            writes[STATE] = None if state_slots is None else self._vec("launch: state_slots", state_slots)
+        self.arena.launch(writes, check=check)
+
+    def _launch_pages(self, toks: torch.Tensor) -> list[int]:
+        """The checked launch's full pages, ascending, in the spec's words:
+        every token ``-1`` or live in full (SYNC: validation)."""
+        ps, host = self.page_size, toks.tolist()  # SYNC: launch validation (checked path)
+        for t in host:
+            if t < -1:
+                raise ValueError(f"launch: token {t} names no token (-1 is padding)")
+        full = self.arena.v2p(FULL).tolist()  # SYNC: launch validation
+        for t in host:
+            if t >= ps:
+                _live_token(full, t, ps, "launch: token")
+        return sorted({t // ps for t in host if t >= ps})
+
+    def settle(self) -> None:
+        """The launched forward is done, or waited on (``Arena.settle``; docs/design.md §12); as the spec's."""
+        self.arena.settle()
+
+    def flush_opportunistic(self, max_moves: int | None = None) -> int:
+        """Compact between steps without waiting for an in-flight forward:
+        a non-urgent flush of each lazy END (``Arena.flush(urgent=False)``;
+        docs/design.md §12); as the spec's.  Eager ENDs have no holes to
+        compact.  One ``atomic()`` scope (docs/design.md §9c).
+
+        Args:
+            max_moves: the most pages each END may move; None for no cap.
+
+        Returns:
+            Pages moved, all ENDs together.
+
+        Raises:
+            ValueError: ``max_moves`` not an int >= 0.
+        """
+        ends = [n for n in (self.CHAIN[0], self.CHAIN[-1]) if self.arena.is_lazy(n)]
+        with self.arena.atomic():
+            return sum(self.arena.flush(n, max_moves=max_moves, urgent=False) for n in ends)
+
     # ---------------------------------------------------------- checks
 
     def verify(self) -> None:
@@ -1001,9 +1162,12 @@ class _WithSWA(_Composite):
         ``count`` are the pages.
 
         ``check=False``: the trusted decode path; ``token_ids`` is a 1-D
-        int64 tensor on the arena's device with every representative in
-        ``[-1, id end)``, ``start_pos`` is not looked at, and ``num_live``
-        is taken as right.  The same pages are freed (docs/design.md §6, §8).
+        int64 tensor on the arena's device, ``start_pos`` is not looked at,
+        and ``num_live`` is taken as right, its representatives then
+        trusted to lie in ``[-1, id end)``.  Without ``num_live`` the one
+        read also counts representatives out of range: the checked call's
+        ``ValueError``, nothing changed.  The same pages are freed
+        (docs/design.md §6, §8).
 
         Args:
             token_ids: a window's tokens, from ``start_pos`` on.
@@ -1021,11 +1185,16 @@ class _WithSWA(_Composite):
         end = self._id_end[SWA]
         count: int | None  # entries to free (None: not known yet)
         if not check:
-            page = torch.div(cast(torch.Tensor, token_ids)[::ps], ps, rounding_mode="floor")
+            reps = cast(torch.Tensor, token_ids)[::ps]
+            page = torch.div(reps, ps, rounding_mode="floor")
             if num_live is None:
-                key, count_t = self._live_pages(page, end)
-                # SYNC: the one read without the host copy: entries to free.
-                (count,) = _host_read(count_t)
+                inside = torch.clamp(reps, -1, end * ps - 1)  # an out-of-range representative changes
+                key, count_t = self._live_pages(torch.div(inside, ps, rounding_mode="floor"), end)
+                bad = (inside != reps).sum(0, keepdim=True) > 0
+                # SYNC: the one read without the host copy: entries to free, or -1 for a bad representative.
+                (count,) = _host_read(torch.where(bad, -1, count_t))
+                if count < 0:
+                    self._explain_reps(reps, end)
             elif num_live == page.numel():  # every representative a live page of its own
                 key, count = torch.sort(page).values, num_live
             else:

@@ -25,6 +25,10 @@ scope that raises leaves the arena exactly as it found it:
 4. **The free-id ring**: ids are appended into slots outside the queue,
    which a restored count frees again, unless this scope took ids from the
    same ring first: then the slots' old ids are kept and put back.
+5. **An in-flight forward** (docs/design.md §12): before a scope first
+   changes the arena's ``in_flight`` flag, a band's guard table reference
+   or its guarded-hole bounds, the arena records them (``flight``: once a
+   scope); a guard table written in place records its rows as rule 2 does.
 
 The fault model: one operation raises, before it runs; the undo runs after
 it (a device that keeps failing leaves nothing to recover; on CUDA a sticky
@@ -49,7 +53,7 @@ class Journal:
         bands: the arena's bands, whose host fields are snapshotted now (rule 1).
     """
 
-    __slots__ = ("freed", "saved", "taken", "undo")
+    __slots__ = ("flight", "freed", "saved", "taken", "undo")
 
     def __init__(self, bands: "Iterable[Band]") -> None:
         self.saved = [
@@ -60,6 +64,7 @@ class Journal:
         # and ``saved`` holds each band alive for the scope, so no id is reused within it
         self.taken: set[int] = set()
         self.freed = False  # whether this scope freed a page (rule 3)
+        self.flight = False  # whether the in-flight state is recorded (rule 5)
 
     def on_undo(self, f: Callable[..., object], *args: object) -> None:
         """Record ``f(*args)``, to run if the scope fails (docs/design.md §9c).

@@ -1,6 +1,6 @@
 """The ``kvarena`` command: one registry of subcommands, each job in its own module.
 
-- ``kvarena verify``: self-checks, proofs, vectors and differential fuzz, within a budget
+- ``kvarena verify``: self-checks, proofs, vectors and differential fuzz, every check run to the end
 - ``kvarena prove``: z3 obligations and CrossHair runs
 - ``kvarena vectors``: conformance vectors: generate from the spec, replay on a target
 - ``kvarena fuzz``: the differential machines as a campaign over processes
@@ -33,7 +33,9 @@ class Command:
 
 COMMANDS = (
     Command(
-        "verify", "self-checks, proofs, vectors and differential fuzz, within a budget", "kvarena.verification.verify"
+        "verify",
+        "self-checks, proofs, vectors and differential fuzz, every check run to the end",
+        "kvarena.verification.verify",
     ),
     Command("prove", "z3 obligations and CrossHair runs", "kvarena.proofs.cli"),
     Command(

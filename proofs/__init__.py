@@ -2,6 +2,7 @@
 
 - ``abstract``    the abstract arena (frontiers and counts), over the spec's shim;
 - ``core``        obligations, the registry, the z3 runner;
+- ``cache``       the proof cache: verdicts keyed by each obligation's SMT-LIB text;
 - ``obligations`` the registry with every group loaded;
 - ``layout``, ``golden``, ``invariants``, ``capacity``, ``policy``, ``composites``: the obligations;
 - ``crosshair_runs``  ``crosshair check`` / ``diffbehavior`` runs;

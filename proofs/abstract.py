@@ -216,11 +216,11 @@ def rel_alloc_float_parked(s, t, i, n):
 
 
 def rel_alloc_float_extend_high(s, t, i, n):
-    return _float_alloc(s, t, i, n, and_(opaque(s, i), n > s.bands[i].holes, T.float_extends_high(s, i, n)))
+    return _float_alloc(s, t, i, n, and_(opaque(s, i), n > s.bands[i].holes, T.float_extends_high(s, i)))
 
 
 def rel_alloc_float_extend_low(s, t, i, n):
-    return _float_alloc(s, t, i, n, and_(opaque(s, i), n > s.bands[i].holes, not_(T.float_extends_high(s, i, n))))
+    return _float_alloc(s, t, i, n, and_(opaque(s, i), n > s.bands[i].holes, not_(T.float_extends_high(s, i))))
 
 
 def rel_free_eager(s, t, i, k):

@@ -88,7 +88,7 @@ def _float_gate(n_pools):
         # the spec's choice of side, and the room it needs there
         lo, hi = A.region(s, i)
         m = n - a.holes
-        fits = z3.If(T.float_extends_high(s, i, n), m <= hi - a.hi, m <= a.lo - lo)
+        fits = z3.If(T.float_extends_high(s, i), m <= hi - a.hi, m <= a.lo - lo)
         cases.append([n >= 1, n <= A.available(s, i), A.opaque(s, i)])
         goals.append(z3.Or(n <= a.holes, fits))
     return Built(hyps, None, cases=cases, case_goals=goals, hints=A.layout_hint(s))

@@ -43,11 +43,20 @@ default: a conjunct may hold by construction, the goal may not), ``"none"``
 (no conjunct either: the invariants, each of whose conjuncts must be able to
 fail) or ``"any"`` (a lemma of arithmetic, valid by design).  A verdict
 beyond what is allowed fails the obligation; ``unknown`` never does.
+
+A verdict can come from the **proof cache** (``proofs.cache``): it is
+keyed by the SMT-LIB text of every query above as the solver receives it
+(``query_texts``), the z3 version, the budget and this module's source,
+so a changed formula never meets an old verdict (``cache_key``).  The
+key is computed in a process of its own (``cache_lookup``), so the
+process that proves builds exactly what it builds with no cache.
 """
 
+import functools
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from pathlib import Path
 
 import z3
 
@@ -333,10 +342,115 @@ def tautology_check(goals, budget_s=TAUTOLOGY_S):
     return verdict, examples
 
 
-def run_obligation(ob, tautology_s=None):
-    """Run one obligation; returns a JSON-able result dict."""
-    t0 = time.perf_counter()
-    res = {
+def smt2(constraints):
+    """The SMT-LIB text z3 prints for a query of ``constraints``."""
+    s = z3.Solver()
+    s.add(*[_as_bool(c) for c in constraints])
+    return s.to_smt2()
+
+
+def split(built):
+    """``(hyps, cases, goals)``: the hypotheses, each case as a list, and each case's goal."""
+    cases = [list(c) if isinstance(c, (list, tuple)) else [c] for c in (built.cases or [[]])]
+    return list(built.hyps), cases, built.case_goals or [built.goal] * len(cases)
+
+
+def proof_queries(built):
+    """Each case's proof query as the solver receives it: the hypotheses,
+    the case, the negated goal and, when ``built`` asks for them, the
+    arithmetic lemmas."""
+    hyps, cases, goals = split(built)
+    queries = []
+    for case, goal in zip(cases, goals):
+        query = hyps + case + [z3.Not(_as_bool(goal))]
+        if built.lemmas:
+            query += arith_lemmas(query, ceiling=built.lemmas is True)
+        queries.append(query)
+    return queries
+
+
+def _vacuity_sets(built, cases):
+    """The distinct extra sets the vacuity check pairs with the hypotheses: each case, then each witness set."""
+    distinct = []
+    for extra in cases + list(built.witnesses):
+        if not any(extra is d or (not extra and not d) for d in distinct):
+            distinct.append(extra)
+    return distinct
+
+
+def query_texts(built, queries):
+    """The SMT-LIB text of every query ``run_obligation`` may send for
+    ``built``: each proof query (and with its hints), each vacuity query
+    (and with its hints), and each goal the tautology check negates (its
+    conjunct queries are parts of that goal)."""
+    hyps, cases, goals = split(built)
+    hints = list(built.hints)
+    texts = []
+    for q in queries:
+        texts += [smt2(q)] + ([smt2(q + hints)] if hints else [])
+    for extra in _vacuity_sets(built, cases):
+        texts += [smt2(hyps + list(extra))] + ([smt2(hyps + list(extra) + hints)] if hints else [])
+    texts += [smt2([z3.Not(_as_bool(g))]) for g in goals]
+    return texts
+
+
+@functools.cache
+def _procedure():
+    """This module's source: how each query is checked (tactics, hint order, lemmas, budgets)."""
+    return Path(__file__).read_text()
+
+
+def key_text(ob, tautology_s):
+    """The budget part of a cache key: what the obligation may spend."""
+    return (
+        f"timeout_s={ob.timeout_s!r} units_per_s={UNITS_PER_S} wall_guard={WALL_GUARD} "
+        f"tautology_s={tautology_s!r} z3={z3.get_full_version()}"
+    )
+
+
+def cache_key(ob, built, queries, tautology_s=TAUTOLOGY_S):
+    """The proof cache's key for ``ob`` as ``built`` (``proofs.cache``): the
+    format, the budget and z3 version, this module's source, the
+    obligation's name and rules, and the SMT-LIB text of every query."""
+    from . import cache as proof_cache
+
+    return proof_cache.digest(
+        proof_cache.FORMAT,
+        key_text(ob, tautology_s),
+        _procedure(),
+        ob.name,
+        ob.expect,
+        ob.tautology,
+        *query_texts(built, queries),
+    )
+
+
+def passes(ob, res):
+    """Whether a result row (or a cached verdict) passes ``ob`` as it is stated now."""
+    taut = res.get("tautology")
+    taut_ok = taut in ("unknown", "n/a") or taut in _TAUT_ALLOWED[ob.tautology]
+    return res.get("result") == ob.expect and res.get("vacuity") == "sat" and taut_ok
+
+
+def cache_lookup(ob, store, tautology_s=None):
+    """``(key, row, warning)``: ``ob``'s cache key, its trusted verdict in
+    ``store`` (or None) and why an entry found was not trusted (or None).
+
+    It builds the obligation and prints its queries, and z3's search
+    depends on the terms a process built before (the module docstring), so
+    run it in a process of its own (``cache.in_child``), never in the one
+    that then proves: a verdict must not depend on whether a cache was asked."""
+    from . import cache as proof_cache
+
+    built = ob.build()
+    key = cache_key(ob, built, proof_queries(built), TAUTOLOGY_S if tautology_s is None else tautology_s)
+    row, warning = proof_cache.load(store, key, ob.name, lambda r: passes(ob, r))
+    return key, row, warning
+
+
+def describe(ob):
+    """The fields of a result row that describe ``ob`` itself, not a verdict."""
+    return {
         "name": ob.name,
         "group": ob.group,
         "kind": "z3",
@@ -346,6 +460,12 @@ def run_obligation(ob, tautology_s=None):
         "obligation_kind": ob.kind,
         "source": ob.source,
     }
+
+
+def run_obligation(ob, tautology_s=None):
+    """Run one obligation; returns a JSON-able result dict."""
+    t0 = time.perf_counter()
+    res = describe(ob)
     try:
         built = ob.build()
         hyps = list(built.hyps)
@@ -414,6 +534,5 @@ def run_obligation(ob, tautology_s=None):
         res["vacuity"] = "n/a"
         res["tautology"] = "n/a"
     res["time_s"] = round(time.perf_counter() - t0, 3)
-    taut_ok = res["tautology"] in ("unknown", "n/a") or res["tautology"] in _TAUT_ALLOWED[ob.tautology]
-    res["ok"] = res["result"] == ob.expect and res.get("vacuity") == "sat" and taut_ok
+    res["ok"] = passes(ob, res)
     return res

@@ -3,10 +3,22 @@
 ``REGISTRY`` maps each name to its ``Obligation`` (name, group, statement,
 z3 time limit, builder of hypotheses and goal, expected result).  The
 obligations themselves live by topic in ``layout``, ``golden``,
-``invariants``, ``capacity``, ``policy``, ``planner``, ``composites`` and ``views``; the runner is ``core``.
+``invariants``, ``capacity``, ``policy``, ``planner``, ``composites``, ``views``
+and ``inflight``; the runner is ``core``.
 """
 
-from . import capacity, composites, golden, integrity, invariants, layout, planner, policy, views  # noqa: F401  (they register)
+from . import (  # noqa: F401  (they register)
+    capacity,
+    composites,
+    golden,
+    inflight,
+    integrity,
+    invariants,
+    layout,
+    planner,
+    policy,
+    views,
+)
 from .core import REGISTRY, Built, Obligation, run_obligation
 
 __all__ = ["REGISTRY", "Built", "Obligation", "run", "run_obligation"]

@@ -10,7 +10,8 @@ refer here), about 3,000 lines in all:
 - ``geometry``    sub-pools, page grids, the sink, the chain, every configuration error;
 - ``chain``       the arena in numbers: spans and counts, walks, capacity views;
 - ``transitions`` each operation's update of the counts (the proofs' source);
-- ``bands``       one band: span, page tables, FIFO ids, holes, content model;
+- ``forward``     an in-flight forward: the pages it writes (pinned) and reads (pending);
+- ``bands``       one band: span, page tables, FIFO ids, holes, content model, guards;
 - ``moves``       relocation plans: which live pages go where, and why they fit;
 - ``policy``      the anchor's demand-vector decision for sliding a float;
 - ``planner``     kvarena's chain planner: one placement of every float;

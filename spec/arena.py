@@ -20,7 +20,7 @@ import operator
 from collections.abc import Iterable, Mapping
 from typing import SupportsIndex
 
-from . import chain, moves, planner, policy, transitions
+from . import chain, forward, moves, planner, policy, transitions
 from .bands import Band
 from .evict import MAX_EVICT_ROUNDS, Evictor, evicted
 from .geometry import AccountingError, Geometry, SubPool, borrowing, check_policy, lazy_ends, make_layout
@@ -95,6 +95,7 @@ class Arena:
         self._shapes = tuple(
             chain.Shape(b.grow, b.geom.epp, b.geom.num_pages, b.geom.min_page, b.lazy) for b in self.bands.values()
         )
+        self.in_flight = False  # a forward launched and not yet settled (docs/design.md §12)
         self.verify()
 
     def state(self) -> chain.Chain:
@@ -551,7 +552,10 @@ class Arena:
         watermark, the down END the ascending range just below its low
         frontier, a float toward its larger gap (high wins ties), and a
         parked float at the middle of its region.  Ids pair with pages in
-        order (docs/design.md §4).
+        order (docs/design.md §4).  With a forward in flight the holes it
+        takes are the unguarded ones, oldest first, and it settles first
+        when it would need a guarded one (``transitions.alloc_settles``;
+        docs/design.md §12).
 
         Args:
             name: the pool.
@@ -590,12 +594,17 @@ class Arena:
             return None
         s, i = self._at(name)
         new = transitions.alloc(s, i, n)
-        k = s.bands[i].holes - new.holes  # holes reused, oldest first
-        pages = b.holes[:k] + _new_pages(b, new)
+        if self.in_flight and transitions.alloc_settles(s, i, n, len(b.guarded_holes())):
+            self.settle()  # it must hand out a hole the forward still writes or reads
+        k = s.bands[i].holes - new.holes  # holes reused: the unguarded ones, oldest first
+        taken = [h for h in b.holes if not b.is_guarded(h)][:k]
+        pages = taken + _new_pages(b, new)
         assert len(pages) == n, f"pool {name!r}: the transition bound {len(pages)} pages for n={n}"
+        assert forward.bind_clear(b.pinned, b.pending, pages), f"pool {name!r}: a guarded page handed out"
         ids = b.take_ids(n, ids)
         b.bind(ids, pages)
-        b.install(new, b.holes[k:])
+        kept = set(taken)
+        b.install(new, [h for h in b.holes if h not in kept])
         return ids
 
     def free(self, name: str, ids: Iterable[int]) -> None:
@@ -605,7 +614,9 @@ class Arena:
         freed, and the survivors in the vacated band move into the holes
         (ascending, paired in order).  A lazy END and a float record holes.
         A float left with no live page parks.  A lender id still bound in a
-        borrower is a ``ValueError`` (docs/design.md §4).
+        borrower is a ``ValueError`` (docs/design.md §4).  With a forward in
+        flight an eager END settles first (it moves), and so does a float
+        that parks with a guarded hole (docs/design.md §12).
 
         Args:
             name: the pool.
@@ -627,16 +638,20 @@ class Arena:
         s, i = self._at(name)
         assert transitions.free_ok(s, i, len(ids))  # the precondition the proofs assume
         new = transitions.free(s, i, len(ids))
+        eager = b.is_end and not b.lazy
+        parks = not b.is_end and not new.live  # a float with no live page parks
+        # an eager END compacts (moves); a parking float drops its holes
+        self._settle_if(eager or (parks and any(b.is_guarded(p) for p in b.holes + [b.v2p[v] for v in ids])))
         pages = b.unbind(ids)
-        if b.is_end and not b.lazy:  # survivors in the vacated pages fill the freed ones
+        forward.release(b.pinned, pages)  # a pinned page stays written, and a hole, until settle
+        if eager:  # survivors in the vacated pages fill the freed ones
             b.move(*moves.eager_free_plan(b.grow, (new.lo, new.hi), pages, lambda p: b.p2v[p] >= 0))
             b.install(new, [])
         else:
-            parks = not b.is_end and not new.live  # a float with no live page parks
             b.install(new, [] if parks else b.holes + pages)
         return None
 
-    def flush(self, name: str, max_moves: int | None = None) -> int:
+    def flush(self, name: str, max_moves: int | None = None, urgent: bool = True) -> int:
         """Settle a band's backlog; return pages moved.
 
         A lazy END absorbs the holes at its frontier, then moves the
@@ -644,10 +659,21 @@ class Arena:
         (at most ``max_moves`` of them), then absorbs again.  A float only
         absorbs its boundary holes and never moves data (docs/design.md §4).
 
+        With a forward in flight (docs/design.md §12) an urgent flush
+        settles first when it would move a page or the band holds a guarded
+        hole; a non-urgent one (``urgent=False``) never waits: its walk
+        stops at the first pinned survivor from the frontier, skips guarded
+        holes, leaves every page it vacates pending, and absorbs no guarded
+        hole (``moves.guarded_flush_plan``).  With nothing in flight the
+        two are the same.
+
         Args:
             name: the pool.
             max_moves: the most pages a lazy END may move; None for no cap.
                 ``max_moves=0`` only absorbs.
+            urgent: whether it may settle an in-flight forward (the
+                shortfall ladder's flush) or must not wait (a flush between
+                steps).
 
         Returns:
             Pages moved; 0 for a float and an eager END.
@@ -658,29 +684,47 @@ class Arena:
         post: __return__ >= 0
         post: max_moves is None or __return__ <= max_moves
         post: self.live_pages(name) == __old__.self.live_pages(name)
-        post: max_moves is not None or self.pool(name).grow == "float" or not self.holes(name)
+        post: max_moves is not None or self.in_flight or self.pool(name).grow == "float" or not self.holes(name)
         raises: ValueError
         """
         b = self._band(name)
         if max_moves is not None:
             max_moves = self._count(name, max_moves, "max_moves")
         s, i = self._at(name)
+        guarded = self.in_flight and bool(b.guarded_holes())
         if not b.is_end:  # absorb the boundary holes
             if b.opaque:
+                if guarded and not urgent:
+                    return 0  # a guarded hole may lie at the boundary: wait for settle
+                self._settle_if(guarded)
                 lo, hi = b.live_span()
                 assert transitions.refit_ok(s, i, lo, hi)
                 b.install(transitions.refit(s, i, lo, hi), [h for h in b.holes if lo <= h < hi])
             return 0
         g = b.geom
         edge = g.min_page + b.live if b.grow == "up" else g.num_pages - b.live  # the packed band's edge
-        dst, src = moves.flush_plan(b.grow, b.occupied_pages(), b.holes, edge, max_moves)
+        live = b.occupied_pages()
+        if urgent:
+            dst, src = moves.flush_plan(b.grow, live, b.holes, edge, max_moves)
+            self._settle_if(bool(src) or guarded)
+        else:
+            pinned = [p for p in live if b.pinned[p] >= 0]
+            guards = [h for h in b.holes if b.is_guarded(h)]
+            dst, src = moves.guarded_flush_plan(b.grow, live, b.holes, edge, max_moves, pinned, guards)
+        if self.in_flight:  # the forward still reads what the move leaves behind
+            assert forward.move_clear(b.pinned, b.pending, dst, src), f"pool {name!r}: a move races the forward"
+            forward.vacate(b.pending, b.content, src)
         moved = b.move(dst, src)
-        lo, hi = b.live_span()
-        frontier = (hi if b.live else g.min_page) if b.grow == "up" else (lo if b.live else g.num_pages)
+        keep = [p for p in range(g.min_page, g.num_pages) if b.p2v[p] >= 0 or b.is_guarded(p)]  # live or guarded
+        if b.grow == "up":
+            frontier = keep[-1] + 1 if keep else g.min_page
+        else:
+            frontier = keep[0] if keep else g.num_pages
         assert transitions.flush_end_ok(s, i, frontier)
         new = transitions.flush_end(s, i, frontier)
         used = set(dst)
-        b.install(new, [h for h in b.holes if h not in used and new.lo <= h < new.hi])
+        vacated = sorted(p for p in src if b.is_guarded(p))  # pending: holes at the back of the queue
+        b.install(new, [h for h in b.holes if h not in used and new.lo <= h < new.hi] + vacated)
         return moved
 
     def make_room(self, name: str, side: str, min_bytes: int) -> int:
@@ -694,7 +738,9 @@ class Arena:
         It clears the fewest edge pages that reach the target
         (``arith.make_room_need``) as ``moves.make_room_plan`` lays out:
         a leapfrog when that is every live page, else only the live pages
-        among the cleared ones move (docs/design.md §4, make_room).
+        among the cleared ones move (docs/design.md §4, make_room).  With a
+        forward in flight it settles first when it moves a page or the band
+        holds a guarded hole (docs/design.md §12).
 
         Args:
             name: the pool, a float.
@@ -732,6 +778,7 @@ class Arena:
             spared = sum(1 for h in b.holes if h in cleared)
         assert transitions.make_room_moved_ok(s, i, low, min_bytes, spared)
         dst, src = moves.make_room_plan(side, live, b.holes, (b.lo, b.hi), chain.region(s, i), edge_pages)
+        self._settle_if(bool(src) or bool(b.guarded_holes()))  # the urgent path: it may move and reshape
         moved = b.move(dst, src)
         assert moved == transitions.make_room_moved(s, i, low, min_bytes, spared)  # the cost the proofs bound
         lo, hi = b.live_span()
@@ -758,7 +805,9 @@ class Arena:
         """Pack a float's live pages toward the edge opposite ``retreat_side``.
 
         Order is kept; pages already in place stay (docs/design.md §4,
-        compact_holes).  A transparent float moves nothing.
+        compact_holes).  A transparent float moves nothing.  With a forward
+        in flight it settles first when it moves a page or the band holds a
+        guarded hole (docs/design.md §12).
 
         Args:
             name: the pool, a float.
@@ -783,7 +832,9 @@ class Arena:
             return 0
         s, i = self._at(name)
         new = transitions.compact(s, i, retreat_side == "low")
-        moved = b.move(*moves.compact_plan(b.occupied_pages(), (b.lo, b.hi), retreat_side))
+        dst, src = moves.compact_plan(b.occupied_pages(), (b.lo, b.hi), retreat_side)
+        self._settle_if(bool(src) or bool(b.guarded_holes()))  # the urgent path: it may move and drops holes
+        moved = b.move(dst, src)
         assert b.live_span() == (new.lo, new.hi)
         b.install(new, [])
         return moved
@@ -818,6 +869,100 @@ class Arena:
             if not -1 <= v < len(b.v2p):
                 raise ValueError(f"pool {name!r}: id {v} out of range [-1, {len(b.v2p)})")
         return [max(b.v2p[v], 0) if v >= 0 else 0 for v in ids]
+
+    # ------------------------------------------------ in-flight forwards
+
+    def launch(self, writes: Mapping[str, Iterable[int] | None]) -> None:
+        """A forward was launched: pin the pages it writes (docs/design.md §12).
+
+        Until ``settle``, no move reads a pinned page and no move or
+        hand-out writes a pinned page or a page a move vacated (pending);
+        the operations settle first, or (the non-urgent flush) leave them
+        alone.  A launch while one is in flight adds its pins: one settle
+        waits for both (forwards run in order).
+
+        Args:
+            writes: ``{pool: virtual ids the forward writes}``; ``-1`` and
+                the sink (0) are skipped (a padded row writes the sink);
+                None for a pool means every page it holds (the engine does
+                not say which).  Pools not named are not written.
+
+        Raises:
+            ValueError: an unknown pool, or an id that is not an int, out of
+                range, or not allocated in that pool.  Nothing has changed.
+
+        post: self.in_flight
+        raises: ValueError
+        """
+        pinned: dict[str, list[int]] = {}
+        for name, ids in writes.items():
+            b = self._band(name)
+            if ids is None:
+                pinned[name] = [v for v in range(1, len(b.v2p)) if b.v2p[v] > 0]
+                continue
+            try:
+                ids = [_index(v) for v in ids]
+            except TypeError:
+                raise ValueError(f"pool {name!r}: launch: ids must be ints") from None
+            for v in ids:
+                if not -1 <= v < len(b.v2p):
+                    raise ValueError(f"pool {name!r}: launch: id {v} out of range [-1, {len(b.v2p)})")
+                if v > 0 and b.v2p[v] < 0:
+                    raise ValueError(f"pool {name!r}: launch: id {v} is not allocated")
+            pinned[name] = [v for v in ids if v > 0]
+        for name, ids in pinned.items():
+            b = self.bands[name]
+            forward.pin(b.v2p, b.pinned, ids)
+        self.in_flight = True
+
+    def settle(self) -> None:
+        """The in-flight forward is done, or waited on: lift every pin and
+        pending mark (docs/design.md §12).  Pending pages stay holes, now
+        free to reuse; no count changes, so no view does.  Nothing in
+        flight: nothing to do.
+
+        post: not self.in_flight
+        post: all(self.available_pages(n) == __old__.self.available_pages(n) for n in self.chain)
+        """
+        for b in self.bands.values():
+            b.lift_guards()
+        self.in_flight = False
+
+    def _settle_if(self, needed: bool) -> None:
+        """The urgent path's rule: settle first when the step needs it (docs/design.md §12)."""
+        if self.in_flight and needed:
+            self.settle()
+
+    def pinned(self, name: str) -> list[int]:
+        """Pages an in-flight forward writes (docs/design.md §12).
+
+        Args:
+            name: the pool.
+
+        Returns:
+            The pinned physical pages, ascending; ``[]`` when nothing is in flight.
+
+        Raises:
+            ValueError: an unknown pool.
+        """
+        b = self._band(name)
+        return [p for p, v in enumerate(b.pinned) if v >= 0]
+
+    def pending(self, name: str) -> list[int]:
+        """Holes a move vacated while a forward is in flight, which it may
+        still read (docs/design.md §12).
+
+        Args:
+            name: the pool.
+
+        Returns:
+            The pending physical pages, ascending; ``[]`` when nothing is in flight.
+
+        Raises:
+            ValueError: an unknown pool.
+        """
+        b = self._band(name)
+        return [p for p, v in enumerate(b.pending) if v >= 0]
 
     # ------------------------------------------------------------ policy
 
@@ -870,7 +1015,9 @@ class Arena:
         then repacks the floats it names in ``planner.move_order``
         (``moves.pack_plan``); the bands end as ``transitions.planned`` says.
         Nothing moves when no placement fits, nor when the demand already
-        fits where the floats are.
+        fits where the floats are.  With a forward in flight it settles
+        first before a float it repacks moves a page or drops a guarded
+        hole (docs/design.md §12).
 
         Args:
             demand: pages each pool needs, ``{pool: pages}``; pools not
@@ -899,7 +1046,9 @@ class Arena:
             live = b.occupied_pages()
             spared = sum(1 for p in live if new.lo <= p < new.hi)
             self._check_clear(b, new.lo)
-            step = b.move(*moves.pack_plan(live, new.lo))
+            dst, src = moves.pack_plan(live, new.lo)
+            self._settle_if(bool(src) or bool(b.guarded_holes()))  # the urgent path: it may move and drops holes
+            step = b.move(dst, src)
             assert step == transitions.repack_moved(s, i, spared)
             assert b.live_span() == (new.lo, new.hi)
             b.install(new, [])
@@ -1073,6 +1222,10 @@ class Arena:
         """
         for b in self.bands.values():
             b.check()
+            if not self.in_flight and (self.pinned(b.name) or self.pending(b.name)):
+                raise AccountingError(
+                    b.name, "guards without a forward", "pins or pending pages with nothing in flight"
+                )
         for b in self.bands.values():
             if b.lender:
                 lender = self.bands[b.lender]
@@ -1125,9 +1278,11 @@ class Arena:
         model (``content``).
 
         Returns:
-            The buffer's size, the sink, the policy, the chain, and for each
-                pool its sub-pool, grid, laziness, lender, span, frontiers, live
-                count, page tables, free ids and holes.
+            The buffer's size, the sink, the policy, the chain, whether a
+                forward is in flight, and for each pool its sub-pool, grid,
+                laziness, lender, span, frontiers, live count, page tables,
+                free ids, holes, and pinned and pending pages
+                (``[page, id]`` pairs, docs/design.md §12).
 
         post: __return__["total_bytes"] == self.total_bytes
         """
@@ -1152,11 +1307,14 @@ class Arena:
                 "p2v": list(b.p2v),
                 "free_ids": list(b.free_ids),
                 "holes": list(b.holes),
+                "pinned": [[p, v] for p, v in enumerate(b.pinned) if v >= 0],
+                "pending": [[p, v] for p, v in enumerate(b.pending) if v >= 0],
             }
         return {
             "total_bytes": self.total_bytes,
             "sink_bytes": self.sink_bytes,
             "policy": self.policy,
             "chain": list(self.chain),
+            "in_flight": self.in_flight,
             "pools": pools,
         }

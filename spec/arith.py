@@ -545,18 +545,19 @@ def two_end_uneven_fits(
         Whether both gates pass, equal to ``two_end_gates``.
 
     Raises:
-        ValueError: on ints, a negative gap, holes or room, or a
-            non-positive epp, as in ``two_end_joint_pages`` (and the
-            implementation's twin).
+        ValueError: on ints, a negative page count, gap, holes or room, or
+            a non-positive epp, as in ``two_end_joint_pages`` (and the
+            implementation's twin); a negative page count is no bind, and
+            would pass as one of 0 pages.
 
-    pre: gap >= 0 and epp_a > 0 and epp_b > 0
+    pre: pages_a >= 0 and pages_b >= 0 and gap >= 0 and epp_a > 0 and epp_b > 0
     pre: holes_a >= 0 and room_a >= 0 and holes_b >= 0 and room_b >= 0
     post: __return__ == two_end_gates(pages_a, pages_b, gap, epp_a, holes_a, room_a, epp_b, holes_b, room_b)
     """
-    if _concrete(gap, epp_a, holes_a, room_a, epp_b, holes_b, room_b) and not (
-        gap >= 0 and epp_a > 0 and epp_b > 0 and min(holes_a, room_a, holes_b, room_b) >= 0
+    if _concrete(pages_a, pages_b, gap, epp_a, holes_a, room_a, epp_b, holes_b, room_b) and not (
+        gap >= 0 and epp_a > 0 and epp_b > 0 and min(pages_a, pages_b, holes_a, room_a, holes_b, room_b) >= 0
     ):
-        raise ValueError("two_end_uneven_fits: sizes must be >= 0 and epps > 0")
+        raise ValueError("two_end_uneven_fits: page counts and sizes must be >= 0 and epps > 0")
     m_a = max_(0, pages_a - holes_a)
     m_b = max_(0, pages_b - holes_b)
     return and_(m_a <= room_a, m_b <= room_b, m_a * epp_a + m_b * epp_b <= gap)

@@ -21,6 +21,7 @@ live id's bytes are where ``v2p`` says, which is what the implementation's
 byte tests check on real memory.
 """
 
+from . import forward
 from .chain import Counts, Shape, boot_band
 from .geometry import AccountingError, Geometry, SubPool
 
@@ -151,6 +152,9 @@ class Band:
         self.free_ids: list[int] = [] if lender else list(range(ids.min_page, ids.num_pages))
         self.holes: list[int] = []  # physical pages, oldest first
         self.content: dict[int, int] = {}  # physical page -> virtual id whose bytes it holds
+        # an in-flight forward's guards, by physical page (spec.forward; -1: none)
+        self.pinned = [-1] * n  # the id the page held at launch; forward.FREED once freed
+        self.pending = [-1] * n  # the id whose bytes a move left there
         self.live = 0
         # the boot span: the up END empty at min_page, the others at num_pages
         start = boot_band(Shape(self.grow, geom.epp, n, geom.min_page, lazy))
@@ -195,6 +199,30 @@ class Band:
         The index space of docs/design.md §4: ``num_pages - min_page - live``.
         """
         return self.geom.num_pages - self.geom.min_page - self.live
+
+    def is_guarded(self, p: int) -> bool:
+        """Whether an in-flight forward writes or reads page ``p`` (docs/design.md §12).
+
+        Args:
+            p: a physical page of this band's grid.
+
+        Returns:
+            True when ``p`` is pinned or pending.
+        """
+        return bool(forward.guarded(self.pinned, self.pending, p))
+
+    def guarded_holes(self) -> list[int]:
+        """The holes an in-flight forward still writes or reads, in hole order (docs/design.md §12).
+
+        Returns:
+            The pinned or pending holes, oldest first.
+        """
+        return [h for h in self.holes if self.is_guarded(h)]
+
+    def lift_guards(self) -> None:
+        """Forget every pin and pending mark: the forward has settled (docs/design.md §12)."""
+        n = self.geom.num_pages
+        self.pinned, self.pending = [-1] * n, [-1] * n
 
     def occupied_pages(self) -> list[int]:
         """Physical pages holding live data, ascending (scans the whole grid,
@@ -344,6 +372,22 @@ class Band:
             need(
                 self.opaque or self.lo == self.hi == g.num_pages, "parked float", "a float with no live page must park"
             )
+        holes = set(self.holes)
+        for p in range(g.num_pages):
+            if self.pending[p] >= 0:  # the forward reads the bytes a move left here
+                need(
+                    p in holes and self.content.get(p) == self.pending[p],
+                    "pending page untouched",
+                    f"page {p} was vacated holding id {self.pending[p]}; an unsettled forward reads it",
+                )
+            if self.pinned[p] > 0:  # the forward writes here late: the id must not have moved
+                need(
+                    self.p2v[p] == self.pinned[p],
+                    "pinned page kept",
+                    f"page {p} held id {self.pinned[p]} at launch; an unsettled forward writes it",
+                )
+            elif self.pinned[p] == forward.FREED:
+                need(p in holes, "pinned page kept", f"freed pinned page {p} must stay a hole until settle")
         expected = set() if self.lender else set(range(id_lo, id_hi)) - set(bound_ids)
         need(
             len(self.free_ids) == len(set(self.free_ids)) and set(self.free_ids) == expected,

@@ -76,8 +76,13 @@ def _ints(what: str, seq: Sequence[int]) -> list[int]:
 
 
 def _same_host_copy(what: str, name: str, values: list[int], copy: Sequence[int] | None) -> None:
-    """A host copy the caller passed must hold the same values."""
-    if copy is not None and _ints(f"{what}: {name}_cpu", copy) != values:
+    """A host copy the caller passed must hold as many values, and the same."""
+    if copy is None:
+        return
+    host = _ints(f"{what}: {name}_cpu", copy)
+    if len(host) != len(values):  # the length first: an engine's trusted path sees only the shapes
+        raise ValueError(f"{what}: {name}_cpu has {len(host)} entries, {name} {len(values)}")
+    if host != values:
         raise ValueError(f"{what}: {name}_cpu {list(copy)} disagrees with {name} {values}")
 
 
@@ -810,6 +815,72 @@ class _Composite:
                 raise ValueError(f"translate: pool {pool!r}: token {t} out of range [-1, {n_ids * ps})")
         pages = self.arena.translate(pool, [t // ps if t >= 0 else -1 for t in toks])
         return [p * ps + t % ps if p > 0 else 0 for t, p in zip(toks, pages)]
+
+    # ------------------------------------------------ in-flight forwards
+
+    def launch(self, token_ids: Sequence[int], state_slots: Sequence[int] | None = None) -> None:
+        """A forward was launched that writes these tokens' slots (docs/design.md §12).
+
+        It pins their pages in full and, where live, in swa; the state
+        slots it updates are ``state_slots``, or every live slot when the
+        engine does not say (None: SGLang passes none for the mamba pool).
+        Until ``settle`` nothing it writes moves and nothing it reads is
+        overwritten (``Arena.launch``).
+
+        Args:
+            token_ids: the batch's new token ids (``out_cache_loc``);
+                ``-1`` and tokens of page 0 are padding and skipped.
+            state_slots: the state slots it writes, or None for all;
+                ignored where there is no state pool.
+
+        Raises:
+            ValueError: a token that is not an int, below ``-1``, out of
+                range or not allocated in full; a slot that is not live.
+                Nothing has changed.
+
+        post: self.arena.in_flight
+        raises: ValueError
+        """
+        toks = _ints("launch: token_ids", token_ids)
+        full = self.arena.v2p(FULL)
+        for t in toks:
+            if t < -1:
+                raise ValueError(f"launch: token {t} names no token (-1 is padding)")
+        pages = sorted({self._token_page(full, t, "launch: token") for t in toks if t >= self.page_size})
+        writes: dict[str, list[int] | None] = {FULL: pages}
+        if self._has(SWA):
+            swa = self.arena.v2p(SWA)
+            writes[SWA] = [p for p in pages if swa[p] > 0]
+        if self._has(STATE):
+            writes[STATE] = None if state_slots is None else _ints("launch: state_slots", state_slots)
+        self.arena.launch(writes)
+
+    def settle(self) -> None:
+        """The launched forward is done, or waited on (``Arena.settle``; docs/design.md §12).
+
+        post: not self.arena.in_flight
+        """
+        self.arena.settle()
+
+    def flush_opportunistic(self, max_moves: int | None = None) -> int:
+        """Compact between steps without waiting for an in-flight forward:
+        a non-urgent flush of each lazy END (``Arena.flush(urgent=False)``;
+        docs/design.md §12).  Eager ENDs have no holes to compact.
+
+        Args:
+            max_moves: the most pages each END may move; None for no cap.
+
+        Returns:
+            Pages moved, all ENDs together.
+
+        Raises:
+            ValueError: ``max_moves`` not an int >= 0.
+
+        post: __return__ >= 0
+        raises: ValueError
+        """
+        ends = [n for n in (self.CHAIN[0], self.CHAIN[-1]) if self.arena.is_lazy(n)]
+        return sum(self.arena.flush(n, max_moves=max_moves, urgent=False) for n in ends)
 
     # ----------------------------------------------------------- checks
 

@@ -51,6 +51,55 @@ def flush_plan(grow: str, live: list[int], holes: list[int], edge: int, max_move
     return dst[len(dst) - k :], src[:k]  # frontier is low: nearest survivors first
 
 
+def guarded_flush_plan(
+    grow: str,
+    live: list[int],
+    holes: list[int],
+    edge: int,
+    max_moves: int | None,
+    pinned: list[int],
+    guarded: list[int],
+) -> MovePlan:
+    """A lazy END's flush that does not wait for an in-flight forward
+    (docs/design.md §12, the non-urgent walk).
+
+    ``flush_plan``'s pairing, walked from the frontier inward: the walk
+    stops at the first pinned survivor (the forward still writes it; what
+    lies deeper waits too) and never fills a guarded hole (the forward
+    reads or writes it).  With nothing pinned or guarded it is
+    ``flush_plan``.
+
+    Args:
+        grow: ``"up"`` or ``"down"``, the END's direction.
+        live: the band's live pages, ascending.
+        holes: its holes.
+        edge: where the packed band would end.
+        max_moves: the most pairs to move; None for no cap.
+        pinned: the live pages an in-flight forward writes.
+        guarded: the holes it writes or reads.
+
+    Returns:
+        ``(dst, src)``, ascending and paired in order.
+
+    post: not (set(__return__[1]) & set(pinned))
+    post: not (set(__return__[0]) & set(guarded))
+    post: (pinned or guarded) or __return__ == flush_plan(grow, live, holes, edge, max_moves)
+    """
+    up = grow == "up"
+    stop, skip = set(pinned), set(guarded)
+    outside = [p for p in live if (p >= edge if up else p < edge)]
+    outside = outside[::-1] if up else outside  # nearest the frontier first
+    src: list[int] = []
+    for p in outside:
+        if p in stop:
+            break
+        src.append(p)
+    inside = sorted(h for h in holes if (h < edge if up else h >= edge) and h not in skip)
+    dst = inside if up else inside[::-1]  # furthest from the frontier first
+    k = min(len(src), len(dst)) if max_moves is None else min(len(src), len(dst), max_moves)
+    return sorted(dst[:k]), sorted(src[:k])
+
+
 def make_room_plan(
     side: str, live: list[int], holes: list[int], span: tuple[int, int], region: tuple[int, int], edge_pages: int
 ) -> MovePlan:

@@ -47,16 +47,17 @@ def alloc_end(s: Chain, i: int, n: int) -> Counts:
     return Counts(a.lo - m, a.hi, a.live + n, a.holes - k)
 
 
-def float_extends_high(s: Chain, i: int, n: int) -> bool:
+def float_extends_high(s: Chain, i: int) -> bool:
     """Which way a float extends (docs/design.md §4).
 
     An opaque float that its holes do not cover extends toward its larger
-    gap; the high side wins ties.
+    gap; the high side wins ties.  The choice does not depend on how many
+    pages it binds: the gate (``chain.available``) prices the larger gap,
+    so an alloc within it always fits on that side.
 
     Args:
         s: the state before.
         i: the float's index.
-        n: the pages to bind (the choice does not depend on it).
 
     Returns:
         True when it extends its high side.
@@ -89,7 +90,7 @@ def alloc_float(s: Chain, i: int, n: int) -> Counts:
     high = Counts(a.lo, a.hi + m, a.live + n, 0)
     low = Counts(a.lo - m, a.hi, a.live + n, 0)
     holes = Counts(a.lo, a.hi, a.live + n, a.holes - n)
-    extended = pick(float_extends_high(s, i, n), high, low)
+    extended = pick(float_extends_high(s, i), high, low)
     return pick(opaque(s, i), pick(n <= a.holes, holes, extended), parked)
 
 
@@ -119,6 +120,27 @@ def alloc_ok(s: Chain, i: int, n: int) -> bool:
         ``1 <= n <= available(s, i)``.
     """
     return and_(n >= 1, n <= available(s, i))
+
+
+def alloc_settles(s: Chain, i: int, n: int, guarded: int) -> bool:
+    """Whether ``alloc(pool i, n)`` must settle an in-flight forward first (docs/design.md §12).
+
+    ``guarded`` of the pool's holes are pinned or pending.  An alloc takes
+    its holes first, the unguarded ones oldest first, and then extends
+    (``alloc``): it touches a guarded hole exactly when it takes more than
+    the unguarded ones.  The views count guarded holes (``available``), so
+    the gate is unchanged: the hand-out settles first instead.
+
+    Args:
+        s: the state before.
+        i: the pool's index.
+        n: the pages to bind, within the gate.
+        guarded: the pool's pinned or pending holes, ``0 <= guarded <= holes``.
+
+    Returns:
+        True when the alloc would hand out a guarded hole unless it settles.
+    """
+    return and_(guarded > 0, n > s.bands[i].holes - guarded)
 
 
 def coupled_fits(s: Chain, lead: int, follower: int | None, n: int, m: int) -> bool:

@@ -1,5 +1,5 @@
 """Test-run settings shared by every folder: the Hypothesis profile and the
-``one_thread`` fixture.  Helpers live in ``tests/support.py``."""
+``one_thread`` and ``redis_url`` fixtures.  Helpers live in ``tests/support.py``."""
 
 import pytest
 from hypothesis import HealthCheck, settings
@@ -19,3 +19,20 @@ def one_thread():
     torch.set_num_threads(1)
     yield
     torch.set_num_threads(n)
+
+
+@pytest.fixture
+def redis_url(tmp_path):
+    """A Redis server of its own on the loopback address, the binary the
+    ``[test]`` extra installs (``fuzz.redis_server``: no system package),
+    stopped after the test; its URL and a client."""
+    import redis
+
+    from kvarena.verification import fuzz
+
+    with fuzz.redis_server(tmp_path) as url:
+        client = redis.Redis.from_url(url)
+        try:
+            yield url, client
+        finally:
+            client.close()

@@ -3,9 +3,10 @@
 # install (its CUDA kernels and server dependencies) and a local model
 # directory of a hybrid model (config and tokenizer; --load-format dummy
 # needs no weights).  Starts the server with KVARENA_SGLANG=1 (the plugin
-# hook installs kvarena's allocators in every scheduler process), waits for
-# it, sends generate requests, and checks that the scheduler logged
-# kvarena's allocator and that every request was answered.
+# hook installs kvarena's allocators in every scheduler process) at SGLang's
+# defaults (overlap scheduling on), waits for it, sends generate requests,
+# and checks that the scheduler logged kvarena's allocator and that every
+# request was answered.
 #   tools/sglang_server_check.sh MODEL_DIR [PORT]      (uses $PYTHON, else python)
 set -euo pipefail
 MODEL="${1:?usage: tools/sglang_server_check.sh MODEL_DIR [PORT]}"
@@ -13,7 +14,7 @@ PORT="${2:-30123}"
 PY="${PYTHON:-python}"
 log="$(mktemp)"
 KVARENA_SGLANG=1 "$PY" -m sglang.launch_server --model-path "$MODEL" --load-format dummy \
-  --enable-unified-memory --disable-overlap-schedule --mem-fraction-static 0.3 --port "$PORT" >"$log" 2>&1 &
+  --enable-unified-memory --mem-fraction-static 0.3 --port "$PORT" >"$log" 2>&1 &
 pid=$!
 trap 'kill "$pid" 2>/dev/null || true; wait "$pid" 2>/dev/null || true; rm -f "$log"' EXIT
 for _ in $(seq 1 300); do

@@ -1,6 +1,8 @@
 """``kvarena sglang check``: SGLang's three unified-memory stacks on this
 install, built by SGLang's own factories with kvarena installed, each run
-through the byte-checked workload (``workload.py``); then ``uninstall()``
+through the byte-checked workload (``workload.py``), then again with
+forwards in flight as SGLang's overlap scheduling runs them (the overlap
+phase: every write a forward lands late must be kept); then ``uninstall()``
 and the factories build SGLang's allocators again.  Prints what held and
 exits non-zero on any failure."""
 
@@ -14,6 +16,15 @@ from pathlib import Path
 def add_arguments(c: argparse.ArgumentParser) -> None:
     c.add_argument("action", choices=["check"], help="check: build the three stacks and run the workload on each")
     c.add_argument("--steps", type=int, default=80, help="workload steps per stack (default 80)")
+    c.add_argument(
+        "--overlap-steps", type=int, default=40, help="steps per stack in the overlap phase (default 40; 0 skips it)"
+    )
+    c.add_argument(
+        "--extra-buffer-steps",
+        type=int,
+        default=40,
+        help="steps per mamba stack with SGLang's mamba extra buffer on (default 40; 0 skips it)",
+    )
     c.add_argument("--page-sizes", type=int, nargs="+", default=[1, 4], help="page sizes (default 1 4)")
     c.add_argument("--policy", choices=["planner", "anchor"], default="planner", help="kvarena's relief policy")
     c.add_argument("--seed", type=int, default=0)
@@ -59,7 +70,7 @@ def run(args: argparse.Namespace) -> int:
         "bytes",
     ):
         table.add_column(col, justify="left" if col in ("stack", "pages moved", "bytes") else "right")
-    reports = []
+    reports: list[dict] = []
     t0 = time.perf_counter()
     for kind in stacks.KINDS:
         for ps in args.page_sizes:
@@ -82,6 +93,12 @@ def run(args: argparse.Namespace) -> int:
                 failures += [f"{kind} ps={ps} lazy={lazy}: {e}" for e in r.errors[:3]]
                 if lazy and idle and r.refused:
                     print(f"note: {kind} ps={ps} lazy: no relocation in {', '.join(idle)}")
+    console = Console(width=max(Console().width, 110))
+    console.print(table)
+    if args.extra_buffer_steps:
+        failures += _extra_buffer_phase(args, workload, console, reports)
+    if args.overlap_steps:
+        failures += _overlap_phase(args, workload, stacks, console, reports)
     factories.uninstall()
     back = {kind: type(stacks.build(kind).token_to_kv_pool_allocator) for kind in stacks.KINDS}
     failures += [
@@ -89,7 +106,6 @@ def run(args: argparse.Namespace) -> int:
         for k, c in back.items()
         if issubclass(c, allocators.ALLOCATORS)
     ]
-    Console(width=max(Console().width, 110)).print(table)
     print(
         f"factories: kvarena's allocators after install(), SGLang's after uninstall(): "
         f"{'ok' if not any('factory' in f for f in failures) else 'FAIL'}"
@@ -100,3 +116,68 @@ def run(args: argparse.Namespace) -> int:
         print(f"FAIL {f}")
     print(f"kvarena sglang check: {'FAIL' if failures else 'ok'} ({time.perf_counter() - t0:.0f} s)")
     return 1 if failures else 0
+
+
+def _extra_buffer_phase(args: argparse.Namespace, workload, console, reports: list[dict]) -> list[str]:
+    """The mamba stacks again with SGLang's mamba extra buffer on (the
+    ping-pong tracking slots its "auto" mamba strategy turns on for
+    Qwen3-Next): each request also takes its tracking slots from the state
+    band, and their state is checked every step.  Adds the runs to
+    ``reports`` and returns the failures."""
+    from rich.table import Table
+
+    table = Table(title="extra buffer: the mamba stacks with their tracking slots")
+    for col in ("stack", "ps", "lazy", "requests", "refused", "slots checked", "pages moved", "bytes"):
+        table.add_column(col, justify="left" if col in ("stack", "pages moved", "bytes") else "right")
+    failures = []
+    for kind in ("mamba", "mamba_swa"):
+        for ps in args.page_sizes:
+            for lazy in (True, False):
+                r = workload.run(
+                    kind, steps=args.extra_buffer_steps, page_size=ps, lazy=lazy, seed=args.seed, extra_buffer=True
+                )
+                reports.append({"lazy": lazy, "extra_buffer": True, **r.__dict__})
+                moved = " ".join(f"{n} {k}" for n, k in r.pages_moved.items())
+                row = (kind, str(ps), "yes" if lazy else "no", str(r.admitted), str(r.refused))
+                table.add_row(*row, f"{r.slots_checked:,}", moved, "intact" if r.ok else "CORRUPTED")
+                failures += [f"extra buffer {kind} ps={ps} lazy={lazy}: {e}" for e in r.errors[:3]]
+    console.print(table)
+    return failures
+
+
+def _overlap_phase(args: argparse.Namespace, workload, stacks, console, reports: list[dict]) -> list[str]:
+    """The workload again with SGLang's overlap scheduling: each step's
+    batch is a forward that lands late (``overlap.Device``), handed to the
+    allocator by SGLang's two hooks, while the next batch is prepared.
+    Prints, per run, the in-flight writes kept (of those still live when
+    their forward landed), the rows the forwards read intact, and the
+    settles that waited on a forward; adds the runs to ``reports`` and
+    returns the failures."""
+    from rich.table import Table
+
+    table = Table(title="overlap phase: forwards land late, as SGLang's overlap scheduling runs them")
+    for col in ("stack", "ps", "lazy", "forwards", "in-flight writes kept", "reads intact", "waits", "bytes"):
+        table.add_column(col, justify="left" if col in ("stack", "bytes") else "right")
+    failures = []
+    kept = written = 0
+    for kind in stacks.KINDS:
+        for ps in args.page_sizes:
+            for lazy in (True, False):
+                r = workload.run(kind, steps=args.overlap_steps, page_size=ps, lazy=lazy, seed=args.seed, overlap=True)
+                reports.append({"lazy": lazy, **r.__dict__})
+                kept += r.inflight_writes - r.inflight_lost
+                written += r.inflight_writes
+                table.add_row(
+                    kind,
+                    str(ps),
+                    "yes" if lazy else "no",
+                    str(r.forwards),
+                    f"{r.inflight_writes - r.inflight_lost:,} of {r.inflight_writes:,}",
+                    f"{r.reads_checked - r.reads_corrupted:,} of {r.reads_checked:,}",
+                    str(r.waits),
+                    "intact" if r.ok else "CORRUPTED",
+                )
+                failures += [f"overlap {kind} ps={ps} lazy={lazy}: {e}" for e in r.errors[:3]]
+    console.print(table)
+    print(f"overlap: {kept:,} of {written:,} in-flight writes kept")
+    return failures

@@ -57,10 +57,24 @@ def _cache_params(g: Geometry) -> SimpleNamespace:
     )
 
 
-def build(kind: str, g: Geometry = Geometry(), page_size: int = 1, lazy: bool = True, device: str = "cpu"):
+def build(
+    kind: str,
+    g: Geometry = Geometry(),
+    page_size: int = 1,
+    lazy: bool = True,
+    device: str = "cpu",
+    forward_stream=None,
+    extra_buffer: bool = False,
+):
     """The bundle of ``kind``'s factory: ``unified_memory_pool``,
     ``token_to_kv_pool`` and ``token_to_kv_pool_allocator`` (and, for the
-    mamba stacks, ``req_to_token_pool``)."""
+    mamba stacks, ``req_to_token_pool``).  ``forward_stream`` is what
+    SGLang's scheduler passes with overlap scheduling (the stream an eager
+    free waits on).  ``extra_buffer``: the mamba stacks' ping-pong tracking
+    slots (``enable_mamba_extra_buffer``), which SGLang's "auto" mamba radix
+    cache strategy turns on for Qwen3-Next at its defaults: each request then
+    takes its tracking slots from the state band too, two with overlap
+    scheduling (a forward stream here), one without."""
     if kind not in KINDS:
         raise ValueError(f"kind must be one of {KINDS}, got {kind!r}")
     pools = import_sglang("sglang.srt.mem_cache.unified_memory_pool")
@@ -77,6 +91,7 @@ def build(kind: str, g: Geometry = Geometry(), page_size: int = 1, lazy: bool = 
         "enable_memory_saver": False,
         "need_sort": False,
         "lazy_compaction": lazy,
+        "forward_stream": forward_stream,
     }
     swa = {
         "v_head_dim": g.head_dim,
@@ -95,9 +110,9 @@ def build(kind: str, g: Geometry = Geometry(), page_size: int = 1, lazy: bool = 
         "model_context_len": g.context_len * page_size,
         "extra_max_context_len": 1,
         "max_num_reqs": g.max_reqs,
-        "enable_mamba_extra_buffer": False,
+        "enable_mamba_extra_buffer": bool(extra_buffer),
         "enable_mamba_extra_buffer_lazy": False,
-        "disable_overlap_schedule": True,
+        "disable_overlap_schedule": forward_stream is None,  # sizes the tracking slots: two with overlap
     }
     if kind == "swa":
         return pools.init_unified_swa_pools(**common, **swa)

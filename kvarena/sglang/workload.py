@@ -14,14 +14,28 @@ buffers at the location the allocator translates to, and each state slot's
 conv and temporal state likewise; after every step every live token's data
 (and every live slot's state) is read back through the same translations
 and compared.  ``run`` returns what held.
+
+With ``overlap=True`` the workload runs as SGLang's overlap scheduler does
+(docs/design.md §12): each step's batch is a forward (``overlap.Device``)
+launched with its write rows translated at launch, handed to the allocator
+through ``set_latest_forward_done_event`` / ``set_inflight_forward``, and
+landing only when the next step processes its result; meanwhile the next
+batch is prepared (admissions, allocations that relieve, window frees,
+``flush_opportunistic``) and finished requests are freed.  Each landed
+write is checked at its token's current translation (``inflight_lost``
+counts those that did not survive) and each read row against what the
+forward read (``reads_corrupted``).
 """
 
+import contextlib
 import random
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
 import torch
 
+from .overlap import Device, Read
 from .stacks import Geometry, build
 
 I64 = torch.int64
@@ -35,7 +49,10 @@ class Request:
     tokens: list[int] = field(default_factory=list)  # virtual token ids, by position
     swa_from: int = 0  # positions below have no SWA entry left
     slot: int | None = None  # the mamba state slot (virtual)
+    track: list[int] = field(default_factory=list)  # its tracking slots (the mamba extra buffer)
     decoding: bool = False
+    launched: int = 0  # its state's last version a forward was launched to write
+    version: int = 0  # its state's last version written (0: none yet)
 
 
 @dataclass
@@ -51,6 +68,13 @@ class Report:
     tokens_checked: int = 0
     slots_checked: int = 0
     pages_moved: dict[str, int] = field(default_factory=dict)
+    overlap: bool = False
+    forwards: int = 0  # forwards launched (overlap)
+    inflight_writes: int = 0  # tokens and state slots a forward wrote late, still live when it landed
+    inflight_lost: int = 0  # of those, the ones not at their current translation once it landed
+    reads_checked: int = 0  # token and slot rows a forward read, checked when it landed
+    reads_corrupted: int = 0  # of those, rows overwritten before it landed
+    waits: int = 0  # forwards the allocator waited for (its settles)
     errors: list[str] = field(default_factory=list)
 
     @property
@@ -58,37 +82,68 @@ class Report:
         return not self.errors
 
 
-def _value(ids: torch.Tensor, layer: int, part: int, width: int, dtype: torch.dtype) -> torch.Tensor:
+def _value(
+    ids: torch.Tensor, layer: int, part: int, width: int, dtype: torch.dtype, gens: torch.Tensor | None = None
+) -> torch.Tensor:
     """Distinct, exactly representable values per (id, layer, K or V): the id
-    in base-1024 digits, then the layer and the part, then a ramp."""
+    in base-1024 digits, then the layer and the part, then a ramp shifted by
+    the id's generation (how many times it was handed out), so the bytes of
+    an id's earlier life never pass for its current ones."""
     ids = ids.to(I64)
-    cols = torch.arange(width, dtype=I64)
-    v = torch.where(cols == 0, (ids % 1024).unsqueeze(1), 0)
-    v = torch.where(cols == 1, (ids // 1024).unsqueeze(1), v)
-    v = torch.where(cols == 2, torch.full_like(v, layer), v)
-    v = torch.where(cols == 3, torch.full_like(v, part), v)
-    v = torch.where(cols >= 4, (cols + 7 * layer + 3 * part + ids.unsqueeze(1)) % 512, v)
+    gen = torch.zeros_like(ids) if gens is None else gens.to(I64)
+    v = torch.empty(len(ids), width, dtype=I64)
+    v[:, 0], v[:, 1], v[:, 2], v[:, 3] = ids % 1024, ids // 1024, layer, part
+    ramp = torch.arange(4, width, dtype=I64) + 7 * layer + 3 * part
+    v[:, 4:] = (ramp + (ids + 13 * gen).unsqueeze(1)) % 512
     return v.to(dtype)
 
 
 class Workload:
-    """One stack (built by SGLang's own factory) and the requests on it."""
+    """One stack (built by SGLang's own factory) and the requests on it;
+    with ``overlap``, its forwards land late (``overlap.Device``)."""
 
     def __init__(
-        self, kind: str, geometry: Geometry, page_size: int, lazy: bool, seed: int, device: str = "cpu"
+        self,
+        kind: str,
+        geometry: Geometry,
+        page_size: int,
+        lazy: bool,
+        seed: int,
+        device: str = "cpu",
+        overlap: bool = False,
+        flush_in_flight: bool = True,
+        extra_buffer: bool = False,
     ) -> None:
         self.kind, self.g, self.ps, self.dev = kind, geometry, page_size, torch.device(device)
-        self.bundle = build(kind, geometry, page_size=page_size, lazy=lazy, device=device)
+        self.gpu = Device() if overlap else None  # the forward stream, when forwards land late
+        self.flush_in_flight = flush_in_flight  # flush_opportunistic every step, or only when nothing runs
+        stream = None if self.gpu is None else self.gpu.forward_stream  # as SGLang's scheduler passes it
+        self.bundle = build(
+            kind,
+            geometry,
+            page_size=page_size,
+            lazy=lazy,
+            device=device,
+            forward_stream=stream,
+            extra_buffer=extra_buffer,
+        )
         self.alloc = self.bundle.token_to_kv_pool_allocator
         self.kv = self.bundle.token_to_kv_pool
         self.slots: Any = getattr(getattr(self.bundle, "req_to_token_pool", None), "mamba_allocator", None)
         self.state: Any = self.bundle.req_to_token_pool.mamba_pool if self.slots is not None else None
+        # the extra buffer's tracking slots a request takes with its state slot (SGLang's alloc_req_slots)
+        self.tracking = self.bundle.req_to_token_pool.mamba_initial_tracking_slots if extra_buffer else 0
         self.has_swa = kind != "mamba"
         self.rng = random.Random(seed)
         self.live: dict[int, Request] = {}
         self.refs: dict[int, int] = {}  # virtual page -> requests holding it
+        self.gen: dict[int, int] = {}  # token id -> times handed out
+        self.landed: set[int] = set()  # token ids whose current bytes are written
+        self.batch_ids: list[int] = []  # this step's batch: the ids it writes
+        self.batch: dict[int, Request] = {}  # and its requests
+        self.last: Any = None  # the done event of the forward in flight
         self.next_rid = 0
-        self.report = Report(kind, page_size)
+        self.report = Report(kind, page_size, overlap=overlap)
         self.width = geometry.head_num * geometry.head_dim
 
     # -------------------------------------------------------- bytes
@@ -107,62 +162,185 @@ class Workload:
     def _t(self, values: list[int]) -> torch.Tensor:
         return torch.tensor(values, dtype=I64, device=self.dev)
 
-    def _write(self, ids: list[int]) -> None:
-        if not ids:
-            return
-        t = self._t(ids)
-        for layer, swa in self._layers():
-            rows = self._where(t, swa)
-            for part, buf in enumerate((self.kv.get_key_buffer(layer), self.kv.get_value_buffer(layer))):
-                buf[rows] = _value(t, layer, part, self.width, buf.dtype).view(-1, *buf.shape[1:]).to(self.dev)
-
-    def _state_values(self, slot: int, i: int, like: torch.Tensor) -> torch.Tensor:
-        """Slot ``slot``'s values for its conv state ``i`` (``i = -1``: temporal)."""
-        n = like.numel()
-        base = slot * 3 if i < 0 else slot * 10 + i
-        ramp = torch.arange(n, device=self.dev) % (89 if i < 0 else 97)
-        return (base + ramp).view(like.shape).to(like.dtype)
-
-    def _write_state(self, slot: int) -> None:
-        phys = self.slots.translate(self._t([slot]))
-        cache = self.state.mamba_cache
-        for i, conv in enumerate(cache.conv):
-            conv[:, phys] = self._state_values(slot, i, conv[:, phys])
-        cache.temporal[:, phys] = self._state_values(slot, -1, cache.temporal[:, phys])
-
-    def check(self) -> None:
-        """Every live token's K/V in every layer, and every live slot's state."""
-        full = [t for r in self.live.values() for t in r.tokens]
-        swa = [t for r in self.live.values() for t in r.tokens[r.swa_from :]]
+    def _kv(self, full: list[int], swa: list[int]) -> list[tuple[torch.Tensor, torch.Tensor, torch.Tensor, bool]]:
+        """``(buffer, rows, values, in_swa)`` for these tokens in every layer
+        (``swa`` in the SWA layers): their rows at the current translation
+        and the values their current generation should hold there."""
+        out = []
         for layer, in_swa in self._layers():
             ids = swa if in_swa else full
             if not ids:
                 continue
-            t = self._t(sorted(set(ids)))
+            t = self._t(ids)
+            gens = torch.tensor([self.gen.get(v, 0) % 64 for v in ids], dtype=I64)
             rows = self._where(t, in_swa)
-            if bool((rows <= 0).any()):
-                self.report.errors.append(
-                    f"step {self.report.steps}: layer {layer}: a live token translates to the sink"
-                )
             for part, buf in enumerate((self.kv.get_key_buffer(layer), self.kv.get_value_buffer(layer))):
-                want = _value(t.cpu(), layer, part, self.width, buf.dtype).view(-1, *buf.shape[1:]).to(self.dev)
-                bad = (buf[rows] != want).reshape(len(t), -1).any(dim=1)
-                if bool(bad.any()):
-                    first = int(t[bad][0])
-                    kv = "KV"[part]
-                    self.report.errors.append(f"step {self.report.steps}: layer {layer} {kv}: token {first} corrupted")
-            self.report.tokens_checked += len(t)
+                want = _value(t.cpu(), layer, part, self.width, buf.dtype, gens).view(-1, *buf.shape[1:])
+                out.append((buf, rows, want.to(self.dev), in_swa))
+        return out
+
+    def _write(self, ids: list[int]) -> None:
+        """New tokens of this step's batch: written now, or by its forward."""
+        for t in ids:
+            self.gen[t] = self.gen.get(t, 0) + 1
+        if self.gpu is not None:
+            self.batch_ids += ids
+            self.landed.difference_update(ids)
+            return
+        for buf, rows, values, _ in self._kv(ids, ids):
+            buf[rows] = values
+        self.landed.update(ids)
+
+    def _state_values(self, slot: int, i: int, like: torch.Tensor, version: int = 0) -> torch.Tensor:
+        """Slot ``slot``'s values for its conv state ``i`` (``i = -1``:
+        temporal) at ``version``; integers below 256, exact in bfloat16."""
+        n = like.numel()
+        base = slot * 3 if i < 0 else slot * 10 + i
+        ramp = torch.arange(n, device=self.dev) % (89 if i < 0 else 97)
+        return ((base + ramp + 7 * version) % 251).view(like.shape).to(like.dtype)
+
+    def _state(self, slot: int, version: int) -> list[tuple[torch.Tensor, torch.Tensor, torch.Tensor]]:
+        """``(buffer, rows, values)`` of a state slot at its translation now:
+        each state's slot-major view, so a write lands in the pool's own buffer."""
+        phys = self.slots.translate(self._t([slot]))
+        cache = self.state.mamba_cache
+        out = []
+        for i, buf in [(i, conv) for i, conv in enumerate(cache.conv)] + [(-1, cache.temporal)]:
+            out.append((buf.movedim(1, 0), phys, self._state_values(slot, i, buf[:, phys], version).movedim(1, 0)))
+        return out
+
+    def _write_state(self, slot: int) -> None:
+        for buf, rows, values in self._state(slot, 0):
+            buf[rows] = values
+
+    def _bad(self, full: list[int], swa: list[int]) -> tuple[set[int], list[str]]:
+        """The tokens whose bytes are not at their current translation, and why."""
+        bad: set[int] = set()
+        errors = []
+        for buf, rows, want, in_swa in self._kv(full, swa):
+            ids = swa if in_swa else full
+            if bool((rows <= 0).any()):
+                errors.append("a live token translates to the sink")
+            wrong = (buf[rows] != want).reshape(len(rows), -1).any(dim=1)
+            if bool(wrong.any()):
+                lost = [t for t, w in zip(ids, wrong.tolist()) if w]
+                errors.append(f"token {lost[0]} corrupted ({len(lost)} tokens)")
+                bad.update(lost)
+        return bad, errors
+
+    def _state_bad(self, r: Request) -> list[str]:
+        if r.slot is None or (self.gpu is not None and r.version == 0):
+            return []
+        self.report.slots_checked += 1
+        bad = [buf[rows] != want for buf, rows, want in self._state(r.slot, r.version)]
+        return [f"state slot {r.slot} corrupted"] if any(bool(b.any()) for b in bad) else []
+
+    def _held(self) -> tuple[list[int], list[int]]:
+        """The landed tokens live requests hold (full), and those in their windows (swa)."""
+        full = {t for r in self.live.values() for t in r.tokens if t in self.landed}
+        swa = {t for r in self.live.values() for t in r.tokens[r.swa_from :] if t in self.landed}
+        return sorted(full), sorted(swa) if self.has_swa else []
+
+    def check(self) -> None:
+        """Every live token's K/V in every layer, and every live slot's state."""
+        full, swa = self._held()
+        _, errors = self._bad(full, swa)
+        self.report.tokens_checked += sum(len(swa if in_swa else full) for _, in_swa in self._layers())
         for r in self.live.values():
-            if r.slot is None:
+            errors += self._state_bad(r)
+            for slot in r.track:  # written once, when taken
+                self.report.slots_checked += 1
+                if any(bool((buf[rows] != want).any()) for buf, rows, want in self._state(slot, 0)):
+                    errors.append(f"tracking slot {slot} corrupted")
+        self.report.errors += [f"step {self.report.steps}: {e}" for e in errors]
+
+    # ------------------------------------------------------- forwards
+
+    def _launch(self) -> None:
+        """Launch this step's batch as a forward: its writes translated now,
+        its reads (every other token its requests hold, every state slot)
+        with what they should hold; then SGLang's two hooks."""
+        ids, batch = self.batch_ids, [r for r in self.batch.values() if r.rid in self.live]
+        self.batch_ids, self.batch = [], {}
+        if not ids:
+            return
+        written = [(t, self.gen[t]) for t in ids]
+        writes = [(buf, rows, values) for buf, rows, values, _ in self._kv(ids, ids)]
+        states = []
+        for r in batch:
+            if r.slot is not None:
+                r.launched += 1
+                states.append((r.rid, r.slot, r.launched))
+                writes += self._state(r.slot, r.launched)
+        reads = self._reads(batch, set(ids))
+
+        def land() -> None:
+            self._landed(written, states)
+
+        assert self.gpu is not None  # only with forwards
+        ev = self.gpu.launch(writes, reads, land)
+        self.report.forwards += 1
+        self.alloc.set_latest_forward_done_event(ev)
+        self.alloc.set_inflight_forward(ev, self._t(ids))
+        last, self.last = self.last, ev
+        if last is not None:  # the scheduler processes the last batch's result: it is done
+            last.synchronize()
+        for r in list(self.live.values()):
+            if len(r.tokens) >= r.finish_at and r.decoding:
+                self.finish(r)
+
+    def _reads(self, batch: list[Request], new: set[int]) -> list[Read]:
+        """What the forward reads: its requests' other tokens (in the SWA
+        layers, those in the window) and their state slots."""
+        owners = [(r.rid, k, t) for r in batch for k, t in enumerate(r.tokens) if t not in new]
+        window = [(rid, k, t) for rid, k, t in owners if k >= self.live[rid].swa_from] if self.has_swa else []
+
+        def live(in_swa: bool) -> Callable[[], torch.Tensor]:
+            """Which of the rows are still read when the forward lands."""
+            mine = window if in_swa else owners
+
+            def now() -> torch.Tensor:
+                keep = [rid in self.live and (not in_swa or k >= self.live[rid].swa_from) for rid, k, _ in mine]
+                return torch.tensor(keep, dtype=torch.bool, device=self.dev)
+
+            return now
+
+        reads = []
+        for buf, rows, want, in_swa in self._kv([t for *_, t in owners], [t for *_, t in window]):
+            reads.append(Read(buf, rows, want, live(in_swa)))
+        for r in batch:
+            if r.slot is not None and r.launched > 1:
+
+                def still(rid=r.rid, slot=r.slot) -> torch.Tensor:
+                    r = self.live.get(rid)
+                    return torch.tensor([r is not None and r.slot == slot], device=self.dev)
+
+                reads += [Read(buf, rows, want, still) for buf, rows, want in self._state(r.slot, r.launched - 1)]
+        return reads
+
+    def _landed(self, written: list[tuple[int, int]], states: list[tuple[int, int, int]]) -> None:
+        """A forward landed: its tokens (not handed out again since) are
+        written; each one still live must read back at its translation now."""
+        mine = [t for t, g in written if self.gen.get(t) == g]
+        self.landed.update(mine)
+        full, swa = self._held()
+        mine_set = set(mine)
+        full = [t for t in full if t in mine_set]
+        swa = [t for t in swa if t in mine_set]
+        bad, errors = self._bad(full, swa)
+        lost = len(bad)
+        for rid, slot, version in states:
+            r = self.live.get(rid)
+            if r is None or r.slot != slot:
                 continue
-            phys = self.slots.translate(self._t([r.slot]))
-            cache = self.state.mamba_cache
-            for i, conv in enumerate(cache.conv):
-                if not torch.equal(conv[:, phys], self._state_values(r.slot, i, conv[:, phys])):
-                    self.report.errors.append(f"step {self.report.steps}: state slot {r.slot}: conv {i} corrupted")
-            if not torch.equal(cache.temporal[:, phys], self._state_values(r.slot, -1, cache.temporal[:, phys])):
-                self.report.errors.append(f"step {self.report.steps}: state slot {r.slot}: temporal corrupted")
-            self.report.slots_checked += 1
+            r.version = version
+            state_errors = self._state_bad(r)
+            lost += bool(state_errors)
+            errors += state_errors
+            self.report.inflight_writes += 1
+        self.report.inflight_writes += len(full)
+        self.report.inflight_lost += lost
+        self.report.errors += [f"step {self.report.steps}: in-flight write lost: {e}" for e in errors]
 
     # ---------------------------------------------------- requests
 
@@ -182,7 +360,7 @@ class Workload:
             owned = [t for t in r.tokens if t // self.ps in set(last)]
             self.alloc.free(self._t(owned))
         if r.slot is not None:
-            self.slots.free(self._t([r.slot]))
+            self.slots.free(self._t([r.slot] + r.track))
         self.report.finished += 1
 
     def _make_room(self) -> bool:
@@ -216,7 +394,20 @@ class Workload:
                     self.refs[p] -= 1
                 return
             r.slot = int(got.reshape(-1)[0])
-            self._write_state(r.slot)
+            if self.gpu is None:  # with forwards, the request's first forward writes its state
+                self._write_state(r.slot)
+            if self.tracking:  # the extra buffer: the tracking slots too, or the state slot goes back
+                track = self.slots.alloc(self.tracking)
+                while track is None and self._make_room():
+                    track = self.slots.alloc(self.tracking)
+                if track is None:
+                    self.slots.free(self._t([r.slot]))
+                    for p in self._pages(r.tokens):
+                        self.refs[p] -= 1
+                    return
+                r.track = track.reshape(-1).tolist()
+                for slot in r.track:
+                    self._write_state(slot)
         self.live[r.rid] = r
         self.next_rid += 1
         self.report.admitted += 1
@@ -250,6 +441,7 @@ class Workload:
                 self.refs[q] = 1
             r.tokens += new
             r.decoding = len(r.tokens) == r.target
+            self.batch[r.rid] = r
         self._write(ids)
 
     def _decode(self) -> None:
@@ -268,7 +460,10 @@ class Workload:
             if t // self.ps not in self.refs:
                 self.refs[t // self.ps] = 1
             r.tokens.append(t)
+            self.batch[r.rid] = r
         self._write(ids)
+        if self.gpu is not None:  # with forwards, a request finishes when its result is processed
+            return
         for r in list(batch):
             if len(r.tokens) >= r.finish_at and r.rid in self.live:
                 self.finish(r)
@@ -298,6 +493,13 @@ class Workload:
             self._extend(prefilling, self.rng.choice([2, 3, 5]) * self.ps)
         self._decode()
         self._slide_windows()
+        if self.gpu is not None:
+            if self.flush_in_flight:  # compaction between steps, while the last forward runs
+                self.alloc.flush_opportunistic()
+            elif self.report.steps % 4 == 3 and self.last is not None:  # SGLang's: at a sync point, nothing runs
+                self.last.synchronize()
+                self.alloc.flush_opportunistic()
+            self._launch()
         self.report.steps += 1
         self.check()
 
@@ -310,15 +512,33 @@ def run(
     seed: int = 0,
     geometry: Geometry | None = None,
     device: str = "cpu",
+    overlap: bool = False,
+    flush_in_flight: bool = True,
+    extra_buffer: bool = False,
 ) -> Report:
     """The workload on ``kind``'s stack as SGLang's factory builds it now
-    (kvarena's allocator after ``install()``)."""
-    w = Workload(kind, geometry or Geometry(), page_size, lazy, seed, device)
-    for _ in range(steps):
-        w.step()
-        if w.report.errors:
-            break
-    while w.live:
-        w.finish(w.live[min(w.live)])
+    (kvarena's allocator after ``install()``); with ``overlap``, as SGLang's
+    overlap scheduler runs it (forwards land late), calling
+    ``flush_opportunistic`` every step while a forward runs or, without
+    ``flush_in_flight``, every fourth step once the forwards have landed
+    (where SGLang's scheduler calls it).  ``extra_buffer``: the mamba
+    stacks built with SGLang's mamba extra buffer, each request also taking
+    its tracking slots (written once, checked every step)."""
+    w = Workload(kind, geometry or Geometry(), page_size, lazy, seed, device, overlap, flush_in_flight, extra_buffer)
+    with contextlib.nullcontext() if w.gpu is None else w.gpu.current():
+        for _ in range(steps):
+            w.step()
+            if w.report.errors:
+                break
+        if w.gpu is not None:  # the last forward lands
+            w.gpu.land_all()
+            w.check()
+        while w.live:
+            w.finish(w.live[min(w.live)])
     w.report.pages_moved = dict(getattr(w.alloc, "pages_moved", {}))
+    if w.gpu is not None:
+        r = w.report
+        r.waits, r.reads_checked, r.reads_corrupted = w.gpu.waits, w.gpu.reads_checked, w.gpu.reads_corrupted
+        if r.reads_corrupted:
+            r.errors.append(f"{r.reads_corrupted} rows a forward read were overwritten before it landed")
     return w.report

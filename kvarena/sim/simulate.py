@@ -16,7 +16,8 @@ Five setups:
   near an edge is approached; where the best is still the outermost value
   tried toward an open end, the report says ``edge``.  A split that has to
   reject a request the unified arena served, or that memory hardly bound,
-  is not a candidate;
+  is not a candidate; where memory binds no split that serves the trace,
+  no split is best and the report says so instead of naming one;
 - ``vllm-padded``: vLLM v1's hybrid allocator, one block pool with every
   kind's page padded to one size (``kvarena.sim.padded``).
 
@@ -108,7 +109,10 @@ def best_static(sizes, trace, cfg, max_rejected=0, progress=None):
     midpoints around the best (``_neighbours``); returns ``(result, split,
     runs)``.  ``result.split["edge"]`` names each ratio whose best value is
     the outermost one tried toward an open end of its range: there the
-    optimum may lie further out than the search went."""
+    optimum may lie further out than the search went.  Where splits serve
+    the trace but memory binds none of them, no split is best:
+    ``result.split["unbound"]`` is True, the result is one that serves it,
+    and the report names no split."""
     kinds = sizes.preset.kinds
     tri = "swa" in kinds and "state" in kinds
     axes, ranges, names = [], [], []
@@ -157,13 +161,19 @@ def best_static(sizes, trace, cfg, max_rejected=0, progress=None):
                 r, _ = point(p)
                 if ok(r) and _better(r, seen[best][0]):
                     best = key(p)
+    served = [k for k, (r, _) in seen.items() if r.rejected <= max_rejected and r.stuck == 0]
+    unbound = not ok(seen[best][0]) and bool(served)  # splits serve the trace, but memory bound none of them
+    if unbound:  # no split is best: any that serves the trace serves it alike
+        best = max(served, key=lambda k: (seen[k][0].mean_concurrency_all, seen[k][0].tokens_per_step))
     r, split = seen[best]
     edge = []
     for d, rng in enumerate(ranges):
         vals = sorted({q[d] for q in seen})
         if best[d] == vals[0] or (best[d] == vals[-1] and not (rng[2] and best[d] >= rng[1])):
             edge.append(names[d])
-    r.split["edge"] = edge
+    r.split["edge"] = [] if unbound else edge
+    if unbound:
+        r.split["unbound"] = True
     return r, split, len(seen)
 
 
@@ -269,6 +279,8 @@ def _cell(col, cols):
 
 
 def _split_label(split):
+    if split.get("unbound"):  # no best split to name (best_static)
+        return "none: memory never binds a split that serves the trace"
     parts = []
     if split.get("swa_ratio"):
         parts.append(f"swa {split['swa_ratio']:.3g}")

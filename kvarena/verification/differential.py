@@ -52,6 +52,7 @@ from kvarena.spec import SubPool
 from kvarena.spec.contracts import checking, unchecked
 from kvarena.verification.draws import same_draws
 from kvarena.verification.faults import fault_at
+from kvarena.verification.inflight import Flight, walk
 
 # CI skips shrinking: a failure still prints its full step list, and
 # shrinking a 40-step machine can take many minutes on two cores.
@@ -100,7 +101,12 @@ REQUIRED = (
     "plan infeasible",
     "fault undone",
     "fault past the call",
+    "urgent settle",
+    "non-urgent walk stopped by a pin",
+    "pending page reused after settle",
 )
+# The in-flight rules' own events, counted by tests/verification/test_differential.py (not by ``kvarena verify``).
+IN_FLIGHT = ("launch", "launch while in flight", "launch refused", "settle", "non-urgent moves in flight")
 EVICTORS = ("honest", "zero", "more", "liar", "raise", "no count", "nested")
 
 
@@ -178,6 +184,11 @@ def pattern(pool_index, ids, gens, epp):
     return ((h >> 17) & 255).to(torch.uint8)
 
 
+def ints(x):
+    """A list of ints from a tensor or a sequence."""
+    return x.tolist() if isinstance(x, torch.Tensor) else list(x)
+
+
 def both_short(S, f, demand):
     """Would the spec's open_short_side refuse ``f`` because both sides are short?"""
     b = S.bands[f]
@@ -203,12 +214,17 @@ class DiffMachine(RuleBasedStateMachine):
     @initialize(geo=geometries(), policy=st.sampled_from(spec.POLICIES))
     def boot(self, geo, policy):
         total, pools, lazy, borrow = geo
-        self.S = spec.Arena(total, pools, lazy=lazy, borrow=borrow, policy=policy)
+        S = spec.Arena(total, pools, lazy=lazy, borrow=borrow, policy=policy)
         self.I = impl.Arena(total, pools, lazy=lazy, borrow=borrow, device=self.device, policy=policy)
         self.policy = policy
-        assert self.S.chain == self.I.chain
+        assert S.chain == self.I.chain
         self.gen = 0
-        self.expected = {n: {} for n in self.S.chain}  # live id -> generation of its bytes
+        self.expected = {n: {} for n in S.chain}  # live id -> generation of its bytes
+        self.recent = {n: [] for n in S.chain}  # each pool's last allocation: a forward's batch
+        events = {"urgent": "urgent settle", "reused": "pending page reused after settle"}
+        index = {n: i for i, n in enumerate(S.chain)}
+        self.flight = Flight(S, self.I, self.expected, index, pattern, self.next_gen, note, events)
+        self.S = S  # after the hooks: a traced machine records what it is handed here
         self.floats = self.S.chain[1:-1]
         self.lender = dict(borrow or {})  # borrower -> lender
 
@@ -243,10 +259,17 @@ class DiffMachine(RuleBasedStateMachine):
             return data.draw(st.sampled_from(self.floats))
         return data.draw(st.sampled_from(self.S.chain))
 
+    def next_gen(self):
+        self.gen += 1
+        return self.gen
+
     def stamp(self, name, ids):
         """Give fresh pages a new byte pattern, written through the impl."""
         if not ids:
             return
+        self.flight.born(name, ids)
+        self.flight.handed_out(name, self.S.translate(name, ids))
+        self.recent[name] = list(ids)
         self.gen += 1
         for v in ids:
             self.expected[name][v] = self.gen
@@ -262,6 +285,7 @@ class DiffMachine(RuleBasedStateMachine):
         self.S.free(name, ids)
         arg = torch.tensor(ids, dtype=torch.int64, device=self.I.device) if as_tensor else ids
         self.I.free(name, arg, check=check)
+        assert self.S.in_flight == self.I.in_flight, "one twin settled, the other did not"
         self.forget(name, ids)
 
     def alloc_both(self, name, n, data=None):
@@ -274,6 +298,7 @@ class DiffMachine(RuleBasedStateMachine):
         r_spec = self.S.alloc(name, n, ids=ids)
         r_impl = self.I.alloc(name, n, ids=ids)
         assert (r_spec is None) == (r_impl is None), (name, n, r_spec, r_impl)
+        assert self.S.in_flight == self.I.in_flight, "one twin settled, the other did not"
         if r_spec is not None:
             assert isinstance(r_impl, torch.Tensor) and r_impl.dtype == torch.int64
             assert r_spec == r_impl.tolist()
@@ -396,6 +421,9 @@ class DiffMachine(RuleBasedStateMachine):
         if lazy and data.draw(st.booleans()):
             name = data.draw(st.sampled_from(lazy))
         cap = data.draw(st.one_of(st.none(), st.integers(0, 4)))
+        if not data.draw(st.booleans()):  # non-urgent: compaction between steps
+            self.flush_later(name, cap)
+            return
         moved = self.S.flush(name, cap)
         assert self.I.flush(name, cap) == moved
         if cap and moved == cap and self.S.is_lazy(name):
@@ -421,6 +449,120 @@ class DiffMachine(RuleBasedStateMachine):
         assert self.I.flush(name, cap) == moved
         if moved == cap:
             note("lazy flush capped")
+
+    # ----------------------------------------------- in-flight forwards
+
+    def draw_writes(self, data, focus=None):
+        """A forward's write set: for each pool drawn (``focus`` always), its
+        last allocation (a decode's batch), some live ids, or None (every
+        page), with padding (-1, the sink) now and then."""
+        writes, ids_of = {}, {}
+        for name in self.S.chain:
+            live = self.live_ids(name)
+            modes = ["recent", "recent", "some", "all"] + ([] if name == focus else ["skip"])
+            mode = data.draw(st.sampled_from(modes))
+            if mode == "skip":
+                continue
+            if mode == "all":
+                writes[name], ids_of[name] = None, live
+                continue
+            if mode == "recent":
+                ids = [v for v in self.recent[name] if v in set(live)]
+            else:
+                ids = data.draw(st.lists(st.sampled_from(live), unique=True, max_size=6)) if live else []
+            pad = data.draw(st.sampled_from([[], [], [-1], [0, -1]]))
+            writes[name], ids_of[name] = ids + pad, ids
+        return writes, ids_of
+
+    def launch_both(self, data, focus=None):
+        """Launch one forward on both twins (its writes as a list or a tensor)."""
+        writes, ids_of = self.draw_writes(data, focus)
+        if data.draw(st.booleans()):
+            dev = self.I.device
+            writes = {n: v if v is None else torch.tensor(v, dtype=torch.int64, device=dev) for n, v in writes.items()}
+        note("launch while in flight" if self.S.in_flight else "launch")
+        before = {n: set(self.S.pinned(n)) for n in self.S.chain}
+        self.S.launch(writes)
+        self.I.launch(writes)
+        self.flight.launch(ids_of)
+        for n in self.S.chain:  # an oracle of the pins: those before, and the launch pages of what it writes
+            want = before[n] | set(self.S.translate(n, ids_of.get(n, [])))
+            assert set(self.S.pinned(n)) == want, (n, sorted(want), self.S.pinned(n))
+
+    @rule(data=st.data())
+    def launch(self, data):
+        """A forward launched: it writes its batch late and reads every live
+        page.  Now and then the launch is bad input instead (``launch_bad``)."""
+        if data.draw(st.integers(0, 4)) == 0:
+            self.launch_bad(data)
+        else:
+            self.launch_both(data)
+
+    def launch_bad(self, data):
+        """A launch naming an unknown pool, an id not allocated there, one out
+        of range or not an int is a ``ValueError`` naming the pool in both
+        twins, and changes nothing."""
+        name = data.draw(st.sampled_from(self.S.chain))
+        b = self.S.bands[name]
+        bad = [[len(b.v2p)], [-2], ["x"]]
+        unbound = [v for v in range(1, len(b.v2p)) if b.v2p[v] < 0]
+        if unbound:
+            bad.append([unbound[0]])
+        ids = data.draw(st.sampled_from(bad))
+        if data.draw(st.integers(0, 3)) == 0:
+            name, ids = "nowhere", []
+        before = (self.S.snapshot(), self.I.snapshot())
+        for a in (self.S, self.I):
+            with raises_value_error(name):
+                a.launch({name: ids})
+        assert (self.S.snapshot(), self.I.snapshot()) == before
+        note("launch refused")
+
+    @rule()
+    def settle(self):
+        """The forward's done event fired, or the scheduler waits for it."""
+        if self.S.in_flight:
+            note("settle")
+        self.flight.settle()
+
+    def flush_later(self, name, cap):
+        """A non-urgent flush on both twins (``urgent=False``): it never
+        settles, and while a forward is in flight a lazy END moves what a
+        walk from the frontier to the first pinned survivor reaches (``walk``)."""
+        flying = self.S.in_flight
+        want, stopped = walk(self.S, name, cap) if flying and self.S.is_lazy(name) else (None, False)
+        moved = self.S.flush(name, cap, urgent=False)
+        assert self.I.flush(name, cap, urgent=False) == moved
+        assert self.S.in_flight == self.I.in_flight == flying, "a non-urgent flush settled"
+        if want is not None:
+            assert moved == want, (name, cap, moved, want)
+            if stopped:
+                note("non-urgent walk stopped by a pin")
+            if moved:
+                note("non-urgent moves in flight")
+        return moved
+
+    @rule(data=st.data())
+    def overlap(self, data):
+        """One step of an overlapped scheduler on a pool (a lazy END when
+        there is one): allocate a batch, launch its forward, and prepare the
+        next batch while it runs: finish requests (frees), compact between
+        steps (a non-urgent flush), allocate for the next batch (which may
+        need what the forward holds, and settle), and sometimes wait."""
+        lazy = [n for n in self.S.chain if self.S.is_lazy(n)]
+        name = data.draw(st.sampled_from(lazy or self.S.chain))
+        self.alloc_both(name, data.draw(st.integers(1, max(1, min(4, self.S.available_pages(name))))), data)
+        self.launch_both(data, focus=name)
+        live = self.freeable(name)
+        if live:
+            ids = data.draw(st.lists(st.sampled_from(live), unique=True, max_size=6))
+            self.free_both(name, ids, check=data.draw(st.booleans()))
+        self.flush_later(name, data.draw(st.one_of(st.none(), st.integers(1, 4))))
+        for _ in range(data.draw(st.integers(1, 2))):  # the next batch: a few pages, or every hole and more
+            if data.draw(st.booleans()):
+                self.flight.settle()
+            holes = len(self.S.holes(name))
+            self.alloc_both(name, data.draw(st.sampled_from([1, holes, holes + 1, holes + 3])), data)
 
     @precondition(lambda self: self.floats)
     @rule(data=st.data())
@@ -521,7 +663,10 @@ class DiffMachine(RuleBasedStateMachine):
         else:
             args = (name,)
         k = data.draw(st.one_of(st.integers(0, 30), st.integers(0, 400)))  # most calls make tens of operations
-        raised, got = fault_at(k, lambda: getattr(self.I, kind)(*args))
+        if S.in_flight:
+            note("fault in flight")
+        with self.flight.impl_only():
+            raised, got = fault_at(k, lambda: getattr(self.I, kind)(*args))
         if raised:
             note("fault undone")
             return
@@ -661,6 +806,10 @@ class DiffMachine(RuleBasedStateMachine):
                 assert S.region(n) == Im.region(n), n
             for view in impl.arena.VIEWS:
                 assert Im._view(view, n) == Im.fresh_view(view, n), (n, view)
+        self.flight.check()
+        for n in S.chain:  # the pages that wait for the forward
+            assert S.pinned(n) == ints(Im.pinned(n)), (n, S.pinned(n), Im.pinned(n))
+            assert S.pending(n) == ints(Im.pending(n)), (n, S.pending(n), Im.pending(n))
         S.verify()
         Im.verify()
         for n, live in self.expected.items():

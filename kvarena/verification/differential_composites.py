@@ -34,6 +34,7 @@ from kvarena import impl, spec
 from kvarena.spec.contracts import unchecked
 from kvarena.verification.differential import NO_SHRINK, fuzz_rows, pattern, profile, raises_value_error, run_as_test
 from kvarena.verification.faults import fault_at
+from kvarena.verification.inflight import Flight, walk
 
 PROFILES = {
     "ci": {"max_examples": 100, "stateful_step_count": 40, "phases": NO_SHRINK},
@@ -64,11 +65,22 @@ REQUIRED = (
     "window free with a wrong host count",
     "lent buffer",
     "composite fault undone",
+    "composite urgent settle",
+    "composite walk stopped by a pin",
+    "composite pending page reused",
 )
 # Counted, not required: since the ladder compacts only surplus holes, a fit part-way is rare in
 # a fixed-seed run and its count moved with Hypothesis's version and the test order (0 to 18);
 # tests/api/test_relief_steps.py and the vectors (composites/relief-*) pin that path on both packages.
 OBSERVED = ("relief stopped before the ENDs were packed",)
+# The in-flight rules' own events, counted by tests/verification/test_differential_composites.py.
+IN_FLIGHT = (
+    "composite launch",
+    "composite launch while in flight",
+    "composite launch refused",
+    "composite settle",
+    "composite moves in flight",
+)
 KINDS = ("hybrid", "mamba", "tri")
 
 
@@ -129,7 +141,7 @@ class CompositeMachine(RuleBasedStateMachine):
     def boot(self, setup, policy, lent):
         kind, total, full, swa, state, ps, lazy, window = setup
         self.kind, self.ps, self.window = kind, ps, window
-        self.S = build(spec, kind, total, full, swa, state, ps, lazy, {}, policy)
+        S = build(spec, kind, total, full, swa, state, ps, lazy, {}, policy)
         extra = {"device": self.device}
         if lent:  # the implementation over an engine's buffer and page copy
             note("lent buffer")
@@ -140,34 +152,60 @@ class CompositeMachine(RuleBasedStateMachine):
             mover.arena = self.I.arena
         note(f"policy {policy}")
         self.has_swa, self.has_state = kind != "mamba", kind != "hybrid"
-        g = self.S.arena.geometry("full")
+        g = S.arena.geometry("full")
         self.most = (g.num_pages - g.min_page) * ps  # longer requests are bad input, not shortfalls
         self.pools = ["full"] + (["swa"] if self.has_swa else [])
         self.reqs = {}  # request id -> {"tokens", "slot", "freed"} (freed: SWA positions released)
         self.next_rid = 0
         self.gen = 0
-        self.expected = {p: {} for p in self.pools}  # live vpage -> generation of its bytes
+        # live vpage (a state pool: slot) -> generation of its bytes
+        self.expected = {p: {} for p in self.pools + (["state"] if self.has_state else [])}
+        self.batch = []  # the tokens of the last allocation: what a forward writes
+        events = {"urgent": "composite urgent settle", "reused": "composite pending page reused"}
+        index = {p: i for i, p in enumerate(self.expected)}
+        self.flight = Flight(S.arena, self.I.arena, self.expected, index, pattern, self.next_gen, note, events)
+        self.S = S  # after the hooks: a traced machine records what it is handed here
         note(kind)
 
     # ---------------------------------------------------------- helpers
 
+    def next_gen(self):
+        self.gen += 1
+        return self.gen
+
     def stamp(self, tokens):
         """Stamp the pages of ``tokens`` that are new in each pool."""
         ps = self.ps
+        self.batch = list(tokens)
         for pool in self.pools:
             v2p = self.S.arena.v2p(pool)
             pages = sorted({t // ps for t in tokens if v2p[t // ps] > 0} - set(self.expected[pool]))
             if not pages:
                 continue
+            self.flight.born(pool, pages)
+            self.flight.handed_out(pool, [v2p[v] for v in pages])
             self.gen += 1
             for v in pages:
                 self.expected[pool][v] = self.gen
             epp = self.S.arena.geometry(pool).epp
             self.I.arena.write_pages(pool, pages, pattern(self.pools.index(pool), pages, [self.gen] * len(pages), epp))
 
+    def stamp_state(self, slots):
+        """Stamp fresh state slots."""
+        if not slots:
+            return
+        v2p = self.S.arena.v2p("state")
+        self.flight.born("state", slots)
+        self.flight.handed_out("state", [v2p[v] for v in slots])
+        gen = self.next_gen()
+        for v in slots:
+            self.expected["state"][v] = gen
+        epp = self.S.arena.geometry("state").epp
+        self.I.arena.write_pages("state", slots, pattern(len(self.pools), slots, [gen] * len(slots), epp))
+
     def forget_dead(self):
         """Drop the expected bytes of pages the spec no longer holds."""
-        for pool in self.pools:
+        for pool in self.expected:
             v2p = self.S.arena.v2p(pool)
             for v in [v for v in self.expected[pool] if v2p[v] < 0]:
                 del self.expected[pool][v]
@@ -224,6 +262,7 @@ class CompositeMachine(RuleBasedStateMachine):
             slot = self.both(lambda c: c.alloc_state(1))
             if slot is None:
                 return
+            self.stamp_state(slot)
             if starving:
                 note("state starvation relieved without eviction")
         joint = self.S.available_size()
@@ -234,6 +273,7 @@ class CompositeMachine(RuleBasedStateMachine):
                 note("joint-view exhaustion")
             if slot is not None:
                 self.both(lambda c: c.free_state(slot))
+                self.forget_dead()
             return
         self.reqs[self.next_rid] = {"tokens": tokens, "slot": slot, "freed": 0}
         self.next_rid += 1
@@ -345,15 +385,135 @@ class CompositeMachine(RuleBasedStateMachine):
         note("window free with a wrong host count")
 
     @rule(data=st.data())
-    def finish(self, data):
-        if not self.reqs:
+    def finish(self, data, rids=None):
+        """A request ends: its tokens and its state slot are freed (one of
+        ``rids`` when given)."""
+        rids = sorted(self.reqs) if rids is None else rids
+        if not rids:
             return
-        r = self.reqs.pop(data.draw(st.sampled_from(sorted(self.reqs))))
+        r = self.reqs.pop(data.draw(st.sampled_from(rids)))
         for c in (self.S, self.I):
             c.free(r["tokens"])
             if r["slot"] is not None:
                 c.free_state(r["slot"])
         self.forget_dead()
+
+    # ----------------------------------------------- in-flight forwards
+
+    def live_slots(self):
+        return sorted(self.expected.get("state", {}))
+
+    def launch_both(self, data, tokens=None):
+        """Launch a forward on both twins over ``tokens`` (default: some of
+        the last allocation's that are still live), with padding now and
+        then, and the state slots it writes (some live slots, or None: all)."""
+        live = {t for r in self.reqs.values() for t in r["tokens"]}
+        if tokens is None:
+            batch = [t for t in self.batch if t in live]
+            tokens = data.draw(st.sampled_from([batch, batch, batch[: len(batch) // 2 + 1], []]))
+        tokens = tokens + data.draw(st.sampled_from([[], [], [-1], [-1, 0]]))
+        slots = None
+        if self.has_state and data.draw(st.booleans()):
+            mine = self.live_slots()
+            slots = data.draw(st.lists(st.sampled_from(mine), unique=True, max_size=4)) if mine else []
+        ps, a = self.ps, self.S.arena
+        pages = sorted({t // ps for t in tokens if t >= ps})
+        writes = {"full": pages}
+        if self.has_swa:
+            writes["swa"] = [v for v in pages if a.v2p("swa")[v] > 0]
+        if self.has_state:
+            writes["state"] = self.live_slots() if slots is None else slots
+        note("composite launch while in flight" if a.in_flight else "composite launch")
+        before = {n: set(a.pinned(n)) for n in a.chain}
+        as_tensor = data.draw(st.booleans())
+        self.S.launch(tokens, slots)
+        self.I.launch(self.tensor(tokens) if as_tensor else tokens, slots)
+        self.flight.launch(writes)
+        for n in a.chain:  # an oracle of the pins: those before, and the launch pages of what it writes
+            want = before[n] | set(a.translate(n, writes.get(n, [])))
+            assert set(a.pinned(n)) == want, (n, sorted(want), a.pinned(n))
+
+    @rule(data=st.data())
+    def launch(self, data):
+        """A forward launched over the last batch: it writes the batch's
+        pages late and reads every live page."""
+        self.launch_both(data)
+
+    @rule(data=st.data())
+    def launch_bad(self, data):
+        """A launch over a token that is not allocated, below -1 or not an
+        int, or a state slot that is not live, is a ``ValueError`` in both
+        twins, and changes nothing."""
+        free = [v for v, p in enumerate(self.S.arena.v2p("full")) if v > 0 and p < 0]
+        bad = [([-2], None), (["x"], None)]
+        if free:
+            bad.append(([free[0] * self.ps], None))
+        if self.has_state:
+            bad.append(([], [self.S.arena.geometry("state").num_pages + 5]))
+        tokens, slots = data.draw(st.sampled_from(bad))
+        before = self.S.arena.snapshot()
+        for c in (self.S, self.I):
+            try:
+                c.launch(tokens, slots)
+            except ValueError:
+                continue
+            raise AssertionError(f"launch({tokens}, {slots}) was accepted")
+        assert self.S.arena.snapshot() == before == self.I.arena.snapshot()
+        note("composite launch refused")
+
+    @rule()
+    def settle(self):
+        """The forward's done event fired, or the scheduler waits for it."""
+        if self.S.arena.in_flight:
+            note("composite settle")
+        self.flight.settle()
+
+    @rule(data=st.data())
+    def flush_opportunistic(self, data):
+        """Compaction between steps (``flush_opportunistic``): it never
+        settles, and while a forward is in flight each lazy END moves what a
+        walk from its frontier to its first pinned survivor reaches."""
+        a = self.S.arena
+        cap = data.draw(st.one_of(st.none(), st.integers(0, 4)))
+        flying = a.in_flight
+        ends = [n for n in (a.chain[0], a.chain[-1]) if a.is_lazy(n)]
+        walks = [walk(a, n, cap) for n in ends] if flying else []
+        moved = self.S.flush_opportunistic(cap)
+        assert self.I.flush_opportunistic(cap) == moved
+        assert a.in_flight == self.I.arena.in_flight == flying, "a non-urgent flush settled"
+        if flying:
+            assert moved == sum(m for m, _ in walks), (moved, walks)
+            if any(stopped for _, stopped in walks):
+                note("composite walk stopped by a pin")
+            if moved:
+                note("composite moves in flight")
+        if not self.S.arena.is_lazy(a.chain[0]) and not self.S.arena.is_lazy(a.chain[-1]):
+            assert moved == 0
+
+    @rule(data=st.data())
+    def overlap(self, data):
+        """One step of an overlapped scheduler: decode a batch and launch its
+        forward, then prepare the next batch while it runs (finish a
+        request, free the window, compact between steps, admit), and
+        sometimes wait for it."""
+        while len(self.reqs) < 3 and self.S.available_size() > 4 * self.ps:  # requests to decode and finish
+            self.admit_one(data.draw(st.integers(1, 3 * self.ps)))
+        self.decode(data)
+        batch = set(self.batch)
+        self.launch_both(data)
+        others = sorted(r for r, q in self.reqs.items() if not batch & set(q["tokens"]))
+        if data.draw(st.booleans()):  # a request ends: mostly one the forward does not run
+            self.finish(data, others if others and data.draw(st.integers(0, 3)) else None)
+        if data.draw(st.booleans()):
+            self.slide_window(data)
+        if data.draw(st.integers(0, 3)):  # compaction between steps
+            self.flush_opportunistic(data)
+        if data.draw(st.booleans()):
+            self.flight.settle()
+        # the next batch: a prompt of a page or two, or one that takes every hole of full and more
+        holes = len(self.S.arena.holes("full"))
+        pages = data.draw(st.sampled_from([1, 2, holes, holes + 1]))
+        self.admit_one(max(1, min(self.most, pages * self.ps)))
 
     @rule(data=st.data())
     def faulted(self, data):
@@ -362,10 +522,13 @@ class CompositeMachine(RuleBasedStateMachine):
         the fault comes out, the spec does not make the call and every
         comparison must still hold; else both make it."""
         k = data.draw(st.one_of(st.integers(0, 40), st.integers(0, 800)))  # a call makes tens to hundreds
+        if self.S.arena.in_flight:
+            note("composite fault in flight")
         if self.reqs and data.draw(st.booleans()):
             rid = data.draw(st.sampled_from(sorted(self.reqs)))
             tokens = self.reqs[rid]["tokens"]
-            raised, _ = fault_at(k, lambda: self.I.free(tokens))
+            with self.flight.impl_only():
+                raised, _ = fault_at(k, lambda: self.I.free(tokens))
             if raised:
                 note("composite fault undone")
                 return
@@ -376,7 +539,8 @@ class CompositeMachine(RuleBasedStateMachine):
             self.forget_dead()
             return
         prompt = min(self.most, data.draw(st.integers(1, 5 * self.ps + 2)))
-        raised, got = fault_at(k, lambda: self.I.alloc_extend([0], [prompt], [-1]))
+        with self.flight.impl_only():
+            raised, got = fault_at(k, lambda: self.I.alloc_extend([0], [prompt], [-1]))
         if raised:
             note("composite fault undone")
             return
@@ -510,8 +674,14 @@ class CompositeMachine(RuleBasedStateMachine):
         views += ["state_available_size", "state_slot_token_cost"] if self.has_state else []
         for v in views:
             assert getattr(S, v)() == getattr(Im, v)(), v
+        self.flight.check()
         S.verify()
         Im.verify()
+        slots = sorted(self.expected.get("state", {}))
+        if slots:  # every live state slot's bytes
+            gens = [self.expected["state"][v] for v in slots]
+            want = pattern(len(self.pools), slots, gens, S.arena.geometry("state").epp)
+            assert torch.equal(Im.arena.read_pages("state", slots).cpu(), want), "state"
         live = [t for r in self.reqs.values() for t in r["tokens"]]
         if live:
             for pool in self.pools:
@@ -519,7 +689,8 @@ class CompositeMachine(RuleBasedStateMachine):
                 assert want == host(Im.translate(torch.tensor(live), pool)), pool
                 assert want == host(Im.translate(self.tensor(live), pool, check=False)), pool
         ps = self.ps
-        for pool, pages in self.expected.items():
+        for pool in self.pools:
+            pages = self.expected[pool]
             if not pages:
                 continue
             # every live token's bytes, read back through the composite's translate

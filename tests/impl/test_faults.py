@@ -249,6 +249,44 @@ def test_an_atomic_block_is_all_or_nothing():
     assert not a.in_atomic
 
 
+# ---------------------------------------------------- an in-flight forward
+
+
+def live(a, name):
+    return [v for v in range(1, a.id_end(name)) if int(a.v2p(name)[v]) >= 0]
+
+
+def flying():
+    """A forward in flight (docs/design.md §12) over the lazy case arena:
+    pins in every band, a freed pin in the float (a guarded hole)."""
+    a = case_arena(True)
+    lo, f = live(a, "lo"), live(a, "f")
+    a.launch({"lo": lo[-2:-1], "f": f[:2], "hi": live(a, "hi")[:1]})
+    a.free("f", f[:1])
+    assert a.in_flight and a.pinned("f").numel() == 2
+    return a
+
+
+IN_FLIGHT = {
+    "walk": lambda a: a.flush("lo", urgent=False),  # stops at the pin; what it vacates waits
+    "free a pin": lambda a: a.free("lo", live(a, "lo")[-2:-1]),
+    "alloc past the guarded hole": lambda a: a.alloc("f", 2),
+    "alloc that settles": lambda a: a.alloc("f", a.counts("f").holes),
+    "launch again": lambda a: a.launch({"lo": live(a, "lo"), "hi": live(a, "hi")}),  # two tables in place
+    "launch every live page": lambda a: a.launch({"f": None}),
+    "urgent flush": lambda a: a.flush("lo"),
+    "a float parks": lambda a: a.free("f", live(a, "f")),
+}
+
+
+@pytest.mark.parametrize("name", IN_FLIGHT)
+def test_a_fault_with_a_forward_in_flight_leaves_its_guards_as_they_were(name):
+    """The snapshot the sweep compares holds ``in_flight``, the pins and
+    the pending pages: a fault leaves them, and the guarded-hole bounds
+    (``verify``'s "guarded holes"), as the call found them."""
+    assert sweep(flying(), IN_FLIGHT[name]) > 0
+
+
 def test_the_sweep_catches_a_write_without_its_undo(monkeypatch):
     """Planted: ``_bind`` without its undo entry; the sweep must see it."""
     monkeypatch.setattr(arena_mod, "_unbind", lambda *args: None)

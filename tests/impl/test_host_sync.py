@@ -36,6 +36,8 @@ ROOTS = [
     ("Arena", "v2p_at"),
     ("Arena", "free"),
     ("Arena", "translate"),
+    ("Arena", "launch"),  # the engine's step launches a forward (docs/design.md §12)
+    ("Arena", "settle"),
 ]
 # Helpers the path may call that do sync, each for a documented reason.
 EXEMPT = {
@@ -45,6 +47,12 @@ EXEMPT = {
     "eager compaction on the decode path passes disjoint=True and never calls it",
     "_move_shape": "a cold move's shape (flush, make_room, compact_holes, repack), read once; "
     "eager compaction on the decode path passes a SrcRun and never calls it",
+    "_launch_ids": "launch(check=True) validation: a documented host read, skipped by check=False",
+    "_pins_among": "free(check=True) while in flight counts the pins it frees; check=False never calls it",
+    "_parks_guarded": "a float's last page freed while in flight, with something of it guarded (it settles if "
+    "a hole or a freed page is): one read, only then",
+    "_recount_guarded": "an alloc in flight that reaches holes freed unchecked in this flight, and the cold "
+    "paths (flush, make_room, compact_holes, repack): one read of the guarded holes' count",
 }
 SYNC_ATTRS = {
     "item",
@@ -156,6 +164,12 @@ def test_decode_path_has_no_host_sync():
         "_extend",
         "available_pages",
         "_view",
+        "_pages_for",
+        "_skips_guards",
+        "_take_unguarded",
+        "_free_in_flight",
+        "_pin",
+        "_keep_flight",
     } <= seen  # the walk reached the helpers
     assert not offences, offences
 
@@ -450,6 +464,101 @@ def test_host_copies_take_every_read_out_of_the_decode_step(monkeypatch, kind):
     assert torch.equal(c.arena.buffer, twin.arena.buffer)
     c.verify()
     assert kind == "mamba" or 0 < c.arena.live_pages("swa") < c.arena.live_pages("full")  # window pages were freed
+
+
+def overlap_steps(c, step, steps, settle_each):
+    """The engine's overlap pattern (docs/design.md §12): launch the forward
+    of the step just prepared (``launch(check=False)``), then prepare the
+    next one while it is in flight; ``settle_each``: the previous forward
+    is waited on before the next launch."""
+    outs, last = [], None
+    for _ in range(steps):
+        if settle_each:
+            c.settle()
+        if last is not None:
+            c.launch(last, check=False)
+        last = step()
+        outs.append(last)
+    return outs
+
+
+def counting(monkeypatch, owner, name, calls):
+    real = getattr(owner, name)
+
+    def call(*args, **kwargs):
+        calls.append(name)
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(owner, name, call)
+
+
+@pytest.mark.parametrize("lazy", [False, True])
+@pytest.mark.parametrize("kind", ["hybrid", "mamba", "tri"])
+def test_launch_and_the_trusted_step_with_a_forward_in_flight_read_nothing(monkeypatch, kind, lazy):
+    """Settle, launch, then the trusted step with the host copies, every
+    step: nothing is read back (syncs poisoned), the in-flight paths ran
+    (pins scattered, window frees marking freed pins), and the slots, and
+    once settled the state and bytes, are those of the same steps with no
+    forward at all."""
+    twin, twin_step = trusted_run(kind, lazy, host_copies=True)
+    c, step = trusted_run(kind, lazy, host_copies=True)
+    calls, reads = [], []
+    counting(monkeypatch, Arena, "_pin", calls)
+    counting(monkeypatch, Arena, "_free_in_flight", calls)
+    counted_read(monkeypatch, reads)
+    _poison(monkeypatch)
+    got = overlap_steps(c, step, 12, settle_each=True)
+    assert reads == []
+    monkeypatch.undo()
+    assert calls.count("_pin") == 11 * (3 if kind == "tri" else 2)  # every pool, every launch but the first
+    assert kind == "mamba" or "_free_in_flight" in calls
+    assert all(torch.equal(g, twin_step()) for g in got)
+    c.verify()
+    c.settle()
+    assert c.arena.snapshot() == twin.arena.snapshot()
+    assert torch.equal(c.arena.buffer, twin.arena.buffer)
+
+
+@pytest.mark.cuda
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="no CUDA device")
+@pytest.mark.parametrize("kind", ["hybrid", "mamba", "tri"])
+def test_launch_and_the_trusted_step_in_flight_never_sync_on_cuda(kind):
+    """The overlap step (settle, launch, the trusted step with the host
+    copies) under the driver's own sync check."""
+    c, step = trusted_run(kind, True, device="cuda", host_copies=True)
+    with cuda_syncs_raise():
+        overlap_steps(c, step, 8, settle_each=True)
+    assert c.arena.in_flight
+    c.verify()
+
+
+@pytest.mark.parametrize("kind", ["hybrid", "tri"])
+def test_in_a_continuous_flight_the_only_reads_are_guarded_hole_counts(monkeypatch, kind):
+    """Never settled between steps (each launch adds its pins), window
+    frees leave holes whose pins only the device knows: the one read the
+    trusted step may then make is the count of guarded holes, when an
+    allocation reaches them (``Arena._recount_guarded``; docs/design.md §12),
+    and it settles once the pins it would need are freed ones.  The slots
+    and, once settled, the state are those of the steps with no forward."""
+    twin, twin_step = trusted_run(kind, True, host_copies=True)
+    c, step = trusted_run(kind, True, host_copies=True)
+    recounts, reads, tolist = [], [], torch.Tensor.tolist
+
+    def recount(self, b):  # the real count, through the unpoisoned read
+        recounts.append(b.name)
+        b.g_lo = b.g_hi = sum(tolist((b.guard.index_select(0, b.holes) != -1).to(torch.int64)))
+
+    monkeypatch.setattr(Arena, "_recount_guarded", recount)
+    counted_read(monkeypatch, reads)
+    _poison(monkeypatch)
+    got = overlap_steps(c, step, 12, settle_each=False)
+    assert reads == []
+    monkeypatch.undo()
+    assert recounts and set(recounts) <= {"swa"} and len(recounts) <= 12
+    assert all(torch.equal(g, twin_step()) for g in got)
+    c.verify()
+    c.settle()
+    assert c.arena.snapshot() == twin.arena.snapshot()
 
 
 def test_host_copies_take_the_read_out_of_alloc_extend(monkeypatch):

@@ -1,8 +1,9 @@
 """The drop-in's step path reads nothing back from the device: with every
 sync-forcing tensor method poisoned (``tests/impl/test_host_sync.py``),
-``alloc``/``alloc_extend``/``alloc_decode`` with SGLang's host copies,
-``free_swa_segment`` and every translation run; ``tools/cuda_checks.sh``
-runs the same calls under ``torch.cuda.set_sync_debug_mode("error")``."""
+``alloc``/``alloc_extend``/``alloc_decode`` with SGLang's host copies (and
+the zeroing of the pages they hand out), ``free_swa_segment`` and every
+translation run; ``tools/cuda_checks.sh`` runs the same calls under
+``torch.cuda.set_sync_debug_mode("error")``."""
 
 import pytest
 import torch
@@ -52,6 +53,32 @@ def test_the_step_path_reads_nothing_back(monkeypatch, kind, ps):
     monkeypatch.undo()
     assert a.verify_byte_accounting() == []
     assert bool((a.translate_kv_loc(out) > 0).all())
+
+
+@pytest.mark.parametrize("kind", stacks.KINDS)
+@pytest.mark.parametrize("ps", [1, 4])
+def test_fresh_pages_are_zeroed_without_a_read(monkeypatch, kind, ps):
+    """The zeroing of fresh pages (SGLang's ``zero_physical_pages``, once per
+    KV pool and allocation) runs on the poisoned step path."""
+    a, _ = warm(kind, ps)
+    zeroed = []
+    for name in a._zeroed:
+        pool = a._pools[name]
+        real = pool.zero_physical_pages
+        monkeypatch.setattr(
+            pool, "zero_physical_pages", lambda pages, real=real, name=name: (zeroed.append(name), real(pages))
+        )
+    raw = a.unified_buffer._raw
+    raw[a.unified_buffer._reserved_floor :] = 0xFF  # stale bytes everywhere, live pages included
+    _poison(monkeypatch)
+    p, s = torch.tensor([0]), torch.tensor([2 * ps + 1])
+    ext = a.alloc_extend(p.clone(), p, s.clone(), s, torch.tensor([-1]), 2 * ps + 1)
+    monkeypatch.undo()
+    assert zeroed == (["full"] if kind == "mamba" else ["full", "swa"])
+    pages = torch.unique(torch.div(ext, ps, rounding_mode="floor"))
+    arena = a.composite.arena
+    for name in zeroed:
+        assert not bool(arena.page_view(name)[arena.v2p_at(name, pages)].any()), name
 
 
 def test_the_poison_catches_a_read(monkeypatch):

@@ -61,6 +61,16 @@ CLASSES = {
 }
 
 CASES = [(kind, ps) for kind in ("swa", "mamba_swa", "mamba") for ps in (1, 4)]
+# and the mamba stacks with SGLang's mamba extra buffer (ping-pong tracking slots), which its "auto" mamba
+# radix cache strategy turns on for Qwen3-Next at its defaults (issue 40)
+EXTRA_CASES = [(kind, ps, False) for kind, ps in CASES] + [(kind, ps, True) for kind, ps in CASES if kind != "swa"]
+
+
+def _extra_id(case) -> str:
+    kind, ps, extra = case
+    return f"{kind}-{ps}" + ("-extra-buffer" if extra else "")
+
+
 BIG = 1 << 30
 
 
@@ -88,13 +98,13 @@ class Side:
     """One stack (kvarena's allocator or SGLang's), its req-to-token pool and
     its radix cache, and the requests and running batch of the script."""
 
-    def __init__(self, name: str, kind: str, g: stacks.Geometry, ps: int, lazy: bool) -> None:
+    def __init__(self, name: str, kind: str, g: stacks.Geometry, ps: int, lazy: bool, extra: bool = False) -> None:
         m = self.m = _mods()
         self.name, self.kind, self.ps = name, kind, ps
         if name == "kvarena":
             ks.install()
         try:
-            self.bundle = stacks.build(kind, g, ps, lazy)
+            self.bundle = stacks.build(kind, g, ps, lazy, extra_buffer=extra)
         finally:
             ks.uninstall()
         self.alloc = self.bundle.token_to_kv_pool_allocator
@@ -252,9 +262,9 @@ class Unclassified(AssertionError):
 class Pair:
     """The two sides, the labels, and the classified differences so far."""
 
-    def __init__(self, kind: str, ps: int, g: stacks.Geometry, lazy: bool = True) -> None:
-        self.kv = Side("kvarena", kind, g, ps, lazy)
-        self.sg = Side("sglang", kind, g, ps, lazy)
+    def __init__(self, kind: str, ps: int, g: stacks.Geometry, lazy: bool = True, extra: bool = False) -> None:
+        self.kv = Side("kvarena", kind, g, ps, lazy, extra)
+        self.sg = Side("sglang", kind, g, ps, lazy, extra)
         self.labels = Labels(ps)
         self.seen: Counter[str] = Counter()
         self.steps = 0
@@ -595,13 +605,13 @@ def serve(pair: Pair, n: int, rounds: int, chunk: int | None = None) -> None:
 
 
 @pytest.mark.parametrize("lazy", [True, False], ids=["lazy", "eager"])
-@pytest.mark.parametrize(("kind", "ps"), CASES)
-def test_schedule_batch(kind, ps, lazy, monkeypatch):
+@pytest.mark.parametrize(("kind", "ps", "extra"), EXTRA_CASES, ids=[_extra_id(c) for c in EXTRA_CASES])
+def test_schedule_batch(kind, ps, extra, lazy, monkeypatch):
     """Prefill rounds over a shared prefix, a chunked prefill, decode steps
     with window frees, retraction under pressure, and finished requests
     released into the tree, on a pool that runs full."""
     monkeypatch.setenv("SGLANG_SWA_EVICTION_INTERVAL", "2")  # window frees every other token, not every 128
-    pair = Pair(kind, ps, _geometry(ps), lazy)
+    pair = Pair(kind, ps, _geometry(ps), lazy, extra)
     _prompts(pair, 12, ps)
     serve(pair, 12, rounds=120, chunk=5 * ps + 1)
     print(kind, ps, lazy, pair.steps, dict(pair.seen), pair.diverged, dict(pair.kv.calls))
@@ -713,14 +723,15 @@ def test_radix_cache(kind, ps):
 # ------------------------------------------------- the req-to-token pool
 
 
-@pytest.mark.parametrize(("kind", "ps"), CASES)
-def test_req_to_token_pool(kind, ps):
+@pytest.mark.parametrize(("kind", "ps", "extra"), EXTRA_CASES, ids=[_extra_id(c) for c in EXTRA_CASES])
+def test_req_to_token_pool(kind, ps, extra):
     """Request rows and state slots as the scheduler takes them
     (``alloc_req_slots`` inside the slot allocator's group, as a prefill
     round does), and gives them back (``free_mamba_cache``, ``free``); then
     the same with the pool's bytes held by cached KV, so that the slots come
-    from the cache (``ensure_mamba_capacity`` evicts for them)."""
-    pair = Pair(kind, ps, _geometry(ps))
+    from the cache (``ensure_mamba_capacity`` evicts for them).  With the
+    extra buffer each request also takes its tracking slots."""
+    pair = Pair(kind, ps, _geometry(ps), extra=extra)
     for s in pair.sides:
         for i in range(8):
             s.new_req(f"q{i}", [i], 1)
@@ -756,6 +767,9 @@ def test_req_to_token_pool(kind, ps):
         return {"state_idx": ids.tolist()}
 
     pair.step("take q0..q3", lambda s, _: take(s, _, ["q0", "q1", "q2", "q3"]))
+    if pair.kv.has_state:  # a state slot each, and with the extra buffer its tracking slots
+        per_req = 1 + (pair.kv.rtp.mamba_initial_tracking_slots if extra else 0)
+        assert pair.kv.observe()["counts"]["state_live"] == 4 * per_req == pair.sg.observe()["counts"]["state_live"]
     pair.step("3 state slots and back", lambda s, _: slots(s, _, 3))
     pair.step("give q1 q2", lambda s, _: give(s, _, ["q1", "q2"]))
     pair.step("take q4 q5", lambda s, _: take(s, _, ["q4", "q5"]))

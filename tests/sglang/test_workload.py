@@ -33,6 +33,32 @@ def test_sglang_runs_the_same_workload(kind, ps):
     assert r.pages_moved == {}  # SGLang's allocator: no kvarena counters
 
 
+EXTRA_CASES = [(kind, ps, lazy) for kind in ("mamba", "mamba_swa") for ps in (1, 4) for lazy in (True, False)]
+
+
+@pytest.mark.parametrize("kind, ps, lazy", EXTRA_CASES)
+def test_the_mamba_stacks_with_the_extra_buffer(kind, ps, lazy):
+    """SGLang's mamba extra buffer (its "auto" strategy's choice for
+    Qwen3-Next): each request also holds its tracking slots; every byte and
+    every slot still reads back, relief relocating in every band (issue 40)."""
+    ks.install()
+    w = workload.Workload(kind, stacks.Geometry(), ps, lazy, seed=1, extra_buffer=True)
+    for _ in range(60):
+        w.step()
+    assert w.report.ok, w.report.errors[:3]
+    assert w.report.refused > 0 and w.report.tokens_checked > 1000
+    held = [r for r in w.live.values() if r.slot is not None]
+    assert held and w.tracking == 1 and all(len(r.track) == 1 for r in held)  # the tracking slots are held
+    assert all(moved > 0 for moved in w.alloc.pages_moved.values()), w.alloc.pages_moved
+
+
+@pytest.mark.parametrize("kind", ("mamba", "mamba_swa"))
+def test_sglang_runs_the_workload_with_the_extra_buffer(kind):
+    with stacks.cpu_kernels():
+        r = workload.run(kind, steps=60, page_size=4, lazy=True, seed=1, extra_buffer=True)
+    assert r.ok, r.errors[:3]
+
+
 def test_the_byte_check_catches_a_lost_move(monkeypatch):
     """Planted: the mover updates kvarena's tables but copies no byte."""
     monkeypatch.setattr(allocators._Dropin, "_move_pages", lambda self, name, dst, src: None)

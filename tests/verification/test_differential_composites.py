@@ -6,7 +6,7 @@ import os
 
 import pytest
 
-from kvarena.verification.differential_composites import CASES, REQUIRED, run_machine
+from kvarena.verification.differential_composites import CASES, IN_FLIGHT, REQUIRED, run_machine
 
 # Seeded in the CI profile, as tests/verification/test_differential.py.
 SEEDED = {"derandomize": True, "database": None} if os.environ.get("KVARENA_PROFILE", "ci") == "ci" else {}
@@ -15,11 +15,13 @@ SEEDED = {"derandomize": True, "database": None} if os.environ.get("KVARENA_PROF
 def test_composites_differential(device):  # conftest: cpu, and cuda where present
     """The twins agree on every step, and the run reaches every event the
     issue names: window-slide frees, joint-view exhaustion, state starvation
-    relieved without eviction, and each composite."""
+    relieved without eviction, and each composite; and every in-flight rule
+    (launches, a refused one, settles, ``flush_opportunistic`` moving pages
+    while a forward runs)."""
     CASES.clear()
     run_machine(device, **SEEDED)
     print("composite cases:", dict(CASES))
-    missing = [c for c in REQUIRED if CASES[c] == 0]
+    missing = [c for c in REQUIRED + IN_FLIGHT if CASES[c] == 0]
     assert not missing, f"cases never reached: {missing}; counts {dict(CASES)}"
 
 

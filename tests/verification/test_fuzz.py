@@ -2,11 +2,8 @@
 shared example database, and a failure saved as a replayable vector."""
 
 import json
-import shutil
-import socket
 import subprocess
 import sys
-import time
 
 import pytest
 
@@ -230,51 +227,6 @@ def test_cli_fuzz(tmp_path, capsys):
     text = capsys.readouterr().out
     assert rc == 0 and "0 failure(s)" in text
     assert json.loads(out.read_text())["examples"] > 0
-
-
-@pytest.fixture
-def redis_url(tmp_path):
-    """A Redis server of its own on the loopback address (Debian's
-    ``redis-server``; docs/guides/verifying.md "Beyond one machine"), stopped after the test."""
-    binary = shutil.which("redis-server")
-    if binary is None:
-        pytest.fail("redis-server is not installed: apt-get install redis-server (README 'Quick start')")
-    with socket.socket() as s:  # a free port
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    server = subprocess.Popen(
-        [
-            binary,
-            "--port",
-            str(port),
-            "--bind",
-            "127.0.0.1",
-            "--save",
-            "",
-            "--appendonly",
-            "no",
-            "--dir",
-            str(tmp_path),
-        ],
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.STDOUT,
-    )
-    import redis
-
-    client = redis.Redis(host="127.0.0.1", port=port)
-    try:
-        for _ in range(100):  # up within 10 s
-            try:
-                client.ping()
-                break
-            except redis.ConnectionError:
-                time.sleep(0.1)
-        else:
-            pytest.fail(f"redis-server did not answer on port {port}")
-        yield f"redis://127.0.0.1:{port}/0", client
-    finally:
-        server.terminate()
-        server.wait(10)
 
 
 def test_two_workers_share_a_redis_server_and_a_third_finds_the_failure_at_once(tmp_path, monkeypatch, redis_url):

@@ -1,154 +1,255 @@
-"""``kvarena verify`` (``kvarena.verification.verify``): the budget is shared out and
-kept, the summary says what ran, and a failure comes with a shrunk,
-replayable reproduction.  The proofs' own runs are ``tests/test_proofs*.py``;
-here they are budgeted, not re-proved."""
+"""``kvarena verify`` (``kvarena.verification.verify``): with no flags every
+part runs to completion; under ``--budget`` each part stops at its share,
+and what did not run is listed with exit status 3; a failure exits 1 with a
+shrunk, replayable reproduction.  The proofs' own runs are
+``tests/proofs/``; here the parts are run small or stood in for."""
 
 import json
+import time
 
+import pytest
 from rich.console import Console
 
 from kvarena import cli, impl
-from kvarena.verification import command_line, fuzz, verify
+from kvarena.verification import command_line, differential, fuzz, verify
 
 
-def run(args, monkeypatch=None):
+def run(args, monkeypatch):
     console = Console(record=True, width=220)
     monkeypatch.setattr(command_line, "console", lambda: console)
     rc = cli.main(args)
     return rc, console.export_text()
 
 
-def test_plan_shares_the_budget():
-    p = verify.plan(180)
-    assert p.walks == 20 and p.z3_s == 90 and p.crosshair_s == 27 and p.differential_examples == 60
-    small = verify.plan(30)
-    assert small.walks == 5 and small.z3_s == 15 and small.differential_examples == 10
-    assert verify.plan(180, skip_proofs=True).z3_s == 0
-    assert any("--skip-fuzz" in n for n in verify.plan(180, skip_fuzz=True).notes)
+def parse(args):
+    import argparse
+
+    p = argparse.ArgumentParser()
+    verify.add_arguments(p)
+    return p.parse_args(args)
 
 
-def test_crosshair_budget_scales_down_and_never_above_prove():
-    cap, per, per_diff = verify.crosshair_budget(27, tasks=10, jobs=2)
-    assert cap == 5.4 and per == 0.25 and per_diff == 0.5
-    cap, per, per_diff = verify.crosshair_budget(10_000, tasks=10, jobs=2)
-    assert (per, per_diff) == (2.0, 4.0)  # kvarena prove's budgets are the ceiling
+def test_no_flags_means_no_budget_every_walk_and_the_local_cache():
+    a = parse([])
+    assert a.budget is None and a.walks == verify.WALKS and a.steps == verify.STEPS
+    assert a.cache is None and not a.no_cache and not (a.skip_proofs or a.skip_fuzz or a.skip_vectors)
 
 
-def test_crosshair_pairs_only_when_the_share_holds_them():
-    tasks, skipped = verify.crosshair_tasks(27, 2, ["a", "b"], [("x", "y")] * 8)
-    assert [t[0] for t in tasks] == ["check", "check"] and len(skipped) == 8
-    tasks, skipped = verify.crosshair_tasks(75, 2, ["a", "b"], [("x", "y")] * 8)
-    assert len(tasks) == 10 and not skipped
+def stand_ins(monkeypatch, *, fail=None, cut=None):
+    """Every part stood in for by a passing row; ``fail``: the part whose
+    row fails; ``cut``: the part that reports work not run.  Returns the
+    deadlines each part was given."""
+    given = {}
+
+    def part(name):
+        def fn(*args, **kwargs):
+            given[name] = [a for a in args if isinstance(a, float) or a is None]
+            row = {"part": name, "name": f"{name} stand-in", "ok": name != fail, "seconds": 0.0, "detail": "-"}
+            cuts = [verify.cut(name, "some of it", "the budget")] if name == cut else []
+            return [row], cuts
+
+        return fn
+
+    monkeypatch.setattr(verify, "selfcheck_rows", part("self-checks"))
+    monkeypatch.setattr(verify, "crosshair_rows", part("crosshair"))
+    monkeypatch.setattr(verify, "vector_rows", part("vectors"))
+    z3 = part("z3")
+    monkeypatch.setattr(verify, "z3_rows", lambda *a, **k: (z3(*a, **k)[0], ["obl.x"] if cut == "z3" else []))
+
+    def machine(label, device, seed, deadline, *rest):
+        given.setdefault("differential", []).append(deadline)
+        row = {
+            "part": "differential",
+            "name": label,
+            "ok": fail != "differential",
+            "seconds": 0.0,
+            "detail": "-",
+            "examples": 60,
+            "steps": 100,
+            "required": 1,
+            "reached": 1,
+            "missing": [],
+        }
+        cuts = [verify.cut("differential", label, "the budget")] if cut == "differential" else []
+        return row, verify.Counter(exhaustion=1), verify.Counter(examples=60, steps=100), None, cuts
+
+    monkeypatch.setattr(verify, "machine_rows", machine)
+    return given
 
 
-def test_z3_stops_at_its_share():
-    """A share too small for any obligation runs none and names them all."""
-    rows, not_run = verify.z3_rows(0.0)
-    assert len(rows) + len(not_run) > 100 and len(not_run) >= len(rows)
+@pytest.mark.parametrize(
+    "fail, cut, rc",
+    [
+        (None, None, verify.EXIT_OK),
+        (None, "z3", verify.EXIT_INCOMPLETE),
+        (None, "differential", verify.EXIT_INCOMPLETE),
+        ("crosshair", None, verify.EXIT_FAILED),
+        ("vectors", "differential", verify.EXIT_FAILED),  # a failure outranks a cut
+    ],
+)
+def test_the_exit_status_says_complete_failed_or_incomplete(tmp_path, monkeypatch, fail, cut, rc):
+    stand_ins(monkeypatch, fail=fail, cut=cut)
+    path = tmp_path / "v.json"
+    got, out = run(["verify", "--cache", str(tmp_path / "c"), "--json", str(path)], monkeypatch)
+    assert got == rc, out
+    s = json.loads(path.read_text())["summary"]
+    assert s["exit"] == rc and bool(s["not_run"]) == (cut is not None)
+    if cut:
+        assert "NOT RUN" in out and ("not run, listed above" in out)
+    if cut and not fail:
+        assert f"INCOMPLETE (exit {verify.EXIT_INCOMPLETE})" in out
+    if rc == verify.EXIT_OK:
+        assert "complete: every check ran and passed" in out and "NOT RUN" not in out
 
 
-def test_a_crosshair_run_cut_off_by_its_cap_is_not_finished(monkeypatch):
+def test_without_a_budget_no_part_has_a_deadline(tmp_path, monkeypatch):
+    given = stand_ins(monkeypatch)
+    assert run(["verify", "--cache", str(tmp_path)], monkeypatch)[0] == verify.EXIT_OK
+    assert all(d is None for ds in given.values() for d in ds), given
+
+
+def test_a_budget_gives_each_part_its_cumulative_share(tmp_path, monkeypatch):
+    given = stand_ins(monkeypatch)
+    t0 = time.perf_counter()
+    assert run(["verify", "--budget", "100", "--cache", str(tmp_path)], monkeypatch)[0] == verify.EXIT_OK
+    usable = 100 - min(5.0, 3.0)
+    for part, share in verify.SHARES.items():
+        (deadline, *_) = given[part]
+        assert t0 + share * usable - 1 <= deadline <= t0 + share * usable + 1, part
+
+
+@pytest.mark.parametrize("skip", ["--skip-proofs", "--skip-vectors", "--skip-fuzz"])
+def test_a_skipped_part_is_listed_and_never_exits_0(tmp_path, monkeypatch, skip):
+    stand_ins(monkeypatch)
+    rc, out = run(["verify", skip, "--cache", str(tmp_path)], monkeypatch)
+    assert rc == verify.EXIT_INCOMPLETE and f"({skip})" in out
+
+
+def test_fewer_walks_than_the_default_are_a_cut():
+    rows, cuts = verify.selfcheck_rows(walks=1, steps=20)
+    assert all(r["ok"] for r in rows)
+    assert {c["why"] for c in cuts} == {"--walks 1", "--steps 20"}
+    rows, cuts = verify.selfcheck_rows(deadline=time.perf_counter())  # no time left for a walk
+    assert rows and not any(r["name"].startswith("random walk") for r in rows)
+    assert cuts == [verify.cut("self-checks", "20 of 20 random walks", "the budget")]
+
+
+def test_z3_stops_at_its_deadline_and_names_what_it_did_not_run():
+    rows, not_run = verify.z3_rows(deadline=time.perf_counter())
+    assert rows == [] and len(not_run) > 100
+
+
+def test_z3_counts_the_cache_apart(tmp_path):
+    names = ["golden.up_gap.n2", "golden.up_gap.n3"]
+    first, _ = verify.z3_rows(names=names, cache=str(tmp_path))
+    again, _ = verify.z3_rows(names=names, cache=str(tmp_path))
+    assert [r["cache"] for r in first] == ["new", "new"] and [r["cache"] for r in again] == ["hit", "hit"]
+    s = verify._summary(first + again, verify.Counter(), verify.Counter(), [], [], None, 1.0, "cpu", "c", 0)
+    assert (s["z3"]["proved_now"], s["z3"]["from_cache"], s["z3"]["proved"]) == (2, 2, 4)
+
+
+def test_a_crosshair_run_the_deadline_stops_is_not_finished_and_listed(monkeypatch):
+    """A run stopped at the deadline is "not finished" (listed, not failed);
+    one with no time left is not started; a counterexample still fails."""
     from kvarena.proofs import crosshair_runs as ch
 
-    def capped(module, per_condition_s, wall_s):
-        return [
-            {
-                "name": f"crosshair.check.{module}",
-                "result": "error",
-                "ok": False,
-                "time_s": wall_s,
-                "reason": f"crosshair run exceeded its {wall_s}s wall-clock cap",
-            }
-        ]
+    def check(module, wall_s):
+        return [{"name": f"crosshair.check.{module}", "result": "error", "ok": False, "time_s": wall_s,
+                 "reason": f"crosshair run exceeded its {wall_s}s wall-clock cap"}]  # fmt: skip
 
-    def diff(f1, f2, per_condition_s, wall_s):
-        return {
-            "name": f"crosshair.diff.{f1}",
-            "result": "counterexample",
-            "ok": False,
-            "time_s": 1.0,
-            "reason": "Given (1,), returns 2 and 3",
-        }
+    def diff(f1, f2, wall_s):
+        return {"name": f"crosshair.diff.{f1}", "result": "counterexample", "ok": False, "time_s": 1.0,
+                "reason": "Given (1,), returns 2 and 3"}  # fmt: skip
 
-    monkeypatch.setattr(ch, "check_module", capped)
+    monkeypatch.setattr(ch, "check_module", check)
     monkeypatch.setattr(ch, "diff_pair", diff)
-    rows, note = verify.crosshair_rows(200)  # a share that holds the diff pairs too
+    rows, not_run = verify.crosshair_rows(deadline=time.perf_counter() + 60)
     checks = [r for r in rows if r["name"].startswith("crosshair.check")]
     assert checks and all(r["result"] == "not finished" and r["ok"] for r in checks)
-    assert all(not r["ok"] for r in rows if r["name"].startswith("crosshair.diff"))  # a finding still fails
-    assert "per condition" in note
+    assert not_run == [
+        verify.cut("crosshair", f"{len(checks)} not finished: " + ", ".join(r["name"] for r in checks), "the budget")
+    ]
+    assert rows and all(not r["ok"] for r in rows if r["name"].startswith("crosshair.diff"))
+    rows, _ = verify.crosshair_rows(deadline=None)  # no budget: the run's own cap hit is an error, a failure
+    assert all(not r["ok"] for r in rows)
+    rows, not_run = verify.crosshair_rows(deadline=time.perf_counter())  # no time left: none started, all listed
+    assert rows == [] and not_run[0]["what"].startswith(f"{len(ch.CHECK_MODULES) + len(ch.DIFF_PAIRS)} not started: ")
 
 
-def test_budgeted_run_prints_one_summary_and_writes_json(tmp_path, monkeypatch):
-    monkeypatch.setattr(fuzz, "required_cases", lambda: ["exhaustion", "hybrid"])
+def small_rounds(monkeypatch, required):
+    monkeypatch.setattr(verify, "ROUND_EXAMPLES", 3)
+    monkeypatch.setattr(verify, "MIN_ROUNDS", 1)
+    monkeypatch.setattr(verify, "MAX_EXAMPLES", 9)
+    monkeypatch.setattr(differential, "REQUIRED", required)
+
+
+def test_a_machine_runs_seeded_rounds_until_its_required_events(monkeypatch, tmp_path):
+    small_rounds(monkeypatch, ("exhaustion",))
+    row, seen, stats, failure, cuts = verify.machine_rows("core", out_dir=tmp_path)
+    assert row["ok"] and failure is None and not cuts and seen["exhaustion"] > 0
+    assert row["reached"] == row["required"] == 1 and stats["examples"] <= 9
+
+
+def test_an_event_never_reached_in_max_examples_fails_the_machine(monkeypatch, tmp_path):
+    small_rounds(monkeypatch, ("exhaustion", "an event no machine has"))
+    rc_row, _, stats, _, cuts = verify.machine_rows("core", out_dir=tmp_path)
+    assert not rc_row["ok"] and "never reached in 9 examples" in rc_row["detail"] and not cuts
+    assert stats["examples"] >= 9
+
+
+def test_coverage_is_counted_in_examples_not_seconds(monkeypatch, tmp_path):
+    """The same seeded rounds reach the same events, however slow each round is."""
+    small_rounds(monkeypatch, ("exhaustion", "an event no machine has"))
+    fast = verify.machine_rows("core", out_dir=tmp_path)
+    real = fuzz.run_round
+
+    def slow(*a, **k):
+        time.sleep(0.5)  # a loaded machine
+        return real(*a, **k)
+
+    monkeypatch.setattr(fuzz, "run_round", slow)
+    slowed = verify.machine_rows("core", out_dir=tmp_path)
+    assert fast[1] == slowed[1] and fast[2] == slowed[2]
+
+
+def test_a_machine_cut_by_the_budget_lists_the_events_it_did_not_reach(monkeypatch, tmp_path):
+    small_rounds(monkeypatch, ("exhaustion",))
+    row, _, stats, _, cuts = verify.machine_rows("core", deadline=time.perf_counter(), out_dir=tmp_path)
+    assert row["ok"] and stats["examples"] == 0
+    assert cuts == [verify.cut("differential", "core: required events not reached: exhaustion", "the budget")]
+
+
+def test_a_budget_too_small_exits_3_and_lists_what_did_not_run(tmp_path, monkeypatch):
     path = tmp_path / "v.json"
     rc, out = run(
-        ["verify", "--budget", "12", "--skip-proofs", "--json", str(path), "--failures", str(tmp_path / "f")],
+        ["verify", "--budget", "8", "--cache", str(tmp_path / "c"), "--json", str(path), "--failures", str(tmp_path)],
         monkeypatch,
     )
-    assert rc == 0, out
-    assert "kvarena verify: summary" in out and "coverage events seen" in out
-    data = json.loads(path.read_text())
-    s = data["summary"]
-    assert s["budget_s"] == 12 and s["failures"] == []
-    assert s["vectors"]["cases"] >= 100 and s["fuzz"]["differential_examples"] > 0
-    assert s["coverage"]["exhaustion"] > 0
-    assert {r["part"] for r in data["rows"]} >= {"self-checks", "vectors", "differential", "coverage"}
-
-
-def test_an_unreached_coverage_event_fails_the_run(monkeypatch):
-    monkeypatch.setattr(fuzz, "required_cases", lambda: ["exhaustion", "an event no machine has"])
-    ran = {"part": "campaign", "name": "campaign on cpu", "ok": True, "seconds": 60.0, "detail": "(stand-in)"}
-    monkeypatch.setattr(verify, "campaign_rows", lambda *a: ([ran], verify.Counter(), verify.Counter(), []))
-    rc, out = run(
-        ["verify", "--budget", "120", "--skip-proofs", "--skip-vectors", "--walks", "0", "--fuzz-examples", "2"],
-        monkeypatch,
-    )
-    assert rc == 1 and "never reached" in out and "an event no machine has" in out
-
-
-def test_coverage_is_judged_after_a_campaign_only():
-    """Events missed when the budget left no campaign are reported, not failed;
-    missed after a real campaign, they fail."""
-    seen = verify.Counter(exhaustion=3)
-    short = verify.coverage_row(seen, campaign_s=0, budget=180)
-    assert short["ok"] and "not reached within this budget" in short["detail"]
-    full = verify.coverage_row(seen, campaign_s=90, budget=180)
-    assert not full["ok"] and "never reached" in full["detail"]
+    assert rc == verify.EXIT_INCOMPLETE, out
+    s = json.loads(path.read_text())["summary"]
+    assert s["exit"] == 3 and s["failures"] == [] and any(n["why"] == "the budget" for n in s["not_run"])
+    assert "NOT RUN" in out and "INCOMPLETE (exit 3)" in out
 
 
 def test_a_failure_is_shrunk_saved_and_printed_as_a_reproduction(tmp_path, monkeypatch):
+    monkeypatch.setattr(verify, "ROUND_EXAMPLES", 5)  # the bug shows within a few steps; fewer examples to shrink past
     real = impl.arena.Arena.gap_bytes
     monkeypatch.setattr(
         impl.arena.Arena, "gap_bytes", lambda self, name: real(self, name) + (1 if self.live_pages(name) >= 3 else 0)
     )
     path = tmp_path / "v.json"
-    rc, out = run(
-        [
-            "verify",
-            "--budget",
-            "3",
-            "--skip-proofs",
-            "--skip-vectors",
-            "--walks",
-            "0",
-            "--fuzz-examples",
-            "10",
-            "--json",
-            str(path),
-            "--failures",
-            str(tmp_path / "f"),
-        ],
-        monkeypatch,
-    )
-    assert rc == 1 and "FAILURE" in out and "def test_fuzz_repro_" in out
+    args = ["verify", "--skip-proofs", "--skip-vectors", "--walks", "0", "--json", str(path)]
+    rc, out = run([*args, "--failures", str(tmp_path / "f")], monkeypatch)
+    assert rc == verify.EXIT_FAILED and "FAILURE" in out and "def test_fuzz_repro_" in out
     (f,) = [f for f in json.loads(path.read_text())["summary"]["failures"] if "vector" in f]
-    assert f["machine"] == "core" and f["reproduces"] is True and "state = " in f["hypothesis"]
+    assert f["machine"] == "core" and f["reproduces"] is True and f["shrunk"] and "state = " in f["hypothesis"]
 
 
-def test_cuda_without_a_device_is_refused_up_front(monkeypatch):
+def test_a_cache_or_device_that_cannot_be_used_is_refused_up_front(monkeypatch):
     import torch
 
+    rc, out = run(["verify", "--cache", "redis://127.0.0.1:1/0"], monkeypatch)
+    assert rc == verify.EXIT_USAGE and "--cache redis://127.0.0.1:1/0" in out
     monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
     for args in (
         ["verify", "--device", "cuda"],
