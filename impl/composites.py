@@ -144,7 +144,11 @@ def _host_decode_pages(seq_cpu: IntsLike, ps: int, lengths: tuple[int, int], mos
     differ) a ``ValueError`` in the spec's words, from the host alone."""
     s = _host_vec(seq_cpu)
     _host_lengths("alloc_decode", {"seq_lens": (s, lengths[0])})
-    if lengths[0] != lengths[1] or bool(((s < 1) | (s > most)).any()):  # a host tensor: no device read
+    if s.numel():
+        lo, hi = torch.aminmax(s)  # one pass over a host tensor: no device read
+        if lengths[0] != lengths[1] or int(lo) < 1 or int(hi) > most:
+            _explain_host_decode(s, lengths, most)
+    elif lengths[1]:
         _explain_host_decode(s, lengths, most)
     return int((torch.remainder(s, ps) == 1 % ps).sum())  # a host tensor: no device read
 

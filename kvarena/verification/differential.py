@@ -562,7 +562,11 @@ class DiffMachine(RuleBasedStateMachine):
             if data.draw(st.booleans()):
                 self.flight.settle()
             holes = len(self.S.holes(name))
-            self.alloc_both(name, data.draw(st.sampled_from([1, holes, holes + 1, holes + 3])), data)
+            n, got = self.alloc_both(name, data.draw(st.sampled_from([1, holes, holes + 1, holes + 3])), data)
+            if got is None and n > 0:  # short: the ladder, with an evictor, then the batch
+                ok, _ = self.relieve_both(name, n, self.draw_script(data))
+                if ok is True:
+                    assert self.alloc_both(name, n, data)[1] is not None
 
     @precondition(lambda self: self.floats)
     @rule(data=st.data())
@@ -713,6 +717,11 @@ class DiffMachine(RuleBasedStateMachine):
 
         return evict
 
+    def draw_script(self, data):
+        """An evictor's rounds (``evictor``): pool, count, kind."""
+        rounds = st.tuples(st.sampled_from(self.S.chain), st.integers(0, 4), st.sampled_from(EVICTORS))
+        return data.draw(st.lists(rounds, max_size=5))
+
     def relieve_both(self, name, need, script):
         """``relieve`` on both arenas with the same evictor; the verdict each
         returns must be the gate read afresh (an oracle sharing no code)."""
@@ -750,13 +759,7 @@ class DiffMachine(RuleBasedStateMachine):
     def relieve(self, data):
         name = self.pick(data)
         need = self.S.available_pages(name) + data.draw(st.integers(0, 6))
-        script = None
-        if data.draw(st.booleans()):
-            script = data.draw(
-                st.lists(
-                    st.tuples(st.sampled_from(self.S.chain), st.integers(0, 4), st.sampled_from(EVICTORS)), max_size=5
-                )
-            )
+        script = self.draw_script(data) if data.draw(st.booleans()) else None
         ok, _ = self.relieve_both(name, need, script)
         if ok is False and script is None:
             # the ladder did all it could: running it again must not find more

@@ -30,6 +30,7 @@ that operation moves or hands out anything.
 import contextlib
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
+from typing import Any
 
 import torch
 
@@ -80,8 +81,8 @@ class Flight:
     machine's two events counted here (``"urgent"``, ``"reused"``).
     """
 
-    ref: object  # the spec arena
-    twin: object  # the implementation's
+    ref: Any  # the spec arena
+    twin: Any  # the implementation's
     expected: dict[str, dict[int, int]]
     index: dict[str, int]
     pattern: Callable

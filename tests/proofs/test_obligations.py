@@ -15,7 +15,18 @@ from tests.support import ROOT, Patch, SourcePatch, mutant_module, refuted
 
 REG = cli.registry()
 ARITH, POLICY, ABSTRACT = "kvarena.spec.arith", "kvarena.proofs.policy", "kvarena.proofs.abstract"
-GROUPS = {"layout", "golden", "invariants", "capacity", "policy", "composite", "planner", "integrity", "views"}
+GROUPS = {
+    "layout",
+    "golden",
+    "invariants",
+    "capacity",
+    "policy",
+    "composite",
+    "planner",
+    "integrity",
+    "views",
+    "inflight",
+}
 
 
 @pytest.fixture(scope="module")
