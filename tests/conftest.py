@@ -1,5 +1,5 @@
 """Test-run settings shared by every folder: the Hypothesis profile and the
-``one_thread`` and ``redis_url`` fixtures.  Helpers live in ``tests/support.py``."""
+``one_thread``, ``redis_url`` and ``proof_cache`` fixtures.  Helpers live in ``tests/support.py``."""
 
 import pytest
 from hypothesis import HealthCheck, settings
@@ -8,6 +8,18 @@ from hypothesis import HealthCheck, settings
 # property still fails on a wrong answer; only wall-clock limits are lifted.
 settings.register_profile("kvarena", deadline=None, print_blob=True, suppress_health_check=[HealthCheck.too_slow])
 settings.load_profile("kvarena")
+
+
+@pytest.fixture(autouse=True, scope="session")
+def proof_cache(tmp_path_factory):
+    """The commands' default proof cache (``kvarena.proofs.cache``) in a
+    folder of the test run's own, not the checkout's ``.kvarena-cache``."""
+    from kvarena.proofs import cache
+
+    mp = pytest.MonkeyPatch()
+    mp.setenv(cache.ENV, str(tmp_path_factory.mktemp("proof-cache")))
+    yield
+    mp.undo()
 
 
 @pytest.fixture(scope="module")

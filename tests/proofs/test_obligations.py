@@ -218,7 +218,7 @@ def _no_gap(*args):
 def test_cli_exits_nonzero_on_failure(monkeypatch, capsys):
     # a wrong closed form, in the solver processes the command starts
     wrong = Patch(ARITH, "golden_gap", _no_gap)
-    monkeypatch.setattr(cli, "run_z3", lambda only, jobs: cli.run_fresh(cli.selected(only), wrong, jobs))
+    monkeypatch.setattr(cli, "run_z3", lambda only, jobs, cache: cli.run_fresh(cli.selected(only), wrong, jobs, cache))
     assert cli.main(["--only", "golden.up_gap.n2", "--no-crosshair", "--jobs", "1"]) == 1
     out = capsys.readouterr().out
     assert "counterexample" in out and "1 failed" in out

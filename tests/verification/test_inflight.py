@@ -40,7 +40,7 @@ HANDS_OUT_PENDING = {
     "spec": (
         "kvarena.spec.arena",
         "taken = [h for h in b.holes if not b.is_guarded(h)][:k]",
-        "taken = b.holes[:k]",
+        "taken = ([h for h in b.holes if b.is_guarded(h)] + [h for h in b.holes if not b.is_guarded(h)])[:k]",
         "Arena",
         "alloc",
     ),
