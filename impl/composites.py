@@ -1098,6 +1098,8 @@ class _Composite:
         Raises:
             ValueError: ``max_moves`` not an int >= 0.
         """
+        if max_moves is not None:  # checked here too: a composite with no lazy END flushes nothing
+            max_moves = _count("flush_opportunistic: max_moves", max_moves)
         ends = [n for n in (self.CHAIN[0], self.CHAIN[-1]) if self.arena.is_lazy(n)]
         with self.arena.atomic():
             return sum(self.arena.flush(n, max_moves=max_moves, urgent=False) for n in ends)

@@ -250,9 +250,14 @@ def neighbour(s: Chain, i: int, upward: bool) -> int | None:
 def region(s: Chain, i: int) -> tuple[int, int]:
     """A float's pages ``[lo, hi)`` between its opaque neighbours (docs/design.md §3).
 
+    The same formula serves an END: its outer neighbour is the buffer's end
+    (``below`` is 0, ``above`` the total), so its region is every page it
+    could span with its inner neighbour where it stands, its pages up to its
+    frontier plus the whole pages of its gap.
+
     Args:
         s: the chain.
-        i: the float's index.
+        i: the pool's index (a float or an END).
 
     Returns:
         ``(lo, hi)``, in pages of the float's grid (``arith.float_region``).

@@ -879,6 +879,8 @@ class _Composite:
         post: __return__ >= 0
         raises: ValueError
         """
+        if max_moves is not None:  # checked here too: a composite with no lazy END flushes nothing
+            max_moves = _count("flush_opportunistic: max_moves", max_moves)
         ends = [n for n in (self.CHAIN[0], self.CHAIN[-1]) if self.arena.is_lazy(n)]
         return sum(self.arena.flush(n, max_moves=max_moves, urgent=False) for n in ends)
 

@@ -106,7 +106,14 @@ REQUIRED = (
     "pending page reused after settle",
 )
 # The in-flight rules' own events, counted by tests/verification/test_differential.py (not by ``kvarena verify``).
-IN_FLIGHT = ("launch", "launch while in flight", "launch refused", "settle", "non-urgent moves in flight")
+IN_FLIGHT = (
+    "launch",
+    "launch while in flight",
+    "launch refused",
+    "settle",
+    "non-urgent moves in flight",
+    "fault in flight",
+)
 EVICTORS = ("honest", "zero", "more", "liar", "raise", "no count", "nested")
 
 
@@ -523,7 +530,7 @@ class DiffMachine(RuleBasedStateMachine):
         """The forward's done event fired, or the scheduler waits for it."""
         if self.S.in_flight:
             note("settle")
-        self.flight.settle()
+        self.flight.settle(self.S, self.I)
 
     def flush_later(self, name, cap):
         """A non-urgent flush on both twins (``urgent=False``): it never
@@ -560,7 +567,7 @@ class DiffMachine(RuleBasedStateMachine):
         self.flush_later(name, data.draw(st.one_of(st.none(), st.integers(1, 4))))
         for _ in range(data.draw(st.integers(1, 2))):  # the next batch: a few pages, or every hole and more
             if data.draw(st.booleans()):
-                self.flight.settle()
+                self.flight.settle(self.S, self.I)
             holes = len(self.S.holes(name))
             n, got = self.alloc_both(name, data.draw(st.sampled_from([1, holes, holes + 1, holes + 3])), data)
             if got is None and n > 0:  # short: the ladder, with an evictor, then the batch

@@ -80,6 +80,7 @@ IN_FLIGHT = (
     "composite launch refused",
     "composite settle",
     "composite moves in flight",
+    "composite fault in flight",
 )
 KINDS = ("hybrid", "mamba", "tri")
 
@@ -312,10 +313,11 @@ class CompositeMachine(RuleBasedStateMachine):
             self.stamp(new)
 
     @rule(data=st.data())
-    def decode(self, data):
+    def decode(self, data, among=None):
+        """A decode step of some requests (of ``among`` when given)."""
         if not self.reqs:
             return
-        growing = sorted(r for r, q in self.reqs.items() if len(q["tokens"]) < self.most)
+        growing = sorted(r for r, q in self.reqs.items() if len(q["tokens"]) < self.most and r in (among or self.reqs))
         if not growing:
             return
         rids = data.draw(st.lists(st.sampled_from(growing), min_size=1, max_size=4, unique=True))
@@ -466,7 +468,7 @@ class CompositeMachine(RuleBasedStateMachine):
         """The forward's done event fired, or the scheduler waits for it."""
         if self.S.arena.in_flight:
             note("composite settle")
-        self.flight.settle()
+        self.flight.settle(self.S, self.I)
 
     @rule(data=st.data())
     def flush_opportunistic(self, data):
@@ -498,18 +500,22 @@ class CompositeMachine(RuleBasedStateMachine):
         sometimes wait for it."""
         while len(self.reqs) < 3 and self.S.available_size() > 4 * self.ps:  # requests to decode and finish
             self.admit_one(data.draw(st.integers(1, 3 * self.ps)))
-        self.decode(data)
+        # the batch: any requests, or all but the newest (whose pages, nearest
+        # full's frontier, a compaction between steps may then move)
+        newest = max(self.reqs, default=None)
+        older = [r for r in self.reqs if r != newest]
+        self.decode(data, older if older and data.draw(st.booleans()) else None)
         batch = set(self.batch)
         self.launch_both(data)
-        others = sorted(r for r, q in self.reqs.items() if not batch & set(q["tokens"]))
-        if data.draw(st.booleans()):  # a request ends: mostly one the forward does not run
-            self.finish(data, others if others and data.draw(st.integers(0, 3)) else None)
+        others = sorted(r for r, q in self.reqs.items() if not batch & set(q["tokens"]) and r != newest)
+        if data.draw(st.booleans()):  # a request ends: one the forward runs (its pages pend) or an older one
+            self.finish(data, others if others and data.draw(st.booleans()) else None)
         if data.draw(st.booleans()):
             self.slide_window(data)
         if data.draw(st.integers(0, 3)):  # compaction between steps
             self.flush_opportunistic(data)
         if data.draw(st.booleans()):
-            self.flight.settle()
+            self.flight.settle(self.S, self.I)
         # the next batch: a prompt of a page or two, or one that takes every hole of full and more
         holes = len(self.S.arena.holes("full"))
         pages = data.draw(st.sampled_from([1, 2, holes, holes + 1]))

@@ -150,12 +150,14 @@ class Flight:
         finally:
             self.alone = False
 
-    def settle(self) -> None:
-        """The machine waits for the forward: ``settle`` on both twins."""
+    def settle(self, spec_obj=None, impl_obj=None) -> None:
+        """The machine waits for the forward: ``settle`` on both twins, called
+        on the objects the machine drives (a traced machine records the
+        spec's call), by default the two arenas."""
         self.explicit = True
         try:
-            self.ref.settle()
-            self.twin.settle()
+            (spec_obj or self.ref).settle()
+            (impl_obj or self.twin).settle()
         finally:
             self.explicit = False
 

@@ -218,7 +218,7 @@ MUTATIONS = [
         "flush-cap-ignored",
         "a capped lazy flush moves every survivor",
         "impl/arena.py",
-        [("k = src.numel() if max_moves is None else min(src.numel(), max_moves)", "k = src.numel()")],
+        [("k = k if max_moves is None else min(k, max_moves)", "k = k")],
     ),
     Mutation(
         "relief-flushes-whole",

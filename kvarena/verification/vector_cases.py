@@ -302,6 +302,34 @@ def _borrow(r):
     return "a borrower binds its lender's live ids; a lender cannot free an id its borrower holds", ()
 
 
+@scenario("arena/in-flight-pins-and-pending", "arena")
+def _in_flight(r):
+    full = r("alloc", name="full", n=8)
+    swa = r("alloc", name="swa", n=4)
+    r.start()
+    r("launch", writes={"full": [full[5], full[7], -1], "swa": [swa[1]]})  # the forward writes these
+    r("launch", writes={"full": [10_000]})  # refused: nothing changes, the first forward stays in flight
+    r("launch", writes={"nope": [1]})
+    r("free", name="full", ids=full[:6])  # full[5] is pinned: its page pends until settle
+    r("holes", name="full")
+    r("alloc", name="full", n=2)  # unguarded holes first; the pending page waits
+    r("free", name="swa", ids=[swa[0], swa[1]])
+    r("alloc", name="swa", n=1)
+    r("flush", name="full", max_moves=None)  # urgent: settles first, then compacts
+    r("holes", name="full")
+    r("launch", writes={"full": None})  # every live page of full
+    r("settle")
+    r("settle")  # nothing in flight: nothing to do
+    r("alloc", name="full", n=r("available_pages", name="full") - 1)
+    r("launch", writes={"full": [full[7]], "swa": None})  # the post state is in flight: its pins show
+    r("free", name="full", ids=[full[6], full[7]])
+    return (
+        "an in-flight forward: its pages are pinned, a freed pinned page pends until settle, an alloc takes the "
+        "unguarded holes first, an urgent flush settles first; bad launches change nothing",
+        (),
+    )
+
+
 @scenario("arena/views", "arena")
 def _views(r):
     r("alloc", name="mamba", n=5)
@@ -421,6 +449,7 @@ ARENA_CONFIGS = {
         borrow={"swa": "full"},
     ),
     "arena/views": lambda p: tri_arena(p, lazy=["full"]),
+    "arena/in-flight-pins-and-pending": lambda p: tri_arena(p, lazy=True),
     "anchor-bugs/1-first-float-alloc-after-boot": lambda p: arena_cfg(
         5000, [pool("s", 24, 1, "up", "state"), pool("w", 16, 2, "float"), pool("full", 9, 4, "down")], p
     ),
@@ -544,8 +573,34 @@ def composite_shortfall(r, ps):
     return "a refused coupled allocation leaks nothing; relieve with an evictor's rounds", ()
 
 
+def composite_in_flight(r, ps):
+    slot, a, b = _serve(r, ps)
+    r.start()
+    nxt = r("alloc_decode", seq_lens=[len(a) + 1], last_loc=[a[-1]])  # the batch: a
+    r("launch", token_ids=nxt + [-1], state_slots=slot)  # its forward; -1 is padding
+    r("launch", token_ids=[-2])  # refused
+    c = r("alloc_extend", prefix_lens=[0], seq_lens=[ps + 1], last_loc=[-1])  # the next batch, while it runs
+    r("free", token_ids=b)  # b ends: a hole below c
+    r("flush_opportunistic", max_moves=None)  # c moves down; a's pinned pages stay
+    r("flush_opportunistic", max_moves=-1)
+    r("free", token_ids=a + nxt)  # a ends while its forward runs: its written page pends
+    r("alloc_extend", prefix_lens=[0], seq_lens=[ps], last_loc=[-1])  # takes an unguarded hole
+    r("available_size")
+    r("settle")
+    r("flush_opportunistic", max_moves=1)
+    r("launch", token_ids=c[-1:])  # the post state is in flight: the observation holds its pins
+    r("free", token_ids=c)
+    return (
+        "overlap scheduling: a forward in flight pins the pages it writes, a finished request's written page "
+        "pends, the non-urgent flush moves only what the forward leaves alone, settle lifts both; bad launches "
+        "and a bad cap change nothing",
+        (),
+    )
+
+
 COMPOSITE_SCENARIOS = {
     "walkthrough": composite_walkthrough,
+    "in-flight": composite_in_flight,
     "bad-input": composite_bad_input,
     "shortfall": composite_shortfall,
 }

@@ -61,7 +61,8 @@ An **observation** is::
                       "holes": [phys, ...],             # sorted
                       "free_ids": [vid, ...],           # the FIFO of unbound ids, front first
                       "available_pages": n, "available_size": n,
-                      "schedulable_available_size": n, "gap_bytes": n}},
+                      "schedulable_available_size": n, "gap_bytes": n,
+                      "pinned": [phys, ...], "pending": [phys, ...]}},  # only while a forward is in flight
      "views": {"available_size": n, "full_available_size": n, ...},   # composites only
      "data_follows": true}   # every live id's data is found at its translated page
 
@@ -131,6 +132,8 @@ ARENA_CALLS = (
     "gap_bytes",
     "frontiers",
     "holes",
+    "launch",
+    "settle",
 )
 COMPOSITE_CALLS = (
     "alloc_extend",
@@ -146,6 +149,9 @@ COMPOSITE_CALLS = (
     "state_slot_token_cost",
     "relieve",
     "translate",
+    "launch",
+    "settle",
+    "flush_opportunistic",
 )
 COMPOSITES = ("HybridSWA", "MambaHybrid", "TriPool")
 ALLOCATORS = ("arena",) + COMPOSITES
@@ -298,6 +304,8 @@ class _Target:
                 "free_ids": self.free_ids(n),
                 **{v: int(getattr(a, v)(n)) for v in POOL_VIEWS},
             }
+            if a.in_flight:  # which pages wait for the forward (docs/design.md §12); absent when none does
+                pools[n].update(pinned=jsonable(a.pinned(n)), pending=jsonable(a.pending(n)))
         out = {"pools": pools}
         if self.allocator != "arena":
             out["views"] = {v: int(getattr(self.obj, v)()) for v in COMPOSITE_VIEWS[self.allocator]}

@@ -21,7 +21,8 @@ With no flags every part runs to the end, in this order:
    been seen.  Counted in examples, not seconds, so the verdict does not
    depend on the machine's speed or load; a machine that has not seen them
    all after ``MAX_EXAMPLES`` examples fails.  A disagreement is shrunk and
-   saved as a vector with a pytest reproduction.
+   saved as a vector with a pytest reproduction.  With ``--jobs`` of 2 or
+   more the machines run side by side, each in a process of its own.
 
 Everything is read from the registries (the obligations, the CrossHair
 lists, the vectors on disk, the machines and their ``REQUIRED``), so an
@@ -318,6 +319,47 @@ def machine_rows(label, device="cpu", seed=0, deadline=None, shrink=True, out_di
     return row, seen, stats, failure, not_run
 
 
+def _machine_job(args):
+    """``machine_rows`` in a worker process: one torch thread (the machines'
+    tensors are small), the deadline given in wall-clock time."""
+    import torch
+
+    label, device, seed, wall_deadline, shrink, out_dir = args
+    torch.set_num_threads(1)
+    deadline = None if wall_deadline is None else time.perf_counter() + (wall_deadline - time.time())
+    return machine_rows(label, device, seed, deadline, shrink, out_dir)
+
+
+def differential_rows(
+    labels, device="cpu", seed=0, deadline=None, shrink=True, out_dir="fuzz-failures", jobs=2, progress=None
+):
+    """``machine_rows`` of each machine in ``labels``: with ``jobs`` >= 2,
+    each in a process of its own, side by side (a machine runs on one core);
+    else one after another here.  The results in ``labels``' order."""
+    if jobs < 2 or len(labels) < 2:
+        out = []
+        for label in labels:
+            out.append(machine_rows(label, device, seed, deadline, shrink, out_dir))
+            if progress:
+                progress(len(out), len(labels))
+        return out
+    from concurrent.futures import ProcessPoolExecutor, as_completed
+
+    wall_deadline = None if deadline is None else time.time() + Clock.left(deadline)
+    # spawn, not fork: a forked child of a process whose torch thread pool ran can deadlock (fuzz.campaign)
+    ctx = multiprocessing.get_context("spawn")
+    with ProcessPoolExecutor(min(jobs, len(labels)), mp_context=ctx) as pool:
+        futures = {
+            pool.submit(_machine_job, (label, device, seed, wall_deadline, shrink, out_dir)): label for label in labels
+        }
+        done = {}
+        for f in as_completed(futures):
+            done[futures[f]] = f.result()
+            if progress:
+                progress(len(done), len(labels))
+    return [done[label] for label in labels]
+
+
 # -------------------------------------------------------------- the run
 
 
@@ -404,17 +446,12 @@ def run_suites(
         else:
             from kvarena.verification import fuzz
 
-            for label in fuzz.MACHINES:
-                tid, _ = task(f"differential: {label}")
-                bar.update(tid, total=None)
-
-                def up(label, examples, reached, tid=tid):
-                    bar.update(tid, description=f"differential: {label} ({examples} ex., {reached} events)")
-
-                row, seen, mstats, failure, cuts = machine_rows(
-                    label, device, seed, clock.deadline("differential"), budget is None, out_dir, up
-                )
-                bar.update(tid, total=1, completed=1)
+            labels = list(fuzz.MACHINES)
+            tid, up = task("differential machines", len(labels))
+            results = differential_rows(
+                labels, device, seed, clock.deadline("differential"), budget is None, out_dir, jobs, up
+            )
+            for row, seen, mstats, failure, cuts in results:
                 rows.append(row)
                 cases.update(seen)
                 stats.update(mstats)

@@ -1,11 +1,14 @@
 """Loose ends a review named (issue 42, item 4), each pinned here."""
 
 import ast
+import functools
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from kvarena.impl import capacity as icap
-from kvarena.spec import arith
+from kvarena.spec import Arena, SubPool, arith, contracts
 from tests.support import ROOT
 
 
@@ -39,3 +42,46 @@ def test_two_end_uneven_fits_rejects_a_negative_page_count(fn, pages):
     assert fn(0, 0, *size) and fn(2, 1, *size)
     with pytest.raises(ValueError, match="two_end_uneven_fits"):
         fn(*pages, *size)
+
+
+def test_a_refused_call_that_rewrites_only_bytes_breaks_its_postcondition(monkeypatch):
+    """The "nothing changed" postconditions compare the content model too
+    (``Arena._whole``): a refused alloc that rewrites a page's bytes and
+    nothing else leaves ``snapshot()`` equal, and is caught."""
+    real = Arena.alloc
+
+    @functools.wraps(real)
+    def scribbling(self, name, n, ids=None):
+        out = real(self, name, n, ids)
+        if out is None:  # the planted bug: a refusal that writes a live page
+            b = self.bands[name]
+            b.content[min(b.content)] = -7
+        return out
+
+    monkeypatch.setattr(Arena, "alloc", scribbling)
+    a = Arena(1600, [SubPool("u", 16, 1, "up"), SubPool("d", 16, 1, "down")])
+    a.alloc("u", 2)
+    before = a.snapshot()
+    with contracts.checking(), pytest.raises(contracts.ContractError, match="_whole"):
+        a.alloc("u", 10**4)
+    assert a.snapshot() == before  # what the old postcondition compared: blind to it
+
+
+@settings(max_examples=60, deadline=None)
+@given(st.data())
+def test_an_ends_region_is_its_pages_and_its_gap(data):
+    """``region`` of an END (the float formula, with the buffer's end as
+    its outer neighbour) is the pages it holds up to its frontier plus the
+    whole pages of its gap, computed apart by ``gap_bytes``."""
+    epp = data.draw(st.sampled_from([8, 16, 24]))
+    pools = [SubPool("u", epp, 1, "up"), SubPool("f", 8, 1, "float"), SubPool("d", 16, 1, "down")]
+    a = Arena(data.draw(st.integers(200, 900)), pools)
+    for _ in range(data.draw(st.integers(0, 8))):
+        name = data.draw(st.sampled_from(a.chain))
+        a.alloc(name, data.draw(st.integers(1, 4)))  # None when short: a state all the same
+    lo, hi = a.region("u")
+    low, high = a.frontiers("u")
+    assert lo == low // epp == a.geometry("u").min_page and hi - high // epp == a.gap_bytes("u") // epp
+    lo, hi = a.region("d")
+    low, high = a.frontiers("d")
+    assert hi == a.geometry("d").num_pages and low // 16 - lo == a.gap_bytes("d") // 16

@@ -10,14 +10,16 @@ implementation, must fail.
 """
 
 from collections import Counter
+from pathlib import Path
 
 import pytest
 import torch
 
 from kvarena import impl, spec
 from kvarena.spec import SubPool
-from kvarena.verification import differential, differential_composites
+from kvarena.verification import differential, differential_composites, fuzz
 from kvarena.verification.differential import pattern
+from kvarena.verification.faults import FaultAt, InjectedFault, unfaulted
 from kvarena.verification.inflight import Flight, walk
 from tests.support import mutant_module
 
@@ -203,3 +205,32 @@ def test_the_machines_catch_each_planted_bug(monkeypatch, machine, examples, bug
     plant(monkeypatch, edits[side])
     with pytest.raises(AssertionError):
         machine.run_machine("cpu", derandomize=True, database=None, max_examples=examples)
+
+
+def test_a_harness_works_unfaulted_inside_a_faulted_call():
+    """The simulated forward completes inside the implementation's call
+    (its ``settle``): its own torch operations are neither counted nor
+    failed by the fault injected into that call."""
+    x = torch.arange(4)
+    with FaultAt(1) as mode:
+        x.add(1)  # operation 0
+        with unfaulted():
+            x.mul(2).sum()  # uncounted
+        with pytest.raises(InjectedFault, match=r"operation 1 \(aten.add"):
+            x.add(2)
+    assert mode.fired and mode.ops == 2
+    with FaultAt(1), pytest.raises(InjectedFault, match=r"operation 1 \(aten.mul"):
+        x.add(1)
+        x.mul(2)  # counted: it fails
+
+
+def test_a_failure_in_flight_is_saved_as_a_vector_that_reproduces(monkeypatch, tmp_path):
+    """A traced round records ``launch`` and ``settle``; the vector replays
+    them, observes the pinned and pending pages while the forward is in
+    flight, and fails on the implementation with the bug planted."""
+    plant(monkeypatch, WALK_IGNORES_PINS["impl"])
+    r = fuzz.run_round("core", None, "cpu", examples=40, shrink=False, derandomize=True)
+    f = fuzz.save_failure(r["failure"], "core", tmp_path)
+    assert f["reproduces"] is True, f
+    text = Path(f["vector"]).read_text()
+    assert '"call": "launch"' in text and '"pinned"' in text

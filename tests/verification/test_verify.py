@@ -56,7 +56,10 @@ def stand_ins(monkeypatch, *, fail=None, cut=None):
     z3 = part("z3")
     monkeypatch.setattr(verify, "z3_rows", lambda *a, **k: (z3(*a, **k)[0], ["obl.x"] if cut == "z3" else []))
 
-    def machine(label, device, seed, deadline, *rest):
+    def machines(labels, device, seed, deadline, *rest):
+        return [machine(label, deadline) for label in labels]
+
+    def machine(label, deadline):
         given.setdefault("differential", []).append(deadline)
         row = {
             "part": "differential",
@@ -73,7 +76,7 @@ def stand_ins(monkeypatch, *, fail=None, cut=None):
         cuts = [verify.cut("differential", label, "the budget")] if cut == "differential" else []
         return row, verify.Counter(exhaustion=1), verify.Counter(examples=60, steps=100), None, cuts
 
-    monkeypatch.setattr(verify, "machine_rows", machine)
+    monkeypatch.setattr(verify, "differential_rows", machines)
     return given
 
 
@@ -238,7 +241,7 @@ def test_a_failure_is_shrunk_saved_and_printed_as_a_reproduction(tmp_path, monke
         impl.arena.Arena, "gap_bytes", lambda self, name: real(self, name) + (1 if self.live_pages(name) >= 3 else 0)
     )
     path = tmp_path / "v.json"
-    args = ["verify", "--skip-proofs", "--skip-vectors", "--walks", "0", "--json", str(path)]
+    args = ["verify", "--skip-proofs", "--skip-vectors", "--walks", "0", "--jobs", "1", "--json", str(path)]
     rc, out = run([*args, "--failures", str(tmp_path / "f")], monkeypatch)
     assert rc == verify.EXIT_FAILED and "FAILURE" in out and "def test_fuzz_repro_" in out
     (f,) = [f for f in json.loads(path.read_text())["summary"]["failures"] if "vector" in f]
@@ -258,3 +261,15 @@ def test_a_cache_or_device_that_cannot_be_used_is_refused_up_front(monkeypatch):
     ):
         rc, out = run(args, monkeypatch)
         assert rc == 2 and "no CUDA device" in out
+
+
+def test_machines_side_by_side_report_in_order_and_keep_the_deadline(tmp_path):
+    """With two jobs each machine runs in a process of its own; the
+    deadline crosses as wall-clock time (past here: nothing runs, and each
+    machine lists its required events as not reached)."""
+    labels = list(fuzz.MACHINES)
+    out = verify.differential_rows(labels, deadline=time.perf_counter(), out_dir=tmp_path, jobs=2)
+    assert [r[0]["name"].split()[0] for r in out] == labels
+    for (row, _, stats, failure, cuts), label in zip(out, labels):
+        assert row["ok"] and failure is None and stats["examples"] == 0
+        assert cuts and cuts[0]["what"].startswith(f"{label}: required events not reached")
