@@ -222,6 +222,17 @@ def test_a_machine_cut_by_the_budget_lists_the_events_it_did_not_reach(monkeypat
     assert cuts == [verify.cut("differential", "core: required events not reached: exhaustion", "the budget")]
 
 
+def test_under_a_budget_only_whole_rounds_count_towards_the_rounds_verify_promises(monkeypatch, tmp_path):
+    """A budget's probe round (``PROBE_EXAMPLES``, to time an example) and
+    shortened rounds do not count: a budgeted run that completes ran every
+    whole round an unbudgeted one runs, and more."""
+    small_rounds(monkeypatch, ())  # no events to wait for: only the rounds decide when it stops
+    policies = len(fuzz.policies_for(differential))
+    row, _, stats, _, cuts = verify.machine_rows("core", deadline=time.perf_counter() + 600, out_dir=tmp_path)
+    assert row["ok"] and not cuts
+    assert stats["examples"] >= verify.PROBE_EXAMPLES + verify.MIN_ROUNDS * 3 * policies, stats
+
+
 def test_a_budget_too_small_exits_3_and_lists_what_did_not_run(tmp_path, monkeypatch):
     path = tmp_path / "v.json"
     rc, out = run(
