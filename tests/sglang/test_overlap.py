@@ -187,6 +187,18 @@ def test_sglang_own_allocator_in_the_same_harness(kind, honoured, monkeypatch):
     assert r.ok == honoured and (r.forwards == STEPS or not honoured)
 
 
+@pytest.mark.parametrize("kind", stacks.KINDS)
+def test_sglang_own_non_urgent_flush_in_flight_loses_writes(kind):
+    """docs/findings.md, the anchor's bug 7 (``flush-opportunistic-in-flight``): SGLang's allocator,
+    hooks honoured, loses in-flight writes or corrupts reads on every stack
+    when ``flush_opportunistic`` runs while a forward is in flight (its own
+    scheduler calls it only at sync points); kvarena's keeps them
+    (``test_kvarena_keeps_every_in_flight_write``, which flushes in flight)."""
+    with stacks.cpu_kernels():
+        r = _run(kind, 4, True, flush_in_flight=True)
+    assert _lost(r) > 0 and not r.ok, (r.inflight_lost, r.reads_corrupted)
+
+
 # ------------------------------------------------- SGLang's own event loop
 
 
