@@ -160,3 +160,33 @@ def test_a_one_shot_iterator_is_read_once_for_the_call_and_its_conditions():
         return sum(xs)
 
     assert checked(total)(iter([1, 2, 3])) == 6  # the function and its condition each see all three
+
+
+def test_old_is_a_copy_the_call_cannot_reach():
+    """``__old__`` deep-copies the arena; ``Band.__deepcopy__`` copies its int
+    tables flat (for speed).  A copy must equal the original, share no table
+    with it, and stay as it was when the original changes: a postcondition
+    comparing ``__old__`` would otherwise compare the state with itself.
+    (Planted: a ``__deepcopy__`` that shares ``pinned`` fails here.)"""
+    import copy
+
+    pools = [
+        SubPool("mamba", 4096, 1, "up", "state"),
+        SubPool("swa", 256, 16, "float"),
+        SubPool("full", 512, 16, "down"),
+    ]
+    a = Arena(1 << 18, pools, lazy=True)
+    ids = a.alloc("full", 5)
+    assert ids and a.alloc("swa", 3) and a.alloc("mamba", 2)
+    a.free("full", ids[:2])
+    a.launch({"full": ids[2:4]})
+    old = copy.deepcopy(a)
+    before = old._whole()
+    assert before == a._whole() and old.snapshot() == a.snapshot()
+    for name in a.chain:
+        mine, theirs = a.bands[name], old.bands[name]
+        for table in mine._INT_TABLES:
+            assert getattr(mine, table) is not getattr(theirs, table), (name, table)
+    a.free("full", ids[2:])
+    a.settle()
+    assert a._whole() != before and old._whole() == before
