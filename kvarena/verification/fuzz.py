@@ -7,14 +7,23 @@ deadline, in ``workers`` processes that share one Hypothesis example
 database (a directory, or ``redis://...``), so a failure one worker finds
 is replayed first by every later run.
 
-A failure is shrunk by Hypothesis, then saved as a conformance vector
-(``kvarena.verification.vectors``): the machine's spec object is wrapped in a recorder
-that logs every call that changes it in Hypothesis's final run of the
-failing example (its replay, shrunk or not, always the last run); the spec
-replays that trace to write the expectations, with the observation after
-every step, the trace must rebuild the spec object's final state, and the
-vector is replayed on the implementation to confirm it reproduces.  The report prints Hypothesis's own step listing and
-a pytest test that replays the vector.
+A failure is saved as a conformance vector (``kvarena.verification.vectors``):
+the machine's spec object is wrapped in a recorder that logs every call
+that changes it in Hypothesis's final run of the failing example (its
+replay, always the last run); the spec replays that trace to write the
+expectations, with the observation after every step, the trace must
+rebuild the spec object's final state, and the vector is replayed on the
+implementation to confirm it reproduces.  Before it is saved the trace is
+shrunk by ``shrink_trace``: delta debugging over the recorded calls, each
+candidate written on the spec and replayed on the implementation, bounded
+by a count of replays (``SHRINK_REPLAYS``), so the same failure shrinks to
+the same calls on any machine.  Hypothesis's own shrinker does not run: it
+reruns the whole machine under the spec's contracts for every attempt
+(about a second each on the core machine) and stops only at its 5-minute
+limit, so what it saved, and how long it took, depended on the machine's
+speed.  The report prints Hypothesis's step listing of the failing example
+(unshrunk), how far the shrink got, and a pytest test that replays the
+vector.
 
 Beyond one machine, the same machines run under HypoFuzz
 (``kvarena/verification/fuzz_targets.py``, docs/guides/verifying.md "Beyond one machine").
@@ -22,6 +31,7 @@ Beyond one machine, the same machines run under HypoFuzz
 
 import argparse
 import contextlib
+import copy
 import hashlib
 import inspect
 import json
@@ -36,7 +46,7 @@ from collections import Counter
 from pathlib import Path
 from typing import Any
 
-from hypothesis import Phase, settings
+from hypothesis import settings
 from hypothesis.database import DirectoryBasedExampleDatabase
 
 from kvarena import spec
@@ -73,7 +83,11 @@ COMPOSITE_RECORDED = (
     "flush_opportunistic",
 )
 MACHINES = {"core": differential, "composites": differential_composites}
-ALL_PHASES = [Phase.explicit, Phase.reuse, Phase.generate, Phase.target, Phase.shrink]
+# The most candidates one failure's shrink replays (``shrink_trace``; ``kvarena
+# fuzz --shrink-replays``): each is written on the spec and replayed on the
+# implementation, a few milliseconds to a few tenths of a second for a
+# machine's example of up to 40 steps.
+SHRINK_REPLAYS = 300
 
 
 # ------------------------------------------------------------- databases
@@ -297,7 +311,13 @@ def observe_spec(obj):
 def trace_to_case(trace, name):
     """Replay a recorded trace on the spec and write it as a vector, with the
     observation after every step."""
-    allocator, config = trace.config
+    return steps_to_case(trace.config, trace.steps, name)
+
+
+def steps_to_case(pre, steps, name):
+    """``trace_to_case`` for recorded ``steps`` on the allocator ``pre``
+    (``config_of``'s pair)."""
+    allocator, config = pre
     r = vectors.Recorder(allocator, config, states=True)
     r.start()
 
@@ -314,7 +334,7 @@ def trace_to_case(trace, name):
             ]
         r(step["call"], evict=script, **step["args"])
 
-    for step in trace.steps:
+    for step in steps:
         run(step)
     return r.case(
         name,
@@ -322,6 +342,165 @@ def trace_to_case(trace, name):
         "results and the state after every step",
         ("fuzz",),
     )
+
+
+# ------------------------------------------------------------- shrinking
+
+
+def calls_in(steps):
+    """How many calls recorded ``steps`` make, those of evict rounds included."""
+    return sum(1 + sum(len(rnd["ops"]) for rnd in s.get("evict") or []) for s in steps)
+
+
+def outcome(pre, steps, device="cpu"):
+    """How the vector of recorded ``steps`` fails, and the vector: ``"impl"``
+    when it replays wrong on the implementation on ``device``; ``"spec:
+    NAME"`` when the spec itself raises ``NAME`` writing it (its ``verify()``
+    after a step: what ``save_failure`` reports as the spec failing), with
+    no vector; None when it passes, or no vector can replay its calls."""
+    try:
+        case = steps_to_case(pre, steps, "fuzz/shrinking")
+    except vectors.Unsupported:
+        return None, None
+    except Exception as e:
+        return f"spec: {type(e).__name__}", None
+    res = vectors.replay_case(case, vectors.get_target("impl", device=device))
+    return ("impl" if res.status == "fail" else None), case
+
+
+class _Spent(Exception):
+    """A shrink has replayed as many candidates as it may."""
+
+
+class _Shrinker:
+    """``shrink_trace``'s state: the smallest failing steps so far and the replays left."""
+
+    def __init__(self, pre, steps, want, device, replays):
+        self.pre, self.steps, self.want, self.device, self.left = pre, steps, want, device, replays
+
+    def fails(self, steps):
+        """Does the vector of ``steps`` fail as the whole trace's did?  If so
+        they are the smallest so far.  ``_Spent`` once no replay is left."""
+        if self.left <= 0:
+            raise _Spent
+        self.left -= 1
+        if outcome(self.pre, steps, self.device)[0] != self.want:
+            return False
+        self.steps = steps
+        return True
+
+    def cut(self, items, whole):
+        """Remove chunks of ``items`` (a list inside the steps; ``whole(items)``
+        puts a shorter one back into a copy of the steps), halving the chunk
+        from half the list down to one item, and from the end first (a
+        failing vector stops at its first wrong step: what follows goes at
+        once).  A removal stays when the steps without it still fail."""
+        k = max(1, len(items) // 2)
+        while items:
+            for i in range(len(items) - k, -k, -k):
+                lo = max(0, i)
+                candidate = items[:lo] + items[i + k :]
+                if self.fails(whole(candidate)):
+                    items = candidate
+            if k == 1:
+                return items
+            k = max(1, min(k // 2, len(items) // 2))
+        return items
+
+    def evicts(self):
+        """Each ``relieve``'s evictor: none at all, then fewer rounds, then
+        fewer calls in each round."""
+        for j in range(len(self.steps)):
+            if "evict" not in self.steps[j]:
+                continue
+
+            def without(j=j):
+                steps = copy.deepcopy(self.steps)
+                del steps[j]["evict"]
+                return steps
+
+            if self.fails(without()):
+                continue
+
+            def with_rounds(rounds, j=j):
+                steps = copy.deepcopy(self.steps)
+                steps[j]["evict"] = rounds
+                return steps
+
+            self.cut(list(self.steps[j]["evict"]), with_rounds)
+            for r in range(len(self.steps[j]["evict"])):
+
+                def with_calls(ops, j=j, r=r):
+                    steps = copy.deepcopy(self.steps)
+                    steps[j]["evict"][r] = {**steps[j]["evict"][r], "ops": ops}
+                    return steps
+
+                self.cut(list(self.steps[j]["evict"][r]["ops"]), with_calls)
+
+
+def shrink_trace(trace, device="cpu", max_replays=SHRINK_REPLAYS):
+    """A failure's recorded calls cut down: ``(trace, info)``.
+
+    Delta debugging over the calls, bounded by a count and deterministic:
+    chunks of the top-level calls (half of them, then a quarter, ... one),
+    then each ``relieve``'s evict script (the evictor, its rounds, each
+    round's calls), passes repeated until one removes nothing, and at most
+    ``max_replays`` candidates replayed (the whole trace's own replay
+    included).  A candidate stays when its vector fails as the whole
+    trace's does (``outcome``): on the implementation, or the spec raising
+    the same error.  The same trace on the same implementation shrinks to
+    the same calls on any machine, idle or loaded; a spent bound returns
+    the smallest failing calls found by then.
+
+    The whole trace is not shrunk, and comes back as it is, when it does not
+    rebuild the recorded spec object's final state (a call not recorded:
+    ``save_failure`` reports it) or its vector passes (a failure only the
+    machine's own checks see: a contract, an oracle such as ``relieve``'s
+    verdict; Hypothesis's step listing is then the reproduction).  The
+    shrunk trace has no spec object (``spec`` None): its calls were replayed
+    afresh.
+
+    ``info``: ``calls`` (before, after), ``replays`` made, ``complete`` (a
+    whole pass removed nothing: no single call, evict round or chunk tried
+    can go), or ``skipped`` with the reason it was not shrunk.
+    """
+    before = calls_in(trace.steps)
+    if max_replays < 1:
+        return trace, {"calls": [before, before], "replays": 0, "skipped": "no replay allowed (--shrink-replays 0)"}
+    want, case = outcome(trace.config, trace.steps, device)
+    if case is not None and trace.spec is not None and not _rebuilds(trace.spec, case):
+        return trace, {"calls": [before, before], "replays": 1, "skipped": "the recorded calls do not rebuild the spec"}
+    if want is None:
+        return trace, {
+            "calls": [before, before],
+            "replays": 1,
+            "skipped": "the recorded calls' vector passes: only the machine's own checks see this failure",
+        }
+    s = _Shrinker(trace.config, copy.deepcopy(trace.steps), want, device, max_replays - 1)
+    complete = False
+    try:
+        while True:  # each pass that changes the steps makes them shorter: it ends
+            start = s.steps
+            s.cut(s.steps, lambda steps: steps)
+            s.evicts()
+            if s.steps == start:
+                complete = True
+                break
+    except _Spent:
+        pass
+    small = CallTrace()
+    small.config, small.steps = trace.config, s.steps
+    info = {"calls": [before, calls_in(s.steps)], "replays": max_replays - s.left, "complete": complete}
+    return small, info
+
+
+def shrink_line(info):
+    """One line on a failure's shrink (``shrink_trace``'s ``info``)."""
+    if info.get("skipped"):
+        return f"not shrunk: {info['skipped']}"
+    a, b = info["calls"]
+    bound = "" if info["complete"] else "; the replay bound ended it (--shrink-replays to go on)"
+    return f"shrunk from {a} to {b} calls in {info['replays']} replays{bound}"
 
 
 # --------------------------------------------------------------- running
@@ -341,11 +520,24 @@ def targets():
 
 
 def run_round(
-    label, policy=None, device="cpu", examples=20, steps=None, database=None, shrink=True, derandomize=False, seed=None
+    label,
+    policy=None,
+    device="cpu",
+    examples=20,
+    steps=None,
+    database=None,
+    shrink=True,
+    derandomize=False,
+    seed=None,
+    shrink_replays=SHRINK_REPLAYS,
 ):
     """One run of a machine; a dict with examples, steps, cases and any
     failure.  ``seed``: Hypothesis draws from it (as ``@seed`` would) instead
-    of from the OS."""
+    of from the OS.  ``shrink``: a failure's recorded calls are cut down by
+    ``shrink_trace`` (at most ``shrink_replays`` replays; the failure's
+    ``shrink`` says how far it got).  Hypothesis's own shrink phase never
+    runs (the module docstring says why); the failing example it stores in
+    ``database`` is the one it found."""
     mod = MACHINES[label]
     sink = {"examples": 0, "checks": 0, "trace": None}
     machine = mod.machine_for(device, policy) if policy is not None else mod.machine_for(device)
@@ -360,7 +552,7 @@ def run_round(
         "max_examples": examples,
         "database": database,
         "derandomize": derandomize,
-        "phases": ALL_PHASES if shrink else differential.NO_SHRINK,
+        "phases": differential.NO_SHRINK,
     }
     if steps:
         opts["stateful_step_count"] = steps
@@ -378,6 +570,8 @@ def run_round(
             "hypothesis": _clip("\n".join(getattr(e, "__notes__", []))),
             "trace": sink["trace"],
         }
+    if failure is not None and shrink and failure["trace"] is not None:
+        failure["trace"], failure["shrink"] = shrink_trace(failure["trace"], device, shrink_replays)
     out.update(
         examples=sink["examples"],
         steps=max(0, sink["checks"] - sink["examples"]),
@@ -501,7 +695,7 @@ def _worker(args):
     Hypothesis seeds each process from the OS, so workers explore apart; with
     a campaign ``seed``, worker ``i``'s round ``r`` draws from ``seed +
     1000 * i + r`` (apart, and the same every run)."""
-    index, deadline, db, device, examples, out_dir, shrink, min_rounds, seed = args
+    index, deadline, db, device, examples, out_dir, shrink, min_rounds, seed, shrink_replays = args
     todo = targets()
     database = open_database(db)
     summary = {
@@ -518,7 +712,16 @@ def _worker(args):
         label, policy = todo[k % len(todo)]
         k += 1
         draw = None if seed is None else seed + 1000 * index + summary["rounds"]
-        r = run_round(label, policy, device, examples=examples, database=database, shrink=shrink, seed=draw)
+        r = run_round(
+            label,
+            policy,
+            device,
+            examples=examples,
+            database=database,
+            shrink=shrink,
+            seed=draw,
+            shrink_replays=shrink_replays,
+        )
         summary["rounds"] += 1
         summary["examples"] += r["examples"]
         summary["steps"] += r["steps"]
@@ -544,6 +747,7 @@ def campaign(
     shrink: bool = True,
     min_rounds: int | None = None,
     seed: int | None = None,
+    shrink_replays: int = SHRINK_REPLAYS,
 ) -> dict[str, Any]:
     """Fuzz for ``seconds`` in ``workers`` processes; the merged summary.
 
@@ -551,13 +755,26 @@ def campaign(
     or at its first failure, and not before it has run ``min_rounds``
     rounds (default: one of every machine and policy).  ``seed`` makes the
     workers' draws the same every run (``_worker``): a test then depends on
-    what the search draws, not on how fast the machine draws it.
+    what the search draws, not on how fast the machine draws it.  A failure
+    is shrunk (``shrink``) in at most ``shrink_replays`` replays
+    (``shrink_trace``), counted, not timed, so it shrinks the same way too.
     """
     deadline = time.time() + seconds
     if min_rounds is None:
         min_rounds = len(targets())
     jobs = [
-        (i, deadline, None if db is None else str(db), device, examples, str(out_dir), shrink, min_rounds, seed)
+        (
+            i,
+            deadline,
+            None if db is None else str(db),
+            device,
+            examples,
+            str(out_dir),
+            shrink,
+            min_rounds,
+            seed,
+            shrink_replays,
+        )
         for i in range(workers)
     ]
     t = time.perf_counter()
@@ -608,6 +825,14 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--db", metavar="PATH", help="shared Hypothesis example database: a directory or redis://...")
     cl.add_device(parser)
     parser.add_argument("--examples", type=int, default=20, help="examples per round (default 20)")
+    parser.add_argument(
+        "--shrink-replays",
+        type=int,
+        default=SHRINK_REPLAYS,
+        metavar="N",
+        help=f"a failure's recorded calls are shrunk in at most N replays of a candidate vector "
+        f"(default {SHRINK_REPLAYS}; counted, not timed; 0 saves it unshrunk)",
+    )
     cl.add_failures_dir(parser)
     cl.add_json(parser, "also write the summary as JSON")
     parser.add_argument(
@@ -679,6 +904,8 @@ def run(args: argparse.Namespace) -> int:
         device=args.device,
         examples=args.examples,
         out_dir=args.failures,
+        shrink=args.shrink_replays > 0,
+        shrink_replays=args.shrink_replays,
     )
     tab = Table(title=f"kvarena fuzz: {s['seconds']:.0f}s, {s['workers']} worker(s)")
     tab.add_column("what")
@@ -694,6 +921,8 @@ def run(args: argparse.Namespace) -> int:
     for f in s["failures"]:
         console.print(f"[red]FAILURE in {f['machine']} ({f['policy']}):[/red] {f['error']}")
         console.print(f.get("hypothesis", ""), markup=False, highlight=False)
+        if f.get("shrink"):
+            console.print(shrink_line(f["shrink"]), markup=False, highlight=False)
         console.print(f"vector: {f.get('vector')} (reproduces on impl: {f.get('reproduces')}; {f.get('replay', '')})")
         console.print(f.get("pytest", ""), markup=False, highlight=False)
     if args.json:

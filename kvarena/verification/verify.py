@@ -20,8 +20,9 @@ With no flags every part runs to the end, in this order:
    until every coverage event the machine requires (its ``REQUIRED``) has
    been seen.  Counted in examples, not seconds, so the verdict does not
    depend on the machine's speed or load; a machine that has not seen them
-   all after ``MAX_EXAMPLES`` examples fails.  A disagreement is shrunk and
-   saved as a vector with a pytest reproduction.  With ``--jobs`` of 2 or
+   all after ``MAX_EXAMPLES`` examples fails.  A disagreement is shrunk
+   (``fuzz.shrink_trace``: bounded by a count of replays) and saved as a
+   vector with a pytest reproduction.  With ``--jobs`` of 2 or
    more the machines run side by side, each in a process of its own.
 
 Everything is read from the registries (the obligations, the CrossHair
@@ -578,6 +579,8 @@ def _print_parts(console, rows, verbose):
 def _print_summary(console, s):
     from rich.table import Table
 
+    from kvarena.verification.fuzz import shrink_line
+
     budget = "no budget: every check to completion" if s["budget_s"] is None else f"a {s['budget_s']:.0f}s budget"
     t = Table(title=f"kvarena verify: summary ({s['wall_s']}s, {budget}, {s['device']})")
     t.add_column("what")
@@ -623,7 +626,8 @@ def _print_summary(console, s):
                 f"{fl.get('machine')} ({fl.get('policy')}): {fl['error'][:300]}\n"
                 f"vector: {fl.get('vector')} (reproduces on impl: {fl.get('reproduces')}"
                 f"{'' if fl.get('shrunk') else '; not shrunk under --budget: rerun without one to shrink it'})\n"
-                f"{fl.get('hypothesis', '')[-1500:]}\n{fl.get('pytest', '')}",
+                + (f"{shrink_line(fl['shrink'])}\n" if fl.get("shrink") else "")
+                + f"{fl.get('hypothesis', '')[-1500:]}\n{fl.get('pytest', '')}",
             )
         else:
             t.add_row("[red]FAILURE[/red]", f"{fl['name']}: {fl['detail']}")

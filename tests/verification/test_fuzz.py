@@ -50,7 +50,8 @@ def test_two_workers_share_one_database_and_save_the_failure(tmp_path, monkeypat
     assert any(p.is_file() for p in db.rglob("*")), "the shared database holds the failing examples"
     for f in s["failures"]:
         assert f["reproduces"] is True, f
-        assert "def test_fuzz_repro_" in f["pytest"] and "state = " in f["hypothesis"]  # unshrunk here
+        assert "def test_fuzz_repro_" in f["pytest"] and "state = " in f["hypothesis"]
+        assert "shrink" not in f  # shrink=False: saved as recorded
     (case,) = vectors.load_cases(s["failures"][0]["vector"])
     assert vectors.replay_case(case, "impl").ok  # here, without the bug, the same case passes
 
@@ -71,6 +72,8 @@ def test_saved_vector_pins_the_bug_and_nothing_else(tmp_path, monkeypatch):
     plant_gap_bug(monkeypatch)
     r = fuzz.run_round("core", examples=50)
     assert r["failure"] is not None
+    shrink = r["failure"]["shrink"]
+    assert shrink["complete"] and shrink["calls"][1] < shrink["calls"][0], shrink
     f = fuzz.save_failure(r["failure"], "core", tmp_path)
     assert f["reproduces"] is True and "gap_bytes" in f["replay"]
     (case,) = vectors.load_cases(f["vector"])
@@ -111,6 +114,107 @@ def plant_holes_not_credited(monkeypatch):
     monkeypatch.setitem(
         impl.arena.Arena._FRESH, "available_pages", lambda self, b: real(self, b) - (b.n_holes if b.is_end else 0)
     )
+
+
+def a_long_trace_with_two_relevant_calls():
+    """A spec arena's recorded calls, 22 of them (15 top-level, 7 in a
+    ``relieve``'s evict rounds), where planted holes-not-credited shows in
+    one: the lazy free of four of the up END's pages inside the evictor's
+    second round.  Around it the float and the down END allocate, free,
+    flush, compact and plan, and each round frees down pages too."""
+    a = up_float_down(lazy={"u"})
+    trace = fuzz.CallTrace()
+    rec = fuzz.Recording(a, trace, fuzz.ARENA_RECORDED)
+    trace.config = fuzz.config_of(a)
+
+    def live(name):
+        return [v for v, p in enumerate(a.v2p(name)) if v > 0 and p >= 0]
+
+    f_ids = rec.alloc("f", 50)
+    rec.alloc("d", 90)
+    rec.free("d", live("d")[:5])
+    u_ids = rec.alloc("u", 100)
+    rec.alloc("f", 2)
+    rec.free("f", f_ids[:3])
+    rec.flush("d")
+    rec.free("u", [])
+    rec.alloc("d", 4)
+    rec.compact_holes("f", "high")
+    rounds = []
+
+    def evict(k):
+        rounds.append(k)
+        rec.free("d", live("d")[:2])
+        if len(rounds) == 2:
+            rec.free("u", u_ids[5:9])  # lazy: holes behind u's frontier, which the planted bug forgets
+        rec.free("d", live("d")[:2])
+        return 4
+
+    assert rec.relieve("d", rec.available_pages("d") + 12, evict) and len(rounds) >= 2
+    rec.alloc("f", 1)
+    rec.free("d", live("d")[:2])
+    rec.plan_floats({"d": 3})
+    rec.alloc("d", 2)
+    return trace
+
+
+def test_shrink_cuts_a_planted_failure_to_the_calls_that_show_it(monkeypatch):
+    """``fuzz.shrink_trace`` cuts 22 recorded calls to the 5 the planted bug
+    needs (the allocations that make the relieve evict, the relieve, and
+    the one free in its one round), none of which can go; the result
+    reproduces, passes once the bug is gone, is the same every time, and a
+    bound of 5 replays stops it after 5."""
+    trace = a_long_trace_with_two_relevant_calls()
+    whole = fuzz.trace_to_case(trace, "fuzz/unit-whole")
+    assert vectors.replay_case(whole, "impl").ok  # without the bug every call agrees
+    assert fuzz.calls_in(trace.steps) == 22 and len(trace.steps) == 15
+    plant_holes_not_credited(monkeypatch)
+    assert not vectors.replay_case(whole, "impl").ok
+
+    small, info = fuzz.shrink_trace(trace)
+    assert info["complete"] and info["calls"] == [22, 5] and info["replays"] <= fuzz.SHRINK_REPLAYS, info
+    assert [s["call"] for s in small.steps] == ["alloc", "alloc", "alloc", "relieve"]
+    (u_free,) = [o for r in trace.steps[10]["evict"] for o in r["ops"] if o["args"]["name"] == "u"]
+    assert [r["ops"] for r in small.steps[-1]["evict"]] == [[u_free]]  # one round, its one free of u
+    # none of the calls left can go: without any one of them the vector passes
+    for i in range(len(small.steps)):
+        assert fuzz.outcome(small.config, small.steps[:i] + small.steps[i + 1 :])[0] is None, i
+    no_free = [*small.steps[:-1], {**small.steps[-1], "evict": [{**small.steps[-1]["evict"][0], "ops": []}]}]
+    assert fuzz.outcome(small.config, no_free)[0] is None
+    case = fuzz.trace_to_case(small, "fuzz/unit-small")
+    r = vectors.replay_case(case, "impl")
+    assert not r.ok and "available_pages" in r.detail, r
+    again, again_info = fuzz.shrink_trace(trace)  # counted, not timed: the same cut every run
+    assert again.steps == small.steps and again_info == info
+
+    bounded, binfo = fuzz.shrink_trace(trace, max_replays=5)
+    assert binfo["replays"] == 5 and not binfo["complete"], binfo
+    assert fuzz.outcome(trace.config, bounded.steps)[0] == "impl"  # the smallest failing calls found by then
+    assert fuzz.calls_in(bounded.steps) == binfo["calls"][1] < 22
+
+    monkeypatch.undo()  # the bug fixed: the shrunk vector passes
+    assert vectors.replay_case(case, "impl").ok
+
+
+def test_shrink_leaves_a_trace_it_cannot_replay_as_a_failure_alone(tmp_path):
+    """A trace whose vector passes (a failure only the machine's own checks
+    see), one that does not rebuild the spec's state, and a bound of 0
+    replays: each comes back as it was, with the reason."""
+    trace = a_long_trace_with_two_relevant_calls()
+    same, info = fuzz.shrink_trace(trace)  # no bug planted: the vector passes
+    assert same is trace and "passes" in info["skipped"] and info["replays"] == 1, info
+    same, info = fuzz.shrink_trace(trace, max_replays=0)
+    assert same is trace and info["replays"] == 0 and info["skipped"], info
+
+    missed = fuzz.CallTrace()
+    a = up_float_down()
+    rec = fuzz.Recording(a, missed, tuple(c for c in fuzz.ARENA_RECORDED if c != "plan_floats"))
+    missed.config = fuzz.config_of(a)
+    rec.alloc("f", 4)
+    assert rec.plan_floats({"u": 200}) == 4
+    same, info = fuzz.shrink_trace(missed)
+    assert same is missed and "rebuild" in info["skipped"], info
+    assert fuzz.save_failure({"trace": same}, "core", tmp_path)["vector"] is None  # reported, not saved
 
 
 def up_float_down(lazy=False):
@@ -229,6 +333,21 @@ def test_cli_fuzz(tmp_path, capsys):
     assert json.loads(out.read_text())["examples"] > 0
 
 
+def test_cli_fuzz_shrinks_within_its_replay_bound(tmp_path, capsys, monkeypatch):
+    """``--shrink-replays N`` bounds a failure's shrink, and the report says
+    the bound ended it (one worker: the bug planted in this process).  Two
+    replays never finish: the whole trace's and one candidate, and this
+    bug's failures take two calls at least (an allocation, a free)."""
+    plant_holes_not_credited(monkeypatch)
+    out = tmp_path / "s.json"
+    args = "fuzz --minutes 0.5 --workers 1 --examples 25 --shrink-replays 2"
+    rc = cli.main([*args.split(), "--json", str(out), "--failures", str(tmp_path)])
+    text = capsys.readouterr().out
+    (f,) = json.loads(out.read_text())["failures"]
+    assert rc == 1 and f["shrink"]["replays"] == 2 and not f["shrink"]["complete"], f
+    assert "in 2 replays; the replay bound ended it (--shrink-replays to go on)" in " ".join(text.split()), text
+
+
 def test_two_workers_share_a_redis_server_and_a_third_finds_the_failure_at_once(tmp_path, monkeypatch, redis_url):
     """Issue 24, item 4: the scale-out path against a real Redis server.  Two
     workers fuzz an implementation with a planted bug into it; both failures
@@ -241,14 +360,22 @@ def test_two_workers_share_a_redis_server_and_a_third_finds_the_failure_at_once(
     # seeded: the draws that find the bug are the same every run; the deadline only guards a regression
     s = fuzz.campaign(600, workers=2, db=url, examples=25, out_dir=tmp_path / "found", shrink=True, seed=0)
     assert s["rounds"] <= 16, s  # each worker finds it within a few rounds
+    # no Hypothesis shrink phase (its attempts would count here by the hundred): a round runs at most its
+    # examples and the failing one's final replay
+    assert s["examples"] <= 26 * s["rounds"], s
     assert s["workers"] == 2 and len(s["failures"]) == 2, s
+    assert {f["machine"] for f in s["failures"]} == set(fuzz.MACHINES), s  # worker i starts on machine i
     assert client.dbsize() > 0, "the server holds the failing examples"
     for f in s["failures"]:
         assert f["reproduces"] is True, f
         assert "def test_fuzz_repro_" in f["pytest"]
         (case,) = vectors.load_cases(f["vector"])
-        # shrunk: 2 to 9 calls in the runs seen; a drawn example runs up to 40 steps of one to three calls
-        assert len(case["ops"]) <= 20, f
+        # shrunk by fuzz.shrink_trace, counted in replays, not timed: to the end (no single call left
+        # to remove), and small (2 calls each: an allocation and the free that leaves holes, seen on
+        # Hypothesis 6.170); a drawn example runs up to 40 steps of one to three calls
+        before, after = f["shrink"]["calls"]
+        assert f["shrink"]["complete"] and after < before and after == fuzz.calls_in(case["ops"]), f
+        assert len(case["ops"]) <= 8, f
         assert vectors.replay_case(case, "impl").ok  # here, without the bug, the saved case passes
     found_again_at_once(monkeypatch, s, url)
 

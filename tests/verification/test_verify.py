@@ -246,7 +246,7 @@ def test_a_budget_too_small_exits_3_and_lists_what_did_not_run(tmp_path, monkeyp
 
 
 def test_a_failure_is_shrunk_saved_and_printed_as_a_reproduction(tmp_path, monkeypatch):
-    monkeypatch.setattr(verify, "ROUND_EXAMPLES", 5)  # the bug shows within a few steps; fewer examples to shrink past
+    monkeypatch.setattr(verify, "ROUND_EXAMPLES", 5)  # the bug shows within a few steps
     real = impl.arena.Arena.gap_bytes
     monkeypatch.setattr(
         impl.arena.Arena, "gap_bytes", lambda self, name: real(self, name) + (1 if self.live_pages(name) >= 3 else 0)
@@ -257,6 +257,8 @@ def test_a_failure_is_shrunk_saved_and_printed_as_a_reproduction(tmp_path, monke
     assert rc == verify.EXIT_FAILED and "FAILURE" in out and "def test_fuzz_repro_" in out
     (f,) = [f for f in json.loads(path.read_text())["summary"]["failures"] if "vector" in f]
     assert f["machine"] == "core" and f["reproduces"] is True and f["shrunk"] and "state = " in f["hypothesis"]
+    assert f["shrink"]["complete"] and f["shrink"]["calls"][1] < f["shrink"]["calls"][0], f["shrink"]
+    assert fuzz.shrink_line(f["shrink"]) in out  # the report says how far the shrink got
 
 
 def test_a_cache_or_device_that_cannot_be_used_is_refused_up_front(monkeypatch):
