@@ -68,7 +68,7 @@ undefined behaviour.  The checked path stays the default.
 """
 
 import operator
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import ClassVar, NoReturn, SupportsIndex, cast
 
 import torch
@@ -253,16 +253,18 @@ def swa_window_end(seq_len: int, window: int, page_size: int) -> int:
 # ------------------------------------------------------------ the common part
 
 
-def _live_token(v2p: list[int], t: int, ps: int, what: str) -> None:
+def _live_token(v2p: Sequence[int] | Mapping[int, int], t: int, ps: int, what: str, pages: int | None = None) -> None:
     """Raise, in the spec's words, unless token ``t`` lies in a live page of
-    ``v2p`` (a host list): the batch calls' error path and ``free``'s check."""
+    ``v2p`` (a host list, or the rows read as a mapping with the table's
+    length ``pages``): the batch calls' error path and ``free``'s check."""
     page = t // ps
+    pages = len(v2p) if pages is None else pages
     if t < 0:
         raise ValueError(f"{what} {t} names no token (-1 is the empty-prefix sentinel)")
     if page == 0:
         raise ValueError(f"{what} {t} lies in page 0, the sink, which is never allocated")
-    if page >= len(v2p):
-        raise ValueError(f"{what} {t} is out of range: page {page} >= {len(v2p)} pages")
+    if page >= pages:
+        raise ValueError(f"{what} {t} is out of range: page {page} >= {pages} pages")
     if v2p[page] < 0:
         raise ValueError(f"{what} {t} is not allocated (page {page} is unknown or already freed)")
 
@@ -831,10 +833,13 @@ class _Composite:
         ps = self.page_size
         if len(set(toks)) != len(toks):
             raise ValueError(f"free: pool 'full': a token is repeated in {toks}")
-        v2p = self.arena.v2p(FULL).tolist()  # SYNC: validation
+        n = self.arena.id_end(FULL)
+        named = sorted({t // ps for t in toks if t >= 0 and 0 < t // ps < n})
+        rows = self.arena.v2p_at(FULL, torch.tensor(named, dtype=I64, device=self.device)).tolist()  # SYNC: validation
+        v2p = dict(zip(named, rows))  # only the rows named: a free reads its pages, not the table
         page_set: set[int] = set()
         for t in toks:
-            _live_token(v2p, t, ps, "free: pool 'full': token")
+            _live_token(v2p, t, ps, "free: pool 'full': token", n)
             page_set.add(t // ps)
         pages = sorted(page_set)
         if not pages:

@@ -33,7 +33,9 @@ from kvarena.impl import MAX_EVICT_ROUNDS
 
 KINDS = ("state", "swa", "full")
 # SGLang's MAMBA_CACHE_SIZE_MAX_RUNNING_REQUESTS_RATIO (mem_cache/kv_cache_configurator.py):
-# with the radix cache on, max running requests = mamba slots // 3 (ratio 1 with it off).
+# with the radix cache on, max running requests = mamba slots // (3 + a request's tracking slots)
+# (ratio 1 with it off).  Only the "static, as SGLang ships it" setup applies it: the cache's
+# checkpoints yield under pressure (kvarena.sim.prefix), and the other setups run what their memory holds.
 MAMBA_RUNNING_RATIO = 3
 
 
@@ -126,15 +128,21 @@ class Unified:
         self.allocated_bytes += self.epp["state"]
         return int(ids[0])
 
+    # The step calls go the way an engine makes them: the trusted path
+    # (``check=False``) with the engine's host copies, so the launches the
+    # clock charges are the production path's (``kvarena.sim.launches``);
+    # ``verify`` checks the state.
     def extend(self, prefix, n, last, own=None):
-        ids = self.c.alloc_extend([prefix], [prefix + n], [last])
+        p, q = [prefix], [prefix + n]
+        t = torch.tensor
+        ids = self.c.alloc_extend(t(p), t(q), t([last]), False, prefix_lens_cpu=p, seq_lens_cpu=q, extend_num_tokens=n)
         if ids is None:
             return None
         self.allocated_bytes += n * self.unit_bytes
         return ids.tolist()
 
     def decode(self, seqs, lasts):
-        ids = self.c.alloc_decode(torch.tensor(seqs), torch.tensor(lasts))
+        ids = self.c.alloc_decode(torch.tensor(seqs), torch.tensor(lasts), False, seq_lens_cpu=seqs)
         if ids is None:
             return None
         self.allocated_bytes += len(seqs) * self.unit_bytes
@@ -142,7 +150,8 @@ class Unified:
 
     def free_window(self, ids):
         if ids:
-            self.c.free_swa(torch.tensor(ids), 0)  # page_size 1: every id is its page's representative
+            # page_size 1: every id is its page's representative, and live (the engine's count)
+            self.c.free_swa(torch.tensor(ids), 0, False, num_live=len(ids))
 
     def release(self, ids, slots):
         if ids:
@@ -210,7 +219,7 @@ class StaticSplit:
 
     static = True
 
-    def __init__(self, sizes, split, prefix_cache=False):
+    def __init__(self, sizes, split, prefix_cache=False, shipped_cap=False, track_slots=0):
         self.sizes, self.split = sizes, split
         kinds = sizes.preset.kinds
         self.has_swa, self.has_state = "swa" in kinds, "state" in kinds
@@ -220,9 +229,11 @@ class StaticSplit:
         if self.has_state:
             self.pools["state"] = FreeList("state", split.slots, sizes.slot)
         self.swa_of = [0] * (split.full_units + 1)
-        # SGLang with its radix cache caps running requests at a third of the
-        # mamba slots; the rest hold the cache's checkpoints.
-        self.max_running = split.slots // MAMBA_RUNNING_RATIO if prefix_cache and self.has_state else None
+        # SGLang with its radix cache caps running requests at the mamba slots
+        # over 3 plus a request's tracking slots, the rest kept for the cache's
+        # checkpoints (``shipped_cap``; kv_cache_configurator.py, _calculate_mamba_ratio).
+        shipped = shipped_cap and prefix_cache and self.has_state
+        self.max_running = split.slots // (MAMBA_RUNNING_RATIO + track_slots) if shipped else None
         self.epp = {n: p.epp for n, p in self.pools.items()}
         self.unit_bytes = self.epp["full"] + self.epp.get("swa", 0)
         self.slack_bytes = _slack(self.epp)

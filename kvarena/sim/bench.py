@@ -589,7 +589,7 @@ def bench_churn(args, device):
 
     out = {}
     trace = traces.generate("balanced", args.churn_requests, seed=1)
-    cfg = engine.Config(record=False, alloc_time=False)  # bytes only: no clock needed
+    cfg = engine.Config(record=False)  # bytes only: no clock needed
     for name in ("gpt-oss-120b", "gemma-3-27b", "qwen3-next-80b-a3b", "tri-synthetic"):
         sizes = presets.Sizes.of(presets.preset(name))
         row = {}

@@ -50,8 +50,10 @@ no placement can avoid (``backends._slack``: a full page and two SWA pages).
 **Time** (``kvarena.sim.timing``): each step's length is the roofline of
 its work (``page_tokens`` iterations over the decoding batch, its KV and
 state read, the step's prefill spread over them), plus the bytes its
-relocations moved at copy bandwidth, and, with ``Config.alloc_time``, the
-allocator's own CPU time measured around its calls.  Arrivals are in
+relocations moved at copy bandwidth, the eager launches of a batch above
+the engine's largest CUDA graph, and the allocator's cost
+(``Config.alloc_cost``: its kernel launches, ``kvarena.sim.launches``, or
+its CPU time measured around its calls).  Arrivals are in
 seconds on that clock.  Per request: time to first token (arrival to the
 end of the step its prefill finished in; a retracted request keeps its
 first), and inter-token latency (each decode step's tokens share the time
@@ -80,8 +82,9 @@ BLOCK_CAUSES = (
     "gate after relief",  # the ladder said it fits, the gate still said no (expected never)
     "state slot",  # the gate said yes, alloc_state said no (expected never)
     "extend",  # the gate said yes, alloc_extend said no (expected never)
-    "running cap",  # a static mamba setup with a prefix cache: running requests at a third of its slots
+    "running cap",  # SGLang as shipped (static-shipped): running requests at its mamba slots // (3 + tracking slots)
 )
+ALLOC_COSTS = ("launches", "cpu")  # how the clock charges the allocator (kvarena.sim.launches; measured CPU time)
 
 
 @dataclass(frozen=True)
@@ -91,18 +94,27 @@ class Config:
     max_steps: int = 2_000_000
     record: bool = True  # keep per-step series (for the plot)
     accelerator: str = "h200"  # timing.ACCELERATORS
-    alloc_time: bool = False  # add the allocator's measured CPU time to each step (kvarena simulate --alloc-time)
+    alloc_cost: str = "launches"  # ALLOC_COSTS: the allocator's kernel launches (default) or its measured CPU time
     slo_ttft: float = 2.0  # seconds
     slo_itl: float = 0.05  # seconds, a request's mean inter-token latency
     prefix_cache: bool = False  # a radix-style prefix cache on every setup (kvarena.sim.prefix)
+    mamba_strategy: str = "extra_buffer"  # SGLang's mamba checkpoints with the cache on (engines.MAMBA_STRATEGIES)
 
     def check(self):
+        from kvarena.sim.engines import MAMBA_STRATEGIES
+
         if self.chunk_tokens < 1:
             raise ValueError(f"simulate: chunk_tokens must be >= 1, got {self.chunk_tokens}")
         if not 0 <= self.reserve_ratio <= 1:
             raise ValueError(f"simulate: reserve_ratio must be in [0, 1], got {self.reserve_ratio}")
         if not (self.slo_ttft > 0 and self.slo_itl > 0):
             raise ValueError(f"simulate: SLOs must be > 0, got ttft {self.slo_ttft}, itl {self.slo_itl}")
+        if self.alloc_cost not in ALLOC_COSTS:
+            raise ValueError(f"simulate: alloc_cost must be one of {', '.join(ALLOC_COSTS)}, got {self.alloc_cost!r}")
+        if self.mamba_strategy not in MAMBA_STRATEGIES:
+            raise ValueError(
+                f"simulate: mamba_strategy must be one of {', '.join(MAMBA_STRATEGIES)}, got {self.mamba_strategy!r}"
+            )
 
 
 @dataclass
@@ -115,6 +127,10 @@ class Result:
     lost: int = 0  # admitted and never finished: must be 0
     steps: int = 0
     memory_bound_steps: int = 0  # steps in which memory turned the queue head away
+    capped_steps: int = 0  # steps in which the engine's running limit turned it away
+    max_running: int = 0  # the engine's running limit (0: none)
+    graph_batch: int = 0  # the engine's largest CUDA graph batch (0: none)
+    eager_steps: int = 0  # steps whose decode batch no CUDA graph held
     peak_concurrency: int = 0
     mean_concurrency: float = 0.0  # over the memory-bound steps
     mean_concurrency_all: float = 0.0
@@ -139,7 +155,8 @@ class Result:
     itl_p99: float = 0.0
     goodput: float = 0.0  # requests a second that met both SLOs
     slo_met: int = 0
-    alloc_seconds: float = 0.0  # the allocator's measured CPU time, all steps
+    alloc_seconds: float = 0.0  # the allocator's time, all steps: its launches, or its measured CPU time
+    launches: int = 0  # the allocator's kernel launches, all steps (alloc_cost "launches")
     copy_seconds: float = 0.0  # relocation at copy bandwidth, all steps
     prompt_tokens: int = 0  # prompt tokens of every admission (a retracted request's again)
     cache_hit_tokens: int = 0  # of those, tokens read from the prefix cache, not computed
@@ -159,7 +176,9 @@ class _Req:
     __slots__ = (
         "admitted",
         "arrival",
+        "block_tokens",
         "blocks",
+        "branch",
         "ever_admitted",
         "first_token",
         "gaps",
@@ -176,18 +195,21 @@ class _Req:
         "shared",
         "slot",
         "swa_done",
+        "track",
+        "track_slots",
     )
 
     def __init__(self, r, sizes):
         self.rid, self.prompt_len, self.output_len = r.rid, r.prompt_len, r.output_len
         self.arrival = r.arrival
-        self.blocks = r.blocks
+        self.blocks, self.block_tokens = r.blocks, r.block_tokens
         self.path, self.shared = [], 0  # the prefix cache's locked match; its units (the first ids)
         self.no_match = False  # refused alone with its match held: it tries again without one
         self.prefill_units = sizes.units(r.prompt_len)
         self.out_units = sizes.units(r.output_len)
         self.generated = 0
         self.ids, self.slot, self.swa_done = [], None, 0
+        self.track, self.track_slots, self.branch = None, [], None  # engines.Checkpoints: last snapshot (units)
         self.admitted = self.ever_admitted = False
         self.first_token = self.last_token = None  # seconds
         self.gaps = 0.0  # inter-token time summed: mean ITL = gaps / generated
@@ -205,14 +227,25 @@ class _Req:
     def owed(self):
         return self.out_units - self.generated
 
+    @property
+    def slots(self):
+        """The state slots it holds: its own and its tracking slots."""
+        return ([self.slot] if self.slot is not None else []) + self.track_slots
+
 
 class _Sim:
-    def __init__(self, backend, sizes, trace, cfg, setup):
-        from kvarena.sim import timing
+    def __init__(self, backend, sizes, trace, cfg, setup, engine=None):
+        from kvarena.sim import launches, timing
 
         cfg.check()
-        self.clock = timing.clock(sizes.preset.name, cfg.accelerator, sizes.page_tokens)
-        self.b, self.sizes, self.cfg = _Timed(backend) if cfg.alloc_time else backend, sizes, cfg
+        self.max_running = engine.running_limit(sizes) if engine else None
+        graph = engine.graph_batch if engine else None
+        self.reserve_ratio = cfg.reserve_ratio if engine is None or engine.decode_reserve else 0.0
+        self.clock = timing.clock(
+            sizes.preset.name, cfg.accelerator, sizes.page_tokens, sum(sizes.preset.layers), graph
+        )
+        wrap = launches.Counted if cfg.alloc_cost == "launches" else _Timed
+        self.b, self.sizes, self.cfg = wrap(backend), sizes, cfg
         self.pt = sizes.page_tokens
         self.window = sizes.preset.window
         self.chunk = sizes.units(cfg.chunk_tokens)
@@ -222,12 +255,17 @@ class _Sim:
             if r.after >= 0:
                 self.waiting.setdefault(r.after, []).append(r)
         self.arrivals = deque(sorted((r for r in trace if r.after < 0), key=lambda r: (r.arrival, r.rid)))
-        self.cache = _cache(trace, sizes, backend) if cfg.prefix_cache else None
+        self.ckpt = None  # engines.Checkpoints: where states are kept for the cache (None: at the whole length)
+        if cfg.prefix_cache and engine is not None:
+            layout = getattr(backend, "layout", None)
+            self.ckpt = engine.checkpoints(sizes.preset, cfg.mamba_strategy, layout.block_tokens if layout else 0)
+        self.track_slots = self.ckpt.track_slots if self.ckpt else 0
+        self.cache, self.node_units = _cache(trace, sizes, backend, self.ckpt) if cfg.prefix_cache else (None, 0)
         self.queue = deque()
         self.running = []  # admission order: the evictor takes the last
         self.prefilling = deque()
         self.owed = 0  # output units the decoding requests still owe: the reserve's base
-        self.res = Result(setup, requests=len(trace))
+        self.res = Result(setup, requests=len(trace), max_running=self.max_running or 0, graph_batch=graph or 0)
         self.admitted_ids, self.finished_ids = set(), set()
         self.series = {"step": [], "concurrency": [], "utilisation": [], "bands": []}
         self.conc_sum = self.conc_bound_sum = self.util_sum = 0.0
@@ -254,7 +292,7 @@ class _Sim:
                 self.queue.append(_Req(self.arrivals.popleft(), self.sizes))
             self._decode()
             self._window()
-            self.blocked = None
+            self.blocked, self.capped = None, False
             self._admit()
             self._tick()
             self._record(step)
@@ -269,8 +307,15 @@ class _Sim:
         moved = self.b.moved_bytes
         copy = self.clock.copy_seconds((moved - self.moved_before) * self.sizes.byte_scale)
         self.moved_before = moved
-        alloc = self.b.take_seconds() if self.cfg.alloc_time else 0.0
+        if self.cfg.alloc_cost == "launches":
+            n = self.b.take_launches()
+            self.res.launches += n
+            alloc = self.clock.launch_seconds(n)
+        else:
+            alloc = self.b.take_seconds()
         t = self.clock.step_seconds(len(self.step_decoded), self.step_prefill, self.step_kv) + copy + alloc
+        if self.clock.eager_seconds(len(self.step_decoded)):
+            self.res.eager_steps += 1
         self.res.copy_seconds += copy
         self.res.alloc_seconds += alloc
         self.now += t
@@ -297,6 +342,8 @@ class _Sim:
         n = len(self.running)
         util = self.b.live_bytes() / self.sizes.total
         self.conc_sum += n
+        if self.capped:
+            self.res.capped_steps += 1
         if self.blocked:
             self.res.memory_bound_steps += 1
             self.res.blocked[self.blocked] = self.res.blocked.get(self.blocked, 0) + 1
@@ -321,7 +368,7 @@ class _Sim:
             ids = self.b.decode([len(r.ids) + 1 for r in batch], [r.ids[-1] for r in batch])
             if ids is not None:
                 break
-            if self._evict_cache():  # the cache yields first, one node a try
+            if self._evict_cache(len(batch)):  # the cache yields first
                 continue
             if stalled:  # a backend whose relief says yes to a decode it then refuses: fail, do not spin
                 raise RuntimeError(f"simulate: {self.res.setup}: relief retracted nothing and the decode still fails")
@@ -334,9 +381,12 @@ class _Sim:
         if not batch:
             return
         p, pt = self.sizes.preset, self.pt
+        grid = self.ckpt.decode_grid // pt if self.ckpt else 0
         for r, i in zip(batch, ids):
             r.ids.append(i)
             r.generated += 1
+            if grid and len(r.ids) % grid == 0:
+                r.track = len(r.ids)  # a decode snapshot: SGLang every mamba_track_interval tokens
             ctx = len(r.ids) * pt
             self.step_kv += ctx * p.full_bytes + min(ctx, p.window + 1) * p.swa_bytes + 2 * p.state_bytes
         self.step_decoded += batch
@@ -347,10 +397,10 @@ class _Sim:
             keep = set(map(id, done))
             self.running = [r for r in self.running if id(r) not in keep]
             if self.cache is None:
-                self.b.release([i for r in done for i in r.ids], [r.slot for r in done if r.slot is not None])
+                self.b.release([i for r in done for i in r.ids], [s for r in done for s in r.slots])
             for r in done:
                 if self.cache is not None:
-                    self._free(self.cache.insert(r.path, r.blocks, r.ids, r.swa_done, r.slot))
+                    self._insert(r)
                 r.admitted = False
                 self.done_reqs.append(r)
                 self.res.finished += 1
@@ -368,23 +418,65 @@ class _Sim:
         if ids or slots:
             self.b.release(ids, slots)
 
-    def _evict_cache(self):
-        """Free the cache's least recently used node; False when none can go."""
-        freed = self.cache.evict_one() if self.cache is not None else None
-        if freed is None:
+    def _keys(self, r):
+        """``r``'s cache keys, one a node: its trace blocks, each split into
+        nodes of ``node_units``, then keys of its own past them (its output's
+        KV is cached too, and no later request shares it)."""
+        per = r.block_tokens // (self.node_units * self.pt) if r.blocks else 0
+        keys = [(b, j) for b in r.blocks for j in range(per)] if per > 1 else list(r.blocks)
+        return keys + [("own", r.rid, j) for j in range(len(keys), len(r.ids) // self.node_units)]
+
+    def _insert(self, r):
+        """A finished ``r`` into the cache: with checkpoints at a grid, its KV
+        up to its last snapshot and the state there (none taken: nothing
+        past its match); else all its KV and the state at its whole length."""
+        if self.ckpt:
+            at = r.track if r.track is not None else r.shared
+            until = at
+        else:
+            at = len(r.ids) if self.b.has_state else None
+            until = None
+        release, window, slots = self.cache.insert(r.path, self._keys(r), r.ids, r.swa_done, r.slot, at, until)
+        self._free((release, window, slots + r.track_slots))
+
+    def _evict_cache(self, units=0, slots=0):
+        """Free the cache's least recently used nodes, in one batch of frees
+        (SGLang's ``evict(num_tokens)``): at least one, and enough to cover
+        the bytes a demand of ``units`` and ``slots`` lacks; False when none
+        can go."""
+        if self.cache is None:
             return False
-        self._free(freed)
-        self.res.cache_evictions += 1
+        lack = self.b.demand_bytes(units, slots) - self.b.free_bytes() if units or slots else 0
+        ids, window, got = [], [], []
+        while True:
+            freed = self.cache.evict_one()
+            if freed is None:
+                break
+            self.res.cache_evictions += 1
+            ids += freed[0]
+            window += freed[1]
+            got += freed[2]
+            lack -= self.b.demand_bytes(len(freed[0]), len(freed[2]))
+            if lack <= 0:
+                break
+        if not (ids or window or got):
+            return False
+        self._free((ids, window, got))
         return True
 
     def _match(self, r):
         """Lock ``r``'s longest resumable cached prefix; it becomes ``r``'s first ids."""
         if self.cache is None or not r.blocks or r.no_match:
             return
-        r.path = self.cache.match(r.blocks, r.prefill_units - 1)
+        keys = self._keys(r)
+        r.path = self.cache.match(keys, r.prefill_units - 1)
         self.cache.lock(r.path)
         r.ids = [i for n in r.path for i in n.ids]
         r.shared = r.swa_done = len(r.ids)
+        if self.ckpt:  # the KV reaches past the checkpoint: the prefill snapshots at the branch point
+            g = self.ckpt.prefill_grid // self.pt
+            b = self.cache.kv_depth(keys, r.prefill_units - 1) // g * g
+            r.branch = b if b > r.shared else None
 
     def _unmatch(self, r):
         """Drop ``r``'s hold on the cache (it releases its own ids itself)."""
@@ -409,7 +501,7 @@ class _Sim:
         r = self.running.pop()
         if r in self.prefilling:
             self.prefilling.remove(r)
-        self.b.release(r.own, [r.slot] if r.slot is not None else [])
+        self.b.release(r.own, r.slots)
         freed = len(r.own)
         self._unmatch(r)
         self.res.retractions += 1
@@ -418,6 +510,7 @@ class _Sim:
             self.owed -= r.owed
         r.prefill_units = self.sizes.units(r.prompt_len) + r.generated  # prompt and output so far, recomputed
         r.ids, r.slot, r.swa_done, r.admitted = [], None, 0, False
+        r.track, r.track_slots, r.branch = None, [], None
         self.queue.appendleft(r)
         return max(1, freed)
 
@@ -446,7 +539,7 @@ class _Sim:
         """Full units, SWA peak units and slots the request needs to run alone."""
         total = r.prefill_units + r.owed
         swa = min(total, self.sizes.window_units + self.chunk) if self.b.has_swa else 0
-        return total, swa, 1 if self.b.has_state else 0
+        return total, swa, 1 + self.track_slots if self.b.has_state else 0
 
     def _refused(self, units, slots, cause):
         """Count a refusal; ``cause`` (admission only) marks the step
@@ -472,12 +565,15 @@ class _Sim:
             if first and cap is not None and len(self.running) >= cap:
                 self.blocked = "running cap"
                 return
+            if first and self.max_running is not None and len(self.running) >= self.max_running:
+                self.capped = True  # the engine's limit, not memory
+                return
             if first:
                 self._match(r)
             n = min(self.chunk, r.prefill_units - len(r.ids), budget)
-            slots = 1 if first and self.b.has_state else 0
-            reserve = math.ceil(self.cfg.reserve_ratio * self.owed)
-            while not self.b.admits(n, slots, reserve) and self._evict_cache():
+            slots = 1 + self.track_slots if first and self.b.has_state else 0
+            reserve = math.ceil(self.reserve_ratio * self.owed)
+            while not self.b.admits(n, slots, reserve) and self._evict_cache(n + reserve, slots):
                 pass  # the cache yields before any relief
             if not self.b.admits(n, slots, reserve):
                 # The ladder only when the free bytes could cover the demand:
@@ -495,18 +591,23 @@ class _Sim:
                     self._refused(n + reserve, slots, cause)
                     self._stuck_check(r, first)
                     return
-            slot = None
-            if slots:
-                slot = self.b.alloc_state()
-                if slot is None:
-                    self._refused(n, slots, "state slot")
-                    self._stuck_check(r, first)
-                    return
+            got = []
+            for _ in range(slots):
+                s = self.b.alloc_state()
+                if s is None:
+                    break
+                got.append(s)
+            if len(got) < slots:
+                if got:
+                    self.b.release([], got)
+                self._refused(n, slots, "state slot")
+                self._stuck_check(r, first)
+                return
             ids = self.b.extend(len(r.ids), n, r.ids[-1] if r.ids else -1, own=len(r.own))
             if ids is None:
                 self._refused(n, slots, "extend")
-                if slot is not None:
-                    self.b.release([], [slot])
+                if got:
+                    self.b.release([], got)
                 self._stuck_check(r, first)
                 return
             if first:
@@ -514,11 +615,18 @@ class _Sim:
                 self.res.prompt_tokens += r.prefill_units * self.pt
                 self.queue.popleft()
                 r.admitted = r.ever_admitted = True
-                r.slot = slot
+                r.slot, r.track_slots = (got[0], got[1:]) if got else (None, [])
                 self.admitted_ids.add(r.rid)
                 self.running.append(r)
                 self.prefilling.append(r)
+            start = len(r.ids)
             r.ids += ids
+            if self.ckpt:  # a prefill snapshot: at the branch point, else the chunk's last grid multiple
+                g = self.ckpt.prefill_grid // self.pt
+                if r.branch is not None and start < r.branch <= len(r.ids):
+                    r.track = r.branch
+                elif len(r.ids) // g * g > start:
+                    r.track = len(r.ids) // g * g
             budget -= n
             self.step_prefill += n * self.pt
             if r.decoding:
@@ -544,7 +652,7 @@ class _Sim:
         else:
             self.running.remove(r)
             self.prefilling.remove(r)
-            self.b.release(r.own, [r.slot] if r.slot is not None else [])
+            self.b.release(r.own, r.slots)
             r.admitted = False
         self._unmatch(r)
         r.ids = []
@@ -587,8 +695,10 @@ class _Sim:
         return res
 
 
-def _cache(trace, sizes, backend):
-    """The run's prefix cache, at the trace's block size."""
+def _cache(trace, sizes, backend, ckpt=None):
+    """The run's prefix cache and its node in units: the trace's block on a
+    model without state; else fine enough to hold a state where the
+    engine keeps one (``ckpt``'s grids; None: at any page)."""
     from kvarena.sim import prefix
 
     sizes_seen = {r.block_tokens for r in trace if r.blocks}
@@ -598,7 +708,13 @@ def _cache(trace, sizes, backend):
     if bt % sizes.page_tokens:
         raise ValueError(f"simulate: prefix blocks of {bt} tokens are not whole pages of {sizes.page_tokens}")
     need = -(-sizes.preset.window // sizes.page_tokens)  # the units a resumed request attends over in SWA
-    return prefix.PrefixCache(bt // sizes.page_tokens, need, backend.has_swa, backend.has_state)
+    node = bt
+    if backend.has_state:
+        node = math.gcd(bt, ckpt.prefill_grid, ckpt.decode_grid) if ckpt else sizes.page_tokens
+    if node % sizes.page_tokens:
+        raise ValueError(f"simulate: checkpoints every {node} tokens are not whole pages of {sizes.page_tokens}")
+    units = node // sizes.page_tokens
+    return prefix.PrefixCache(units, need, backend.has_swa, backend.has_state), units
 
 
 def _quantile(xs, q):
@@ -640,6 +756,8 @@ class _Timed:
         return timed
 
 
-def run(backend, sizes, trace, cfg=Config(), setup="?"):
-    """Serve ``trace`` on ``backend``; a ``Result``."""
-    return _Sim(backend, sizes, trace, cfg, setup).run()
+def run(backend, sizes, trace, cfg=Config(), setup="?", engine=None):
+    """Serve ``trace`` on ``backend`` with ``engine``'s limits
+    (``kvarena.sim.engines``; None: no running or graph limit, and the
+    reserve of ``cfg``); a ``Result``."""
+    return _Sim(backend, sizes, trace, cfg, setup, engine).run()

@@ -1,26 +1,36 @@
 """vLLM v1's hybrid allocator as a simulator setup: one block pool, every
 kind's page padded to one size.
 
-The layout follows vLLM's hybrid KV cache manager (its design document,
-``vllm/docs/design/hybrid_kv_cache_manager.md`` at commit 458e74, and the block
-size rule of its platform code for ``mamba_cache_mode="none"``):
+The layout follows vLLM 0.34.0's hybrid KV cache manager (paths under
+``vllm/``, and vLLM's design document on that manager):
 
-1. **Block size.**  Attention pages hold ``page_tokens`` tokens; with a state
-   kind, the attention block size rises to ``16 * ceil(state_layer /
-   (16 * kv_layer_token))`` tokens, so that one layer's attention page holds
-   one layer's state, and the state page is padded to that size.
-2. **Groups.**  Layers are grouped by kind, ``g`` to a group, ``g`` the
-   smallest layer count among the kinds; a kind with ``c`` layers gets
-   ``ceil(c / g)`` groups, the last padded with empty layers.
+1. **Block size** (``platforms/interface.py``, ``_align_hybrid_block_size``).
+   Attention pages hold ``page_tokens`` tokens; with a state kind the
+   attention block size rises to ``a * ceil(state_layer / (a *
+   kv_layer_token))`` tokens, so that one layer's attention page holds one
+   layer's state, and the state page is padded to that size.  ``a`` is the
+   kernel alignment, 16; with prefix caching (``mamba_cache_mode="align"``,
+   vLLM's default for these models then) it is ``lcm(16, the state
+   kernel's prefill checkpoint alignment)``: 64 for a gated delta net
+   (``v1/attention/backends/gdn_attn.py``,
+   ``FLASHINFER_GDN_CHECKPOINT_ALIGNMENT``), 1 for mamba2.  Qwen3-Next: 544
+   tokens without the cache, 576 with it.
+2. **Groups** (``v1/core/kv_cache_planning.py``,
+   ``_get_kv_cache_groups_uniform_page_size``).  Layers are grouped by
+   kind, ``g`` to a group: ``g`` is the smallest layer count among the
+   kinds, or the largest when the largest is under 1.5 times the smallest
+   (``GROUP_LARGEST_BELOW``); a kind with ``c`` layers gets ``ceil(c / g)``
+   groups, the last padded with empty layers.
 3. **One pool.**  A block is one group's pages (``g`` layer pages); every
    group allocates from one pool of ``budget // block`` blocks.
 
 Per request: each full group holds ``ceil(tokens / block_size)`` blocks;
 each SWA group the blocks not wholly outside the window (vLLM frees those);
-each state group one block.  Every block is alike, so nothing ever needs to
-move and there is no ladder: relief is eviction only.  The waste is the
-padding: partly filled attention blocks (large when the block size rose to
-fit a state), padded layers, and padded state pages.
+each state group one block per state the request holds (two with the
+cache: ``engines.Checkpoints``).  Every block is alike, so nothing ever
+needs to move and there is no ladder: relief is eviction only.  The waste
+is the padding: partly filled attention blocks (large when the block size
+rose to fit a state), padded layers, and padded state pages.
 
 The scheduler speaks in 16-token units as with every setup: this backend
 hands out one unit id per unit and keeps, per request, its units and the
@@ -35,13 +45,16 @@ from kvarena.impl import MAX_EVICT_ROUNDS
 from kvarena.sim.backends import _slack
 
 ALIGN = 16  # vLLM's kernel block alignment for these attention backends
+CHECKPOINT_ALIGN = {"gdn": 64, "mamba2": 1}  # a state kernel's prefill checkpoint alignment (align mode)
+GROUP_LARGEST_BELOW = 1.5  # group by the largest layer count when it is under this times the smallest
 
 
 class Layout:
     """A preset's padded pool (``layout``): block size in tokens, layers a
-    group, groups per kind, and bytes (unscaled) of one block."""
+    group, groups per kind, and bytes (unscaled) of one block.
+    ``prefix_cache``: vLLM's ``align`` mode (its default with the cache on)."""
 
-    def __init__(self, preset, page_tokens):
+    def __init__(self, preset, page_tokens, prefix_cache=False):
         full, swa, state = preset.layers
         if not full or (swa and not preset.swa_bytes) or (state and not preset.state_bytes):
             raise ValueError(f"preset {preset.name!r}: no per-layer geometry for a padded pool")
@@ -52,10 +65,12 @@ class Layout:
         self.block_tokens = page_tokens
         self.state_layer = preset.state_bytes // state if state else 0
         if state:
-            self.block_tokens = max(page_tokens, ALIGN * math.ceil(self.state_layer / (ALIGN * kv_layer_token)))
+            a = math.lcm(ALIGN, CHECKPOINT_ALIGN[preset.state_kind]) if prefix_cache else ALIGN
+            self.block_tokens = max(page_tokens, a * math.ceil(self.state_layer / (a * kv_layer_token)))
         self.layer_page = self.block_tokens * kv_layer_token
         counts = {k: c for k, c in (("full", full), ("swa", swa), ("state", state)) if c}
-        self.group_layers = min(counts.values())
+        least, most = min(counts.values()), max(counts.values())
+        self.group_layers = most if most < GROUP_LARGEST_BELOW * least else least
         self.groups = {k: math.ceil(c / self.group_layers) for k, c in counts.items()}
         self.block_bytes = self.group_layers * self.layer_page
         used = {
@@ -75,9 +90,9 @@ class PaddedPool:
 
     static = False
 
-    def __init__(self, sizes):
+    def __init__(self, sizes, prefix_cache=False):
         p = sizes.preset
-        self.sizes, self.layout = sizes, Layout(p, sizes.page_tokens)
+        self.sizes, self.layout = sizes, Layout(p, sizes.page_tokens, prefix_cache)
         lay = self.layout
         if lay.block_bytes % sizes.byte_scale:
             raise ValueError(f"preset {p.name!r}: a block of {lay.block_bytes} bytes does not scale exactly")

@@ -20,15 +20,19 @@ its matched path (a locked node is never evicted), reads those units as its
 own prefix, and takes a state slot of its own (a copy of the checkpoint).
 At its end it inserts its blocks: new nodes take its ids, a block another
 request inserted meanwhile keeps the older copy, and its state slot becomes
-the checkpoint of its deepest node.
+the checkpoint of the node its state ends at (``state_at``; by default its
+deepest node).  Where the engine keeps states only at a grid
+(``engines.Checkpoints``), the engine says how far the request's KV goes
+into the tree (``kv_until``: SGLang frees the KV past the last checkpoint)
+and where its state is, and reads the branch point of a match from
+``kv_depth``: how far the cached KV reaches past the last checkpoint.
 
 **Eviction** frees the least recently used unlocked node: a leaf whole (its
 ids and checkpoint); an inner node only its checkpoint and SWA KV, which
 makes it a node that can be passed through but not resumed from (SGLang's
 tombstones).  A locked path keeps its KV and the checkpoint its request
 resumed from; the checkpoints before that one may go (so a request holds
-at most two state slots, its own and the one it resumed from: the reason
-for SGLang's one-third cap).  The engine evicts before any relief, as SGLang's scheduler
+at most its engine's slots and the one it resumed from).  The engine evicts before any relief, as SGLang's scheduler
 evicts its tree before it allocates.
 
 The cache only bookkeeps; the engine frees what it returns through the
@@ -96,6 +100,17 @@ class PrefixCache:
                 best = len(path)
         return path[:best]
 
+    def kv_depth(self, blocks, max_units):
+        """Units of ``blocks``' path whose KV the tree holds, checkpoint or
+        not, ending at most at ``max_units``."""
+        n, depth = self.root, 0
+        for key in blocks:
+            n = n.children.get(key)
+            if n is None or n.depth > max_units:
+                break
+            depth = n.depth
+        return depth
+
     def lock(self, path):
         """A request runs on ``path``: its KV stays, and the checkpoint it
         resumed from; the checkpoints before it may still go."""
@@ -124,18 +139,22 @@ class PrefixCache:
 
     # --------------------------------------------------------------- insert
 
-    def insert(self, path, blocks, ids, swa_from, slot):
+    def insert(self, path, blocks, ids, swa_from, slot, state_at=None, kv_until=None):
         """A finished request's blocks: ``path`` is its locked match (its
         first ``len`` ids), ``ids`` all its units, ``swa_from`` the first
-        unit whose SWA it still holds, ``slot`` its state slot.  Unlocks
+        unit whose SWA it still holds, ``slot`` its state slot, holding the
+        state after ``state_at`` units (None: its deepest node's).  Only
+        its first ``kv_until`` units (None: all) go into the tree.  Unlocks
         ``path``.  Returns what the engine frees: ``(release_ids,
         window_ids, slots)``."""
         node = path[-1] if path else self.root
         off, bu = node.depth, self.block_units
+        end = len(ids) if kv_until is None else min(kv_until, len(ids))
         release, window = [], []
         self.tick += 1
+        at = node if state_at is not None and node.depth == state_at else None
         for key in blocks[len(path) :]:
-            if off + bu > len(ids):
+            if off + bu > end:
                 break
             own = ids[off : off + bu]
             child = node.children.get(key)
@@ -151,11 +170,14 @@ class PrefixCache:
             child.used = self.tick
             self._candidate(child)
             node, off = child, off + bu
+            if state_at is not None and off == state_at:
+                at = child
         release += ids[off:]
+        at = node if state_at is None else at
         slots = []
         if slot is not None:
-            if node is not self.root and node.slot is None:
-                node.slot = slot
+            if at is not None and at is not self.root and at.slot is None:
+                at.slot = slot
                 self.slots += 1
             else:
                 slots.append(slot)

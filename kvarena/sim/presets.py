@@ -14,7 +14,7 @@ every ratio between kinds is the model's own.  ``Sizes`` refuses a scale
 that would round.
 """
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 GIB = 1 << 30
 
@@ -29,6 +29,19 @@ class Preset:
     note: str = ""
     synthetic: bool = False
     layers: tuple = ()  # (full, swa, state) layer counts: the per-layer sizes a padded pool needs
+    ssm_bytes: int = 0  # of state_bytes, the SSM (temporal) state's, kept in fp32 (SGLang's mamba_ssm_dtype)
+    context_len: int = 0  # the model's max_position_embeddings: SGLang's running limit reads it
+    state_kind: str = ""  # "gdn" (gated delta net) or "mamba2": the state layers' kernel family
+    mamba_chunk_tokens: int = 0  # the state kernel's chunk: SGLang's checkpoint grid (mamba_cache_chunk_size)
+
+    def with_ssm_dtype_bytes(self, n):
+        """This model with its SSM state kept at ``n`` bytes an element (4:
+        as is, fp32; 2: bf16, vLLM's default for these models)."""
+        if n not in (2, 4):
+            raise ValueError(f"preset {self.name!r}: an SSM state element is 2 or 4 bytes, got {n}")
+        return replace(
+            self, state_bytes=self.state_bytes - self.ssm_bytes * (4 - n) // 4, ssm_bytes=self.ssm_bytes * n // 4
+        )
 
     @property
     def kinds(self):
@@ -53,6 +66,7 @@ PRESETS = {
             window=127,
             note="18 full / 18 SWA layers, 8 kv heads x 64, window 128",
             layers=(18, 18, 0),
+            context_len=131_072,
         ),
         Preset(
             "gemma-3-27b",
@@ -61,6 +75,7 @@ PRESETS = {
             window=1023,
             note="10 full / 52 SWA layers, 16 kv heads x 128, window 1024",
             layers=(10, 52, 0),
+            context_len=131_072,
         ),
         Preset(
             "qwen3-next-80b-a3b",
@@ -68,6 +83,10 @@ PRESETS = {
             state_bytes=77_266_944,
             note="12 full layers (2 kv heads x 256), 36 gated-delta state layers",
             layers=(12, 0, 36),
+            ssm_bytes=36 * 32 * 128 * 128 * 4,  # a layer: 32 value heads x 128 x 128, fp32 (conv: 49,152 bf16)
+            context_len=262_144,
+            state_kind="gdn",
+            mamba_chunk_tokens=64,  # no mamba_chunk_size in its config: FLA's CHUNK_SIZE
         ),
         Preset(
             "nemotron-h-8b",
@@ -75,6 +94,10 @@ PRESETS = {
             state_bytes=102_137_856,
             note="4 full layers (8 kv heads x 128), 24 mamba2 state layers",
             layers=(4, 0, 24),
+            ssm_bytes=24 * 128 * 64 * 128 * 4,  # a layer: 128 heads x 64 x 128 state, fp32 (conv: 61,440 bf16)
+            context_len=8_192,
+            state_kind="mamba2",
+            mamba_chunk_tokens=256,  # its config's chunk_size
         ),
         Preset(
             "tri-synthetic",
@@ -86,6 +109,10 @@ PRESETS = {
             note="SYNTHETIC: gpt-oss-20b's attention (12 full / 12 SWA layers, window 128) with "
             "Nemotron-H-8B's mamba2 state; no public model has all three kinds",
             layers=(12, 12, 24),
+            ssm_bytes=24 * 128 * 64 * 128 * 4,  # Nemotron-H-8B's
+            context_len=131_072,  # gpt-oss-20b's
+            state_kind="mamba2",
+            mamba_chunk_tokens=256,  # Nemotron-H-8B's
         ),
     )
 }
@@ -116,10 +143,11 @@ class Sizes:
     total: int
 
     @classmethod
-    def of(cls, p, budget_gib=40.0, page_tokens=16, byte_scale=4096):
+    def of(cls, p, budget_gib=40.0, page_tokens=16, byte_scale=4096, budget_bytes=None):
+        """``p`` on a budget of ``budget_gib`` GiB (or exactly ``budget_bytes``)."""
         if page_tokens < 1 or byte_scale < 1:
             raise ValueError(f"preset {p.name!r}: page_tokens and byte_scale must be >= 1")
-        budget = int(budget_gib * GIB)
+        budget = int(budget_gib * GIB) if budget_bytes is None else int(budget_bytes)
 
         def scaled(what, v):
             if v % byte_scale:

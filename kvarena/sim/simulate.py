@@ -29,16 +29,17 @@ The runs are independent and run in parallel, one process per core
 elsewhere (one job per seed on a cluster) as one.
 
 ``--prefix-cache on`` (or ``both``: each run off and on) gives every setup
-the same radix-style prefix cache (``kvarena.sim.prefix``); the static
-mamba splits then run at most a third of their slots' requests, as SGLang
-caps them (``backends.MAMBA_RUNNING_RATIO``).
+the same radix-style prefix cache (``kvarena.sim.prefix``), with each
+engine's own mamba checkpoints (``kvarena.sim.engines``: SGLang's
+``--mamba-radix-cache-strategy``, ``extra_buffer`` by default; vLLM's
+``align`` mode); only ``static-shipped`` caps the running requests at
+SGLang's share of the mamba slots (``backends.MAMBA_RUNNING_RATIO``).
 
 Saturating runs queue every request at time 0; ``--rates`` adds, per seed,
 one run per arrival rate (``--arrivals poisson`` or ``bursty``), with
 ``static-best`` keeping the split the saturating search found.  Times come
 from ``kvarena.sim.timing`` (a roofline on ``--accelerator``, relocation at
-copy bandwidth, and with ``--alloc-time`` the allocator's CPU time measured
-in this process).
+copy bandwidth, and the allocator's kernel launches, ``--alloc-cost``).
 
 Ratios of mean admitted concurrency are reported only where memory bound
 both sides in at least 5% of their steps (``MIN_BOUND_SHARE``); elsewhere
@@ -54,7 +55,8 @@ import argparse
 import json
 import time
 
-SETUPS = ("unified", "planner", "static-default", "static-best", "vllm-padded")
+SETUPS = ("unified", "planner", "static-default", "static-best", "static-shipped", "vllm-padded")
+ENGINE_OF = {"vllm-padded": "vllm"}  # every other setup runs under SGLang's defaults
 # The best split's search covers each ratio's whole range: SWA tokens per full
 # token in (0, 1] (a request never holds more SWA than full KV), state's share
 # of the buffer in (0, 1).  Refinement halves the gap to the best point's
@@ -73,10 +75,10 @@ REFINE_ROUNDS = 3
 
 
 def _static(sizes, trace, cfg, swa_ratio, state_share, name):
-    from kvarena.sim import backends, engine, presets
+    from kvarena.sim import backends, engine, engines, presets
 
     split = presets.static_split(sizes, swa_ratio, state_share / (1 - state_share))
-    res = engine.run(backends.StaticSplit(sizes, split, cfg.prefix_cache), sizes, trace, cfg, name)
+    res = engine.run(backends.StaticSplit(sizes, split, cfg.prefix_cache), sizes, trace, cfg, name, engines.SGLANG)
     res.split = {
         "swa_ratio": split.swa_ratio,
         "state_share": round(state_share, 4) if "state" in sizes.preset.kinds else 0.0,
@@ -85,8 +87,13 @@ def _static(sizes, trace, cfg, swa_ratio, state_share, name):
 
 
 def _better(a, b):
-    """Is result ``a`` a better static split than ``b``?"""
-    return (a.mean_concurrency, a.tokens_per_step) > (b.mean_concurrency, b.tokens_per_step)
+    """Is result ``a`` a better static split than ``b``?  Output throughput
+    first (what users buy), then goodput, then admitted concurrency."""
+    return (a.output_tokens_per_s, a.goodput, a.mean_concurrency) > (
+        b.output_tokens_per_s,
+        b.goodput,
+        b.mean_concurrency,
+    )
 
 
 def _neighbours(vals, x, rng):
@@ -181,9 +188,13 @@ def run_one(sizes, trace, cfg, setups=SETUPS, progress=None, best_split=None):
     """Every setup on one trace: ``{setup: Result or {"unavailable": why}}``,
     the default and best splits, and timings.  ``best_split`` (``(swa_ratio,
     state_share)``) fixes ``static-best`` instead of searching: a sweep over
-    arrival rates uses the split found on the saturating trace."""
-    from kvarena.sim import backends, engine, presets
+    arrival rates uses the split found on the saturating trace.  Each setup
+    runs under its engine's defaults (``ENGINE_OF``, ``kvarena.sim.engines``);
+    ``static-shipped`` runs only where it differs from ``static-default``
+    (SGLang's cap: its radix cache on a model with state)."""
+    from kvarena.sim import backends, engine, engines, presets
 
+    sglang = engines.SGLANG
     out, splits, seconds = {}, {}, {}
     for name in setups:
         t = time.perf_counter()
@@ -196,16 +207,27 @@ def run_one(sizes, trace, cfg, setups=SETUPS, progress=None, best_split=None):
                     raise
                 out[name] = {"unavailable": f"policy={policy!r} is not in this build ({e})"}
                 continue
-            out[name] = engine.run(backend, sizes, trace, cfg, name)
-        elif name == "static-default":
+            out[name] = engine.run(backend, sizes, trace, cfg, name, sglang)
+        elif name in ("static-default", "static-shipped"):
+            shipped = name == "static-shipped"
+            if shipped and not (cfg.prefix_cache and "state" in sizes.preset.kinds):
+                continue  # the same as static-default
             split = presets.static_split(sizes)
-            out[name] = engine.run(backends.StaticSplit(sizes, split, cfg.prefix_cache), sizes, trace, cfg, name)
+            ck = sglang.checkpoints(sizes.preset, cfg.mamba_strategy)
+            backend = backends.StaticSplit(
+                sizes, split, cfg.prefix_cache, shipped_cap=shipped, track_slots=ck.track_slots if ck else 0
+            )
+            out[name] = engine.run(backend, sizes, trace, cfg, name, sglang)
             out[name].split = {"swa_ratio": split.swa_ratio, "state_share": _share(split.mamba_ratio)}
             splits[name] = split
         elif name == "vllm-padded":
             from kvarena.sim import padded
 
-            out[name] = engine.run(padded.PaddedPool(sizes), sizes, trace, cfg, name)
+            vllm = engines.VLLM
+            own = presets.Sizes.of(
+                vllm.preset(sizes.preset), page_tokens=sizes.page_tokens, budget_bytes=sizes.budget_bytes
+            )
+            out[name] = engine.run(padded.PaddedPool(own, cfg.prefix_cache), own, trace, cfg, name, vllm)
         elif name == "static-best" and best_split is not None:
             out[name], splits[name] = _static(sizes, trace, cfg, *best_split, name)
             out[name].split["from"] = "the saturating trace's search"
@@ -226,7 +248,18 @@ def _share(mamba_ratio):
     return round(mamba_ratio / (1 + mamba_ratio), 4) if mamba_ratio else 0.0
 
 
-MIN_BOUND_SHARE = 0.05  # a ratio needs memory to have bound in this share of each side's steps
+MIN_BOUND_SHARE = 0.05  # a concurrency ratio needs memory to have bound in this share of each side's steps
+
+# The ratios, in the order every report gives them: what users buy first
+# (output tokens a second, goodput), then admitted concurrency, which
+# explains them.  A concurrency ratio is kept only where memory bound both
+# sides (``_bound``); the others wherever the denominator is not 0.
+METRICS = (
+    ("output_tokens_per_s", "output tokens/s"),
+    ("goodput", "goodput"),
+    ("mean_concurrency", "mean admitted concurrency"),
+)
+BASELINES = ("static-default", "static-best", "static-shipped", "vllm-padded")
 
 
 def _bound(res):
@@ -234,35 +267,60 @@ def _bound(res):
 
 
 def ratios(results):
-    """Mean admitted concurrency of each unified setup over each static one;
-    None where memory hardly bound one side (the ratio would compare ramps)."""
-    out = {}
+    """Each metric of ``METRICS`` for each unified setup over each baseline:
+    ``{metric: {"unified / static-best": ratio or None}}``; None where the
+    baseline's figure is 0, and for concurrency where memory hardly bound
+    one side (the ratio would compare ramps)."""
+    out = {m: {} for m, _ in METRICS}
     for u in ("unified", "planner"):
-        for s in ("static-default", "static-best", "vllm-padded"):
-            a, b = results.get(u), results.get(s)
-            if hasattr(a, "mean_concurrency") and hasattr(b, "mean_concurrency"):
-                out[f"{u} / {s}"] = a.mean_concurrency / b.mean_concurrency if _bound(a) and _bound(b) else None
+        for b in BASELINES:
+            x, y = results.get(u), results.get(b)
+            if not (hasattr(x, "steps") and hasattr(y, "steps")):
+                continue
+            for m, _ in METRICS:
+                num, den = getattr(x, m), getattr(y, m)
+                ok = den > 0 and (m != "mean_concurrency" or (_bound(x) and _bound(y)))
+                out[m][f"{u} / {b}"] = num / den if ok else None
     return out
 
 
 # ----------------------------------------------------------------- report
 
+# (header, result field(s), format, scale, with its interval)
 COLUMNS = (
-    ("peak conc", "peak_concurrency", "{:,.0f}"),
-    ("mean conc", "mean_concurrency", "{:,.1f}"),
-    ("out tok/s", "output_tokens_per_s", "{:,.0f}"),
-    ("TTFT p50 / p99 s", ("ttft_p50", "ttft_p99"), "{:,.2f}"),
-    ("ITL p50 / p99 ms", ("itl_p50", "itl_p99"), "{:,.1f}", 1000),
-    ("goodput req/s", "goodput", "{:,.2f}"),
-    ("cache hit", "cache_hit_rate", "{:.0%}"),
-    ("retractions", "retractions", "{:,.0f}"),
-    ("evictions", "evictions", "{:,.0f}"),
-    ("util", "utilisation", "{:.0%}"),
-    ("moved/alloc", "moved_per_allocated", "{:.3f}"),
-    ("refusals", "refusals", "{:,.0f}"),
-    ("false OOM", "false_oom", "{:,.0f}"),
+    ("out tok/s", "output_tokens_per_s", "{:,.0f}", 1, True),
+    ("goodput req/s", "goodput", "{:,.2f}", 1, True),
+    ("TTFT p50 / p99 s", ("ttft_p50", "ttft_p99"), "{:,.2f}", 1, False),
+    ("ITL p50 / p99 ms", ("itl_p50", "itl_p99"), "{:,.1f}", 1000, False),
+    ("mean conc", "mean_concurrency", "{:,.1f}", 1, True),
+    ("peak conc", "peak_concurrency", "{:,.0f}", 1, False),
+    ("cache hit", "cache_hit_rate", "{:.0%}", 1, False),
+    ("retractions", "retractions", "{:,.0f}", 1, False),
+    ("evictions", "evictions", "{:,.0f}", 1, False),
+    ("util", "utilisation", "{:.0%}", 1, False),
+    ("moved/alloc", "moved_per_allocated", "{:.3f}", 1, False),
+    ("alloc launches/step", "launches_per_step", "{:,.0f}", 1, False),
+    ("alloc time", "alloc_share", "{:.2%}", 1, False),
+    ("refusals", "refusals", "{:,.0f}", 1, False),
+    ("false OOM", "false_oom", "{:,.0f}", 1, False),
 )
-RATIOS = ("unified / static-default", "unified / static-best", "planner / static-best", "unified / vllm-padded")
+# The summary's ratio columns: throughput and goodput first.
+SUMMARY_RATIOS = (
+    ("output_tokens_per_s", "unified / static-best", "out tok/s: unified / static best"),
+    ("goodput", "unified / static-best", "goodput: unified / static best"),
+    ("output_tokens_per_s", "unified / static-default", "out tok/s: unified / static default"),
+    ("output_tokens_per_s", "unified / vllm-padded", "out tok/s: unified / vLLM padded"),
+    ("goodput", "unified / vllm-padded", "goodput: unified / vLLM padded"),
+    ("output_tokens_per_s", "unified / static-shipped", "out tok/s: unified / SGLang as shipped"),
+    ("mean_concurrency", "unified / static-best", "concurrency: unified / static best"),
+)
+LABELS = {
+    "unified": "one buffer",
+    "planner": "one buffer, planner policy",
+    "static-default": "engine default",
+    "static-shipped": "static, as SGLang ships it: default split, running cap of slots // (3 + tracking slots)",
+    "vllm-padded": "one padded block pool",
+}
 
 
 def _keys(col):
@@ -270,12 +328,21 @@ def _keys(col):
     return col[1] if isinstance(col[1], tuple) else (col[1],)
 
 
+def _figures(row):
+    """A setup's figures from its result, with the derived ones the columns show."""
+    out = dict(row)
+    out["launches_per_step"] = row.get("launches", 0) / max(1, row.get("steps", 0))
+    out["alloc_share"] = row.get("alloc_seconds", 0.0) / row["seconds"] if row.get("seconds") else 0.0
+    return out
+
+
 def _cell(col, cols):
-    """A column's cell from ``{key: (mean, half)}`` (mean concurrency with its interval)."""
-    scale = col[3] if len(col) > 3 else 1
-    text = " / ".join(col[2].format(cols[k][0] * scale) for k in _keys(col))
-    half = cols[col[1]][1] if col[1] == "mean_concurrency" else None
-    return text + (f" ±{half:.1f}" if half is not None else "")
+    """A column's cell from ``{key: (mean, half)}``, with its interval where the column has one."""
+    text = " / ".join(col[2].format(cols[k][0] * col[3]) for k in _keys(col))
+    half = cols[col[1]][1] if col[4] else None
+    if half is None:
+        return text
+    return text + " ±" + col[2].format(half * col[3]).replace("%", "") + ("%" if "%" in col[2] else "")
 
 
 def _split_label(split):
@@ -319,44 +386,77 @@ def aggregate(runs):
         if "unavailable" in rows[0]:
             setups[name] = {"unavailable": rows[0]["unavailable"]}
             continue
-        setups[name] = {key: stats.mean_ci(row.get(key, 0.0) for row in rows) for col in COLUMNS for key in _keys(col)}
-    ratios_ = {k: stats.mean_ci(r["ratios"].get(k) for r in runs) for k in runs[0]["ratios"]}
+        figs = [_figures(row) for row in rows]
+        keys = {key for col in COLUMNS for key in _keys(col)} | {"false_oom", "retractions", "moved_per_allocated"}
+        setups[name] = {key: stats.mean_ci(f.get(key, 0.0) for f in figs) for key in keys}
+    ratios_ = {
+        m: {k: stats.mean_ci(r["ratios"].get(m, {}).get(k) for r in runs) for k in runs[0]["ratios"].get(m, {})}
+        for m, _ in METRICS
+    }
     splits = [r["setups"]["static-best"]["split"] for r in runs if "static-best" in r["setups"]]
     return {"seeds": [r["seed"] for r in runs], "setups": setups, "ratios": ratios_, "best_splits": splits}
 
 
 def table(agg):
     """One (preset, trace)'s setups: the mean over its seeds of each column
-    (mean concurrency with its 95% interval)."""
+    (throughput, goodput and concurrency with their 95% intervals)."""
     lines = ["| setup | split | " + " | ".join(c[0] for c in COLUMNS) + " |", "|---|---|" + "---:|" * len(COLUMNS)]
     for name, cols in agg["setups"].items():
         if "unavailable" in cols:
             lines.append(f"| {name} | {cols['unavailable']} |" + " |" * len(COLUMNS))
             continue
-        if name in ("unified", "planner"):
-            label = "one buffer"
-        elif name == "static-best":
+        if name == "static-best":
             label = "; ".join(sorted({_split_label(c) for c in agg["best_splits"]}))
-        elif name == "vllm-padded":
-            label = "one padded block pool"
         else:
-            label = "engine default"
+            label = LABELS[name]
         cells = [_cell(col, cols) for col in COLUMNS]
         lines.append(f"| {name} | {label} | " + " | ".join(cells) + " |")
     return "\n".join(lines)
 
 
-def report(preset, trace_name, n, runs, seconds):
+def ratio_lines(agg):
+    """The ratios in words, throughput first: one line a metric."""
     from kvarena.sim import stats
 
+    out = []
+    for m, label in METRICS:
+        cells = []
+        for name, (mean, half) in agg["ratios"][m].items():
+            if mean is None:
+                why = "memory hardly bound" if m == "mean_concurrency" else "the baseline's figure is 0"
+                cells.append(f"{name}: n/a ({why})")
+            else:
+                cells.append(f"{name}: {stats.fmt_ratio(mean, half)}")
+        if cells:
+            out.append(f"{label} (95% interval over seeds): " + "; ".join(cells))
+    return out
+
+
+def _limits_line(run):
+    """The budget and each engine's limits a run had."""
+    b = run.get("budget")
+    if not b:
+        return []
+    text = f"KV budget {b['gib']:.1f} GiB ({b['source']})"
+    lim = []
+    for name, x in run["setups"].items():
+        if "unavailable" in x:
+            continue
+        eng = ENGINE_OF.get(name, "sglang")
+        cap = x.get("max_running") or "none"
+        graph = x.get("graph_batch") or "none"
+        lim.append(f"{eng}: max running {cap}, CUDA graphs to batch {graph}")
+    line = text + "; " + "; ".join(dict.fromkeys(lim))
+    if run.get("prefix_cache") and run.get("mamba_strategy"):
+        line += f"; mamba checkpoints: sglang {run['mamba_strategy']}, vllm align"
+    return [line]
+
+
+def report(preset, trace_name, n, runs, seconds):
     agg = aggregate(runs)
     k = len(runs)
     load = _load(runs[0])
     head = f"### {preset} / {trace_name} / {load} ({n:,} requests, {k} seed{'s' if k > 1 else ''}: {agg['seeds']})"
-    tail = "; ".join(
-        f"{name}: " + (stats.fmt_ratio(*v) if v[0] is not None else "n/a (memory hardly bound)")
-        for name, v in agg["ratios"].items()
-    )
     bad = [
         f"seed {r['seed']}, {name}: finished {x['finished']}, rejected {x['rejected']}, stuck {x['stuck']}, "
         f"lost {x['lost']}"
@@ -368,11 +468,15 @@ def report(preset, trace_name, n, runs, seconds):
     for r in runs:
         for name, x in r["setups"].items():
             for cause, c in x.get("blocked", {}).items():
-                if cause not in ("full", "ladder"):
+                if cause not in ("full", "ladder", "running cap"):
                     blocked[f"{name} {cause}"] = blocked.get(f"{name} {cause}", 0) + c
     secs = ", ".join(f"{name} {v:.0f}s" for name, v in seconds.items())
     return "\n".join(
-        [head, "", table(agg), "", f"mean admitted concurrency (95% interval over seeds): {tail}", f"time: {secs}"]
+        [head, ""]
+        + ratio_lines(agg)
+        + ["", table(agg), ""]
+        + _limits_line(runs[0])
+        + [f"time: {secs}"]
         + (
             ["blocked steps outside the gate and the ladder: " + ", ".join(f"{a} {b}" for a, b in blocked.items())]
             if blocked
@@ -383,29 +487,31 @@ def report(preset, trace_name, n, runs, seconds):
 
 
 def summary(dump):
-    """One row per (preset, trace): the ratios with their 95% intervals over
-    the seeds, the best splits, false OOMs, retractions and relocation
-    (means over the seeds), from ``--json``'s runs."""
+    """One row per (preset, trace, load): the throughput and goodput ratios
+    first, with their 95% intervals over the seeds, then the concurrency
+    ratio, the best splits, false OOMs, retractions and relocation (means
+    over the seeds), from ``--json``'s runs."""
     from kvarena.sim import stats
 
     def get(cols, key, fmt):
-        return format(cols[key][0], fmt) if key in cols else "-"
+        return format(cols[key][0], fmt) if key in cols and cols[key][0] is not None else "-"
 
     lines = [
-        "| preset | trace | load | seeds | unified / static default | unified / static best | planner / static best | "
-        "unified / vLLM padded | "
-        "best split | false OOM: unified, planner, default | retractions: unified, default | "
+        "| preset | trace | load | seeds | KV GiB | "
+        + " | ".join(c[2] for c in SUMMARY_RATIOS)
+        + " | best split | false OOM: unified, planner, default | retractions: unified, default | "
         "moved/alloc: unified, planner |",
-        "|---|---|---|---:|---:|---:|---:|---:|---|---|---|---|",
+        "|---|---|---|---:|---:|" + "---:|" * len(SUMMARY_RATIOS) + "---|---|---|---|",
     ]
     for (preset, trace_name, load), runs in _groups(dump).items():
         agg = aggregate(runs)
         st, ra = agg["setups"], agg["ratios"]
         u, p, d = (st.get(k, {}) for k in ("unified", "planner", "static-default"))
         split = "; ".join(sorted({_split_label(c) for c in agg["best_splits"]})) or "-"
-        cells = [stats.fmt_ratio(*ra.get(k, (None, None))) for k in RATIOS]
+        cells = [stats.fmt_ratio(*ra[m].get(k, (None, None))) for m, k, _ in SUMMARY_RATIOS]
+        gib = f"{runs[0]['budget']['gib']:.1f}" if runs[0].get("budget") else "-"
         lines.append(
-            f"| {preset} | {trace_name} | {load} | {len(runs)} | " + " | ".join(cells) + f" | {split} | "
+            f"| {preset} | {trace_name} | {load} | {len(runs)} | {gib} | " + " | ".join(cells) + f" | {split} | "
             f"{get(u, 'false_oom', ',.0f')}, {get(p, 'false_oom', ',.0f')}, {get(d, 'false_oom', ',.0f')} | "
             f"{get(u, 'retractions', ',.0f')}, {get(d, 'retractions', ',.0f')} | "
             f"{get(u, 'moved_per_allocated', '.3f')}, {get(p, 'moved_per_allocated', '.3f')} |"
@@ -456,18 +562,43 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         choices=("off", "on", "both"),
         help="a radix-style prefix cache on every setup (kvarena.sim.prefix); both: each run twice, off and on",
     )
+    p.add_argument(
+        "--mamba-radix-cache-strategy",
+        default="extra_buffer",
+        choices=("extra_buffer", "no_buffer"),
+        help="SGLang's mamba checkpoints with the cache on, for the SGLang setups (vLLM's padded pool keeps "
+        "vLLM's 'align' mode): extra_buffer (SGLang's default on an H200): two tracking slots a running request, "
+        "a state at its prefill's last chunk multiple and every 256 decode tokens, the last one cached; "
+        "no_buffer: one slot, the state of the whole length cached",
+    )
     p.add_argument("--accelerator", default="h200", help="the time model's accelerator profile (h200, h100)")
     p.add_argument("--slo-ttft", type=float, default=2.0, help="goodput's time-to-first-token SLO, seconds")
     p.add_argument(
         "--slo-itl", type=float, default=0.05, help="goodput's SLO on a request's mean inter-token latency, s"
     )
     p.add_argument(
-        "--alloc-time",
-        action="store_true",
-        help="add the allocator's CPU time, measured in this process, to the clock (then times vary run to run; "
-        "on a CPU it includes the moves the copy term already prices, and the static setups are plain free lists)",
+        "--alloc-cost",
+        default="launches",
+        choices=("launches", "cpu"),
+        help="how the clock charges the allocator, on every setup: 'launches' (default): the torch operations "
+        "each setup's calls dispatch, counted in the run (kvarena.sim.launches; the static and padded pools "
+        "priced as a torch free list's), at the accelerator's launch cost (h200 and h100: 5 us a launch, a "
+        "stated assumption); 'cpu': the allocator's CPU time measured in this process (times then vary run "
+        "to run; on a CPU it includes the moves the copy term already prices)",
     )
-    p.add_argument("--budget-gib", type=float, default=40.0, help="KV memory budget (GiB)")
+    p.add_argument(
+        "--budget-gib",
+        type=float,
+        default=None,
+        help="KV memory budget (GiB); default: the accelerator's memory on the model's tensor-parallel group "
+        "times --mem-fraction-static, less the weights (printed per run)",
+    )
+    p.add_argument(
+        "--mem-fraction-static",
+        type=float,
+        default=None,
+        help="SGLang's share of memory for weights and KV (default: SGLang's for the accelerator)",
+    )
     p.add_argument("--page-tokens", type=int, default=16, help="tokens a page (one simulated unit)")
     p.add_argument("--chunk-tokens", type=int, default=8192, help="chunked-prefill chunk")
     p.add_argument(
@@ -516,6 +647,7 @@ def _rates(arg):
 
 SETTINGS = (
     "budget_gib",
+    "mem_fraction_static",
     "page_tokens",
     "chunk_tokens",
     "reserve_ratio",
@@ -523,8 +655,29 @@ SETTINGS = (
     "accelerator",
     "slo_ttft",
     "slo_itl",
-    "alloc_time",
+    "alloc_cost",
+    "mamba_radix_cache_strategy",
 )
+
+
+def budget(pname, settings):
+    """The run's KV budget: ``{"bytes", "gib", "source"}``; ``--budget-gib``
+    where given, else what the accelerator leaves after the weights
+    (``timing.kv_budget_bytes``)."""
+    from kvarena.sim import timing
+
+    if settings.get("budget_gib") is not None:
+        b = int(settings["budget_gib"] * (1 << 30))
+        return {"bytes": b, "gib": b / (1 << 30), "source": "--budget-gib"}
+    frac = settings.get("mem_fraction_static")
+    b = int(timing.kv_budget_bytes(pname, settings["accelerator"], frac))
+    m, a = timing.MODELS[pname], timing.ACCELERATORS[settings["accelerator"]]
+    frac = timing.sglang_mem_fraction_static(a.name, m.gpus) if frac is None else frac
+    source = (
+        f"{m.gpus} x {a.name} {a.memory / timing.MIB:,.0f} MiB x mem_fraction_static {frac:g} "
+        f"- {m.weight_bytes / timing.GB:.1f} GB of weights"
+    )
+    return {"bytes": b, "gib": b / (1 << 30), "source": source}
 
 
 def run_unit(
@@ -544,16 +697,18 @@ def run_unit(
         trace = traces.read_jsonl(trace_file)
     else:
         trace = traces.generate(tname, settings["requests"], seed, arrivals, rate)
-    sizes = presets.Sizes.of(presets.preset(pname), settings["budget_gib"], settings["page_tokens"])
+    kv = budget(pname, settings)
+    sizes = presets.Sizes.of(presets.preset(pname), page_tokens=settings["page_tokens"], budget_bytes=kv["bytes"])
     cfg = engine.Config(
         chunk_tokens=settings["chunk_tokens"],
         reserve_ratio=settings["reserve_ratio"],
         record=plot,
         accelerator=settings["accelerator"],
-        alloc_time=settings["alloc_time"],
+        alloc_cost=settings["alloc_cost"],
         slo_ttft=settings["slo_ttft"],
         slo_itl=settings["slo_itl"],
         prefix_cache=cache,
+        mamba_strategy=settings.get("mamba_radix_cache_strategy", "extra_buffer"),
     )
     results, splits, seconds = run_one(sizes, trace, cfg, setups, best_split=best_split)
     entry = {
@@ -563,7 +718,9 @@ def run_unit(
         "arrivals": arrivals,
         "rate": rate,
         "prefix_cache": cache,
+        "mamba_strategy": cfg.mamba_strategy if presets.preset(pname).state_bytes else None,
         "requests": len(trace),
+        "budget": kv,
         "setups": {k: (r if isinstance(r, dict) else r.numbers()) for k, r in results.items()},
         "ratios": ratios(results),
         "seconds": seconds,
@@ -653,6 +810,8 @@ def run(args: argparse.Namespace) -> int:
         trace_names = _names(args.trace, traces.KINDS, "trace")
         seeds = list(range(args.seed, args.seed + args.seeds))
     settings = {k: getattr(args, k) for k in SETTINGS}
+    for pname in preset_names:  # a budget that leaves nothing fails here, before any worker starts
+        budget(pname, settings)
     jobs = args.jobs or os.cpu_count() or 1
     done = []
     total = (

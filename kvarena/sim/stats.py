@@ -56,10 +56,13 @@ def crosses(mean, half, at=1.0):
     return mean is not None and half is not None and mean - half <= at <= mean + half
 
 
+CROSSES = " (interval crosses 1: no clear difference)"
+
+
 def fmt_ratio(mean, half):
     """``1.23x +-0.04`` (``1.23x`` for one seed; ``n/a`` without a value),
-    flagged where the interval crosses 1.0."""
+    and where the interval crosses 1.0, that said in words (``CROSSES``)."""
     if mean is None:
         return "n/a"
     text = f"{mean:.2f}x" if half is None else f"{mean:.2f}x ±{half:.2f}"
-    return text + (" (crosses 1)" if crosses(mean, half) else "")
+    return text + (CROSSES if crosses(mean, half) else "")

@@ -3,29 +3,53 @@
 A decode iteration reads the weights it touches and every running request's
 KV and state, and does two FLOPs per active parameter per token; it takes
 whichever is longer, bytes over memory bandwidth or FLOPs over peak
-(``iteration_seconds``).  A simulated step is ``page_tokens`` iterations
-with the step's prefill tokens spread over them.  On top of that, a step
-pays for the bytes its relocations moved (read and written once each, at
-``COPY_EFFICIENCY`` of the memory bandwidth, the copy target of the hot
-path) and, when measured, for the allocator's own CPU time.  No overlap is
-assumed between the allocator and the forward pass, which charges the
-allocator in full.
+(``iteration_seconds``).  A mixture of experts reads its dense weights and
+the experts its batch routes to: with ``E`` experts, ``k`` a token, and
+routing taken as uniform, a batch of ``B`` tokens touches an expected
+``1 - (1 - k/E)^B`` of each layer's experts (``Model.weights_read``).  A
+simulated step is ``page_tokens`` iterations with the step's prefill tokens
+spread over them.  An iteration whose batch is larger than the engine's
+largest CUDA graph runs eagerly and pays a launch for each of its kernels
+(``EAGER_LAUNCHES_PER_LAYER`` a layer, ``Accelerator.launch_seconds`` each).
+On top of that, a step pays for the bytes its relocations moved (read and
+written once each, at ``COPY_EFFICIENCY`` of the memory bandwidth, the copy
+target of the hot path) and for the allocator's own work: by default its
+kernel launches (``alloc_seconds``: the torch operations its calls
+dispatched, counted in the run, at ``launch_seconds`` each), or its CPU
+time measured in this process.  No overlap is assumed between the
+allocator and the forward pass, which charges the allocator in full.
+
+The KV budget is what the engine leaves for the KV cache
+(``kv_budget_bytes``): the tensor-parallel group's memory times SGLang's
+``mem_fraction_static``, less the weights.  ``mem_fraction_static`` is
+SGLang 0.5.23's own default (``mem_fraction_static``): the device memory as
+``nvidia-smi`` reports it, less a reserve for activations and CUDA graphs
+(``srt/arg_groups/memory_hook.py``, ``handle_gpu_memory_settings`` and
+``reserve_for_graph_mb``).  Every setup gets that one budget, vLLM's padded
+pool included, so that a ratio between setups measures their layouts and
+not two engines' memory reserves.
 
 What this leaves out, on purpose, the same for every setup: attention
 FLOPs (decode is bound by bytes; a prefill chunk's attention grows with its
-prefix), kernel launch and communication costs, and any efficiency below
-the roofline (real engines reach well under peak).  So the times are lower
-bounds, and the comparisons between setups, not the absolute figures, are
-what the simulator is for.
+prefix), communication costs, and any efficiency below the roofline (real
+engines reach well under peak).  So the times are lower bounds, and the
+comparisons between setups, not the absolute figures, are what the
+simulator is for.
 
 Sources: H200 SXM, NVIDIA's H200 datasheet (141 GB HBM3e at 4.8 TB/s; BF16
-Tensor Core 989 TFLOPS dense, the datasheet's 1,979 being with sparsity).
-Model parameters are the models' public model cards (``MODELS``).
+Tensor Core 989 TFLOPS dense, the datasheet's 1,979 being with sparsity);
+its memory as ``nvidia-smi`` reports it, 143,771 MiB (H100 SXM: 81,559
+MiB), which is what SGLang sizes from (``get_nvgpu_memory_capacity``).
+Model parameters and expert counts are the models' public model cards and
+configs (``MODELS``).  The launch cost is a stated assumption, not a
+measurement (no GPU has timed it here): a few microseconds is what a CUDA
+kernel launch through torch's eager dispatch costs on a current host.
 """
 
 from dataclasses import dataclass
 
 GB = 10**9
+MIB = 1 << 20
 
 
 @dataclass(frozen=True)
@@ -33,19 +57,27 @@ class Accelerator:
     name: str
     memory_bandwidth: float  # bytes/s
     peak_flops: float  # dense BF16 FLOP/s
-    memory: float  # bytes
+    memory: float  # bytes, as nvidia-smi reports them (what SGLang sizes from)
     source: str
+    launch_seconds: float = 5e-6  # one kernel launch from the host (a stated assumption: see the module)
 
 
 ACCELERATORS = {
     "h200": Accelerator(
-        "h200", 4.8e12, 989e12, 141 * GB, "NVIDIA H200 datasheet (SXM): 4.8 TB/s, 989 TFLOPS BF16 dense"
+        "h200", 4.8e12, 989e12, 143_771 * MIB, "NVIDIA H200 datasheet (SXM): 4.8 TB/s, 989 TFLOPS BF16 dense"
     ),
     "h100": Accelerator(
-        "h100", 3.35e12, 989e12, 80 * GB, "NVIDIA H100 datasheet (SXM): 3.35 TB/s, 989 TFLOPS BF16 dense"
+        "h100", 3.35e12, 989e12, 81_559 * MIB, "NVIDIA H100 datasheet (SXM): 3.35 TB/s, 989 TFLOPS BF16 dense"
     ),
 }
 COPY_EFFICIENCY = 0.8  # a relocation copies at this share of the memory bandwidth (issue 23's CUDA target)
+# SGLang's sizing on an H100/H200-class device (memory_hook.py): chunked
+# prefill of 8192 tokens, decode CUDA graphs up to batch 256 below TP 4, and
+# 58 prefill graph sizes (cuda_graph_hook.py, generate_prefill_cuda_graph_batch_sizes).
+SGLANG_CHUNKED_PREFILL = 8192
+SGLANG_DECODE_GRAPH_BS = 256
+SGLANG_PREFILL_GRAPH_SIZES = 58
+EAGER_LAUNCHES_PER_LAYER = 12  # kernels a layer launches in an eager forward (norms, projections, attention, MoE)
 
 
 @dataclass(frozen=True)
@@ -58,20 +90,65 @@ class Model:
     weight_bytes: float  # the checkpoint as served (gpt-oss: MXFP4 experts)
     gpus: int  # tensor-parallel group that holds the weights and the KV budget
     source: str
+    experts: int = 0  # routed experts a MoE layer holds (0: a dense model)
+    top_k: int = 0  # experts a token is routed to
 
     @property
     def active_weight_bytes(self):
         """Weight bytes one token reads: the active share of the checkpoint."""
         return self.weight_bytes * self.params_active / self.params_total
 
+    @property
+    def expert_params(self):
+        """Parameters in routed experts: from ``total = dense + X`` and
+        ``active = dense + X k / E``."""
+        if not self.experts:
+            return 0.0
+        return (self.params_total - self.params_active) / (1 - self.top_k / self.experts)
+
+    def coverage(self, tokens):
+        """The expected share of a layer's experts ``tokens`` tokens touch,
+        each routed to ``top_k`` of ``experts`` uniformly."""
+        return 1 - (1 - self.top_k / self.experts) ** tokens
+
+    def weights_read(self, tokens):
+        """Weight bytes one iteration over ``tokens`` tokens reads: the dense
+        weights, and the experts the batch is expected to touch."""
+        if not self.experts:
+            return self.weight_bytes
+        x = self.expert_params
+        return self.weight_bytes * (self.params_total - x + x * self.coverage(tokens)) / self.params_total
+
 
 MODELS = {
-    "gpt-oss-120b": Model(116.8e9, 5.1e9, 65.3 * GB, 1, "OpenAI gpt-oss model card: 116.8B total, 5.1B active, MXFP4"),
+    "gpt-oss-120b": Model(
+        116.8e9,
+        5.1e9,
+        65.3 * GB,
+        1,
+        "OpenAI gpt-oss model card: 116.8B total, 5.1B active, MXFP4; 128 experts, top 4",
+        experts=128,
+        top_k=4,
+    ),
     "gemma-3-27b": Model(27.4e9, 27.4e9, 54.8 * GB, 1, "Google Gemma 3 model card: 27B dense, BF16"),
-    "qwen3-next-80b-a3b": Model(80e9, 3e9, 160 * GB, 2, "Qwen3-Next-80B-A3B model card: 80B total, 3B active, BF16"),
+    "qwen3-next-80b-a3b": Model(
+        80e9,
+        3e9,
+        160 * GB,
+        2,
+        "Qwen3-Next-80B-A3B model card: 80B total, 3B active, BF16; 512 experts, top 10",
+        experts=512,
+        top_k=10,
+    ),
     "nemotron-h-8b": Model(8e9, 8e9, 16 * GB, 1, "NVIDIA Nemotron-H-8B model card: 8B dense, BF16"),
     "tri-synthetic": Model(
-        20.9e9, 3.6e9, 13.8 * GB, 1, "SYNTHETIC: gpt-oss-20b's weights (model card: 20.9B total, 3.6B active, MXFP4)"
+        20.9e9,
+        3.6e9,
+        13.8 * GB,
+        1,
+        "SYNTHETIC: gpt-oss-20b's weights (model card: 20.9B total, 3.6B active, MXFP4; 32 experts, top 4)",
+        experts=32,
+        top_k=4,
     ),
 }
 
@@ -79,11 +156,15 @@ MODELS = {
 @dataclass(frozen=True)
 class Clock:
     """A preset's roofline on ``gpus`` accelerators (bandwidth and FLOPs add up
-    across the tensor-parallel group)."""
+    across the tensor-parallel group).  ``layers``: the model's layers, for
+    the eager launches; ``graph_batch``: the engine's largest CUDA graph
+    (None: no limit)."""
 
     accel: Accelerator
     model: Model
     page_tokens: int
+    layers: int = 0
+    graph_batch: int | None = None
 
     @property
     def bandwidth(self):
@@ -95,26 +176,36 @@ class Clock:
 
     def iteration_seconds(self, tokens, kv_bytes):
         """One forward pass over ``tokens`` tokens (decode and prefill alike)
-        that reads ``kv_bytes`` of KV and state.  A mixture of experts reads
-        at most its whole checkpoint, at least the active share per token."""
+        that reads ``kv_bytes`` of KV and state and the weights its batch
+        touches (``Model.weights_read``)."""
         if tokens <= 0:
             return 0.0
         m = self.model
-        weights = min(m.weight_bytes, m.active_weight_bytes * tokens)
-        return max((weights + kv_bytes) / self.bandwidth, 2 * m.params_active * tokens / self.flops)
+        return max((m.weights_read(tokens) + kv_bytes) / self.bandwidth, 2 * m.params_active * tokens / self.flops)
+
+    def eager_seconds(self, decode_tokens):
+        """The launches of an iteration whose decode batch no CUDA graph holds."""
+        if self.graph_batch is None or decode_tokens <= self.graph_batch:
+            return 0.0
+        return self.layers * EAGER_LAUNCHES_PER_LAYER * self.accel.launch_seconds
 
     def step_seconds(self, decode_tokens, prefill_tokens, kv_bytes):
         """``page_tokens`` iterations: each decodes ``decode_tokens`` (one per
         decoding request) and takes its share of the step's prefill."""
         pt = self.page_tokens
-        return pt * self.iteration_seconds(decode_tokens + prefill_tokens / pt, kv_bytes)
+        it = self.iteration_seconds(decode_tokens + prefill_tokens / pt, kv_bytes)
+        return pt * (it + self.eager_seconds(decode_tokens))
 
     def copy_seconds(self, moved_bytes):
         """Relocating ``moved_bytes``: each read and written once."""
         return 2 * moved_bytes / (COPY_EFFICIENCY * self.bandwidth)
 
+    def launch_seconds(self, launches):
+        """``launches`` kernel launches from the host."""
+        return launches * self.accel.launch_seconds
 
-def clock(preset_name, accel="h200", page_tokens=16):
+
+def clock(preset_name, accel="h200", page_tokens=16, layers=0, graph_batch=None):
     try:
         a = ACCELERATORS[accel]
     except KeyError:
@@ -123,4 +214,37 @@ def clock(preset_name, accel="h200", page_tokens=16):
         m = MODELS[preset_name]
     except KeyError:
         raise ValueError(f"preset {preset_name!r} has no model parameters for the time model") from None
-    return Clock(a, m, page_tokens)
+    return Clock(a, m, page_tokens, layers, graph_batch)
+
+
+def sglang_mem_fraction_static(accel="h200", tp=1):
+    """SGLang 0.5.23's default ``mem_fraction_static`` on ``tp`` of ``accel``
+    (``memory_hook.py``: the reserve is 512 MiB, 1.5 MiB a chunked-prefill
+    token, 128 MiB a TP rank, and the CUDA graphs' ``2 x decode_max_bs + 8 x
+    prefill sizes`` MiB, at least 10 GiB on a device above 60 GiB)."""
+    a = ACCELERATORS[accel]
+    mib = a.memory / MIB
+    graphs = SGLANG_DECODE_GRAPH_BS * 2 + SGLANG_PREFILL_GRAPH_SIZES * 8
+    reserved = 512 + max(SGLANG_CHUNKED_PREFILL, 2048) * 1.5 + tp / 8 * 1024 + graphs
+    if mib > 60 * 1024:
+        reserved = max(reserved, 10 * 1024)
+    return round((mib - reserved) / mib, 3)
+
+
+def kv_budget_bytes(preset_name, accel="h200", mem_fraction_static=None):
+    """What the engine leaves for the KV cache on ``preset_name``'s
+    tensor-parallel group: its memory times ``mem_fraction_static`` (the
+    share SGLang gives weights and KV, by default SGLang's own,
+    ``sglang_mem_fraction_static``; the rest holds activations and CUDA graphs),
+    less the weights.  Raises ``ValueError`` when nothing is left."""
+    c = clock(preset_name, accel)
+    frac = sglang_mem_fraction_static(accel, c.model.gpus) if mem_fraction_static is None else mem_fraction_static
+    if not 0 < frac <= 1:
+        raise ValueError(f"preset {preset_name!r}: mem_fraction_static must be in (0, 1], got {frac}")
+    left = c.model.gpus * c.accel.memory * frac - c.model.weight_bytes
+    if left <= 0:
+        raise ValueError(
+            f"preset {preset_name!r}: {c.model.gpus} x {accel} at mem_fraction_static {frac} "
+            f"leaves no memory for the KV cache after {c.model.weight_bytes / GB:.1f} GB of weights"
+        )
+    return left

@@ -56,8 +56,8 @@ from kvarena.verification.draws import same_draws
 
 # Every call that changes the spec object: a trace without one replays to
 # another state, where the failure may not show (``save_failure`` checks).
-# ``launch`` and ``settle`` (in-flight forwards) are recorded too, though no
-# vector replays them yet: such a trace is reported as its call listing.
+# ``launch`` and ``settle`` (in-flight forwards) are recorded too, and replay
+# as vector calls like the rest.
 ARENA_RECORDED = (
     "alloc",
     "free",

@@ -11,7 +11,7 @@ from kvarena.sim import backends, engine, padded, presets, traces
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 
-EXACT = engine.Config(record=False, alloc_time=False)
+EXACT = engine.Config(record=False)
 
 
 def layout(name):

@@ -9,7 +9,7 @@ import statistics
 
 import pytest
 
-from kvarena.sim import backends, engine, padded, prefix, presets, traces
+from kvarena.sim import backends, engine, engines, padded, prefix, presets, traces
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 
@@ -134,7 +134,92 @@ SETUPS = {
     "unified": lambda s, cache: backends.Unified(s),
     "static": lambda s, cache: backends.StaticSplit(s, presets.static_split(s), cache),
     "padded": lambda s, cache: padded.PaddedPool(s),
+    "shipped": lambda s, cache: backends.StaticSplit(s, presets.static_split(s), cache, shipped_cap=True),
 }
+
+
+def _engine_sim(name, setup, trace, strategy="extra_buffer", gib=1.0):
+    """``setup`` under its engine's own rules (SGLang's for the arena and the
+    split, vLLM's for the padded pool), the cache on."""
+    eng = engines.VLLM if setup == "padded" else engines.SGLANG
+    s = presets.Sizes.of(eng.preset(presets.preset(name)), gib)
+    b = padded.PaddedPool(s, True) if setup == "padded" else SETUPS[setup](s, True)
+    cfg = engine.Config(record=False, prefix_cache=True, mamba_strategy=strategy)
+    sim = engine._Sim(b, s, trace, cfg, setup, eng)
+    return sim, sim.run(), b
+
+
+@pytest.mark.parametrize("name", ["qwen3-next-80b-a3b", "tri-synthetic"])
+@pytest.mark.parametrize("setup", ["unified", "static", "padded"])
+def test_each_engines_checkpoints_serve_later_turns_and_leak_nothing(name, setup):
+    trace = traces.generate("lmsys", 200, seed=1, arrivals="poisson", rate=2.0)
+    sim, res, b = _engine_sim(name, setup, trace)
+    assert sim.ckpt is not None and sim.track_slots == (1 if setup == "padded" else 2)
+    assert res.finished == res.requests and res.lost == res.stuck == 0
+    if sim.ckpt.prefill_grid > 2000:  # tri-synthetic in vLLM's 2,080-token blocks: no chat here reaches one
+        assert res.cache_hit_tokens == 0
+    else:
+        assert res.cache_hit_tokens > 0
+    b.verify()
+    sim.cache.check()
+    grid = sim.ckpt.prefill_grid // 16
+    stack = list(sim.cache.root.children.values())
+    while stack:  # every checkpoint sits on the engine's grid
+        n = stack.pop()
+        assert n.slot is None or n.depth % grid == 0, (n.depth, grid)
+        stack += n.children.values()
+    while sim._evict_cache():
+        pass
+    assert sim.cache.nodes == sim.cache.units == sim.cache.slots == 0
+    assert b.live_bytes() == 0
+
+
+def _turns(*specs, bt=16):
+    """Requests one after another (each ``after`` the one before): ``(prompt
+    blocks, prompt tokens, output tokens)``; a prompt's blocks are its keys."""
+    out = []
+    for i, (blocks, prompt, output) in enumerate(specs):
+        out.append(traces.Request(i, 0.0, prompt, output, tuple(blocks), bt, after=i - 1))
+    return out
+
+
+def test_extra_buffer_keeps_the_last_tracked_state_and_frees_the_kv_past_it():
+    """SGLang's extra_buffer (engines.Checkpoints; schedule_batch.py,
+    unified_radix_cache.py checkpoint_into_tree): on Nemotron-H (chunk 256,
+    track interval 256) a request of 512 prompt and 300 output tokens
+    tracks its state at 768 tokens, and the tree keeps 768 tokens of KV and
+    that state; no_buffer keeps the whole 816 (51 pages) and the state
+    there.  While it runs it holds three slots, then one."""
+    (r,) = _turns((range(32), 512, 300))
+    sim, res, b = _engine_sim("nemotron-h-8b", "static", [r])
+    assert res.finished == 1 and sim.cache.units == 768 // 16 and sim.cache.slots == 1
+    assert len(b.pools["state"].free) == b.pools["state"].pages - 1
+    assert res.peak_live["state"] == 3  # its own slot and two tracking slots
+    sim, res, b = _engine_sim("nemotron-h-8b", "static", [r], strategy="no_buffer")
+    assert sim.ckpt is None and sim.cache.units == 51 and sim.cache.slots == 1
+    assert res.peak_live["state"] == 1
+
+
+def test_a_branch_point_checkpoint_lets_the_third_request_resume():
+    """Three requests share a 512-token beginning and then part.  The first
+    leaves its state at 768 tokens (its decode's last tracked state), so
+    the second finds the shared KV but no state there; under extra_buffer
+    its prefill snapshots at the branch point (schedule_batch.py,
+    mamba_branching_seqlen), which, its decode crossing no 256-token
+    boundary, it leaves in the tree, and the third resumes from it: 512
+    cached tokens.  Under no_buffer (states only where requests end) the
+    third recomputes it all."""
+    shared = list(range(32))
+    trace = _turns(
+        (shared + [100, 101], 544, 300),
+        (shared + list(range(200, 208)), 640, 64),  # without the branch point it would snapshot at 640
+        (shared + [300, 301], 544, 64),
+    )
+    for setup in ("unified", "static"):
+        _, res, _ = _engine_sim("qwen3-next-80b-a3b", setup, trace)
+        assert res.cache_hit_tokens == 512, setup
+        _, res, _ = _engine_sim("qwen3-next-80b-a3b", setup, trace, strategy="no_buffer")
+        assert res.cache_hit_tokens == 0, setup
 
 
 def _sim(name, setup, trace, cache=True, gib=1.0):
@@ -145,7 +230,7 @@ def _sim(name, setup, trace, cache=True, gib=1.0):
 
 
 @pytest.mark.parametrize("name", ["gpt-oss-120b", "qwen3-next-80b-a3b", "tri-synthetic"])
-@pytest.mark.parametrize("setup", list(SETUPS))
+@pytest.mark.parametrize("setup", ["unified", "static", "padded"])
 def test_cache_serves_later_turns_and_leaks_nothing(name, setup):
     trace = traces.generate("lmsys", 240, seed=1, arrivals="poisson", rate=2.0)
     sim, res, b = _sim(name, setup, trace)
@@ -176,18 +261,26 @@ def test_cache_off_hits_nothing_and_a_cache_that_never_matches_is_seen(monkeypat
     assert never.cache_hit_tokens == 0
 
 
-def test_static_mamba_split_runs_a_third_of_its_slots_with_the_cache():
+def test_only_the_shipped_static_split_caps_running_requests_at_a_third_of_its_slots():
+    """One running rule for every setup (issue 41): a static mamba split with
+    the cache runs what its slots hold, the cache's checkpoints yielding
+    under pressure (at most two slots a running request); SGLang's cap of a
+    third of the slots is the ``static-shipped`` row's alone."""
     trace = traces.generate("lmsys", 200, seed=4)
     s = presets.Sizes.of(presets.preset("qwen3-next-80b-a3b"), 1.0)
     split = presets.static_split(s)
-    assert split.slots // backends.MAMBA_RUNNING_RATIO >= 1
-    _, off, _ = _sim("qwen3-next-80b-a3b", "static", trace, cache=False)
-    _, on, b = _sim("qwen3-next-80b-a3b", "static", trace)
-    assert b.max_running == split.slots // backends.MAMBA_RUNNING_RATIO
-    assert on.peak_concurrency <= b.max_running < off.peak_concurrency
+    cap = split.slots // backends.MAMBA_RUNNING_RATIO
+    assert cap >= 1
+    _, free, fb = _sim("qwen3-next-80b-a3b", "static", trace)
+    assert fb.max_running is None and free.blocked.get("running cap", 0) == 0
+    assert free.peak_concurrency > cap
+    _, on, b = _sim("qwen3-next-80b-a3b", "shipped", trace)
+    assert b.max_running == cap and on.peak_concurrency <= cap
     assert on.blocked.get("running cap", 0) > 0
+    _, off, ob = _sim("qwen3-next-80b-a3b", "shipped", trace, cache=False)  # the cap needs the radix cache
+    assert ob.max_running is None and off.peak_concurrency > cap
     _, uni, ub = _sim("qwen3-next-80b-a3b", "unified", trace)
-    assert getattr(ub, "max_running", None) is None and uni.peak_concurrency > b.max_running
+    assert getattr(ub, "max_running", None) is None and uni.peak_concurrency > cap
 
 
 def test_a_dropped_turn_drops_the_turns_after_it():
@@ -239,3 +332,19 @@ def test_simulate_reports_cache_on_and_off(tmp_path, capsys):
     assert "saturating, cache" in text and "cache hit" in text
     runs = json.loads(out.read_text())["runs"]
     assert sorted(r["prefix_cache"] for r in runs) == [False, True]
+
+
+@pytest.mark.parametrize("strategy, ratio", [("extra_buffer", 5), ("no_buffer", 3)])
+def test_shipped_cap_counts_sglangs_tracking_slots(strategy, ratio):
+    """SGLang 0.5.23, kv_cache_configurator.py _calculate_mamba_ratio: the
+    running cap is the mamba slots over 3 plus a request's tracking slots
+    (two under extra_buffer with the overlap scheduler, none under
+    no_buffer); ``run_one`` builds static-shipped with it."""
+    from kvarena.sim import simulate
+
+    trace = traces.generate("lmsys", 60, seed=4)
+    s = presets.Sizes.of(presets.preset("qwen3-next-80b-a3b"), 4.0)
+    cfg = engine.Config(record=False, prefix_cache=True, mamba_strategy=strategy)
+    out, splits, _ = simulate.run_one(s, trace, cfg, setups=("static-shipped",))
+    cap = splits["static-shipped"].slots // ratio
+    assert cap >= 2 and out["static-shipped"].peak_concurrency == cap  # a saturating trace reaches it

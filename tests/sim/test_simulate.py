@@ -13,7 +13,7 @@ import statistics
 import pytest
 
 from kvarena import cli, impl
-from kvarena.sim import backends, engine, presets, simulate, traces
+from kvarena.sim import backends, engine, presets, simulate, stats, traces
 
 pytestmark = pytest.mark.usefixtures("one_thread")  # conftest: one torch thread, as the commands use
 
@@ -415,17 +415,22 @@ def test_simulate_command_json_and_plot(tmp_path, capsys):
     assert "tri-synthetic / shift / saturating (120 requests, 2 seeds: [0, 1])" in text
     data = json.loads(out.read_text())
     assert data["seeds"] == [0, 1] and [r["seed"] for r in data["runs"]] == [0, 1]
-    per_seed = []
+    per_seed = {m: [] for m, _ in simulate.METRICS}
     for run_ in data["runs"]:
         assert run_["preset"] == "tri-synthetic" and run_["requests"] == 120
+        assert run_["budget"]["source"] == "--budget-gib" and run_["budget"]["gib"] == SMALL
         u, d = run_["setups"]["unified"], run_["setups"]["static-default"]
-        assert math.isclose(run_["ratios"]["unified / static-default"], u["mean_concurrency"] / d["mean_concurrency"])
+        for m, _ in simulate.METRICS:
+            assert math.isclose(run_["ratios"][m]["unified / static-default"], u[m] / d[m])
+            per_seed[m].append(run_["ratios"][m]["unified / static-default"])
         assert "series" not in u
-        per_seed.append(run_["ratios"]["unified / static-default"])
-    assert per_seed[0] != per_seed[1]  # two traces, not one run twice
-    mean, half = simulate.aggregate(data["runs"])["ratios"]["unified / static-default"]
-    assert math.isclose(mean, statistics.fmean(per_seed)) and half > 0
-    assert f"unified / static-default: {mean:.2f}x ±{half:.2f}" in text
+    agg = simulate.aggregate(data["runs"])
+    for m, _label in simulate.METRICS:
+        assert per_seed[m][0] != per_seed[m][1]  # two traces, not one run twice
+        mean, half = agg["ratios"][m]["unified / static-default"]
+        assert math.isclose(mean, statistics.fmean(per_seed[m])) and half > 0
+        assert f"unified / static-default: {stats.fmt_ratio(mean, half)}" in text
+    mean, half = agg["ratios"]["output_tokens_per_s"]["unified / static-default"]
     assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and png.stat().st_size < 150_000
     # in one process, the same numbers: the runs do not depend on where they ran
     out1 = tmp_path / "r1.json"
@@ -444,7 +449,7 @@ def test_simulate_command_json_and_plot(tmp_path, capsys):
         assert cli.main(argv) == 0
     capsys.readouterr()
     assert cli.main(["simulate", "--merge", *map(str, parts)]) == 0
-    assert f"unified / static-default: {mean:.2f}x ±{half:.2f}" in capsys.readouterr().out
+    assert f"unified / static-default: {stats.fmt_ratio(mean, half)}" in capsys.readouterr().out
     (tmp_path / "bad.json").write_text("{}")
     assert cli.main(["simulate", "--merge", str(tmp_path / "bad.json")]) == 2
     assert "not a --json file" in capsys.readouterr().err
@@ -500,6 +505,29 @@ def test_simulate_command_summarises_many_runs(capsys):
     assert "| gpt-oss-120b | short |" in summary and "| nemotron-h-8b | short |" in summary
 
 
+def test_every_summary_leads_with_throughput_and_goodput_not_concurrency(capsys):
+    """Issue 41: a report's first ratio line and the summary's first ratio
+    columns are output tokens a second and goodput; admitted concurrency
+    comes after, as the explanation."""
+    argv = ["simulate", "--preset", "gpt-oss-120b,tri-synthetic", "--trace", "shift", "--requests", "80"]
+    argv += ["--budget-gib", "1", "--setups", "unified,static-default", "--seeds", "2", "--jobs", "1"]
+    assert cli.main(argv) == 0
+    text = capsys.readouterr().out
+    report = text[text.index("### tri-synthetic / shift") :]
+    ratio_lines = [line for line in report.splitlines() if "(95% interval over seeds)" in line]
+    assert [line.split(" (95%")[0] for line in ratio_lines] == [label for _, label in simulate.METRICS]
+    assert simulate.METRICS[0][0] == "output_tokens_per_s" and simulate.METRICS[1][0] == "goodput"
+    header = text[text.index("### summary") :].splitlines()[2]
+    cells = [c.strip() for c in header.strip("|").split("|")]
+    ratio_cells = [c for c in cells if " / " in c]
+    assert ratio_cells[0].startswith("out tok/s:") and ratio_cells[1].startswith("goodput:")
+    assert all(not c.startswith("concurrency") for c in ratio_cells[:-1])  # concurrency last, if at all
+    table_header = report.splitlines()[
+        next(i for i, line in enumerate(report.splitlines()) if line.startswith("| setup"))
+    ]
+    assert table_header.split("|")[3].strip() == "out tok/s" and table_header.split("|")[4].strip() == "goodput req/s"
+
+
 def test_simulate_command_sweeps_rates(tmp_path, capsys):
     """A sweep: the saturating run, then one run per rate with the split its
     search found; a row per load, and the curves' PNG."""
@@ -539,4 +567,4 @@ def test_a_backend_that_says_yes_and_refuses_fails_instead_of_spinning(monkeypat
     real = b.decode
     monkeypatch.setattr(b, "decode", lambda seqs, lasts: None if len(seqs) > 3 else real(seqs, lasts))
     with pytest.raises(RuntimeError, match="spin-test: relief retracted nothing"):
-        run(b, s, traces.generate("short", 40, seed=1), engine.Config(record=False, alloc_time=False), "spin-test")
+        run(b, s, traces.generate("short", 40, seed=1), engine.Config(record=False), "spin-test")

@@ -42,7 +42,7 @@ def test_interval_covers_the_mean_about_95_percent_of_the_time():
 
 def test_ratio_format_flags_an_interval_crossing_one():
     assert stats.fmt_ratio(1.23, 0.04) == "1.23x ±0.04"
-    assert stats.fmt_ratio(1.02, 0.05) == "1.02x ±0.05 (crosses 1)"
+    assert stats.fmt_ratio(1.02, 0.05) == "1.02x ±0.05 (interval crosses 1: no clear difference)"
     assert stats.fmt_ratio(0.97, 0.02) == "0.97x ±0.02"
     assert stats.fmt_ratio(1.5, None) == "1.50x"
     assert stats.fmt_ratio(None, None) == "n/a"

@@ -1,0 +1,140 @@
+"""Each engine's own defaults, as the simulator's setups run them.
+
+The unified setups and the static splits run under SGLang's defaults (the
+anchor engine; kvarena is its drop-in); vLLM's padded pool under vLLM's.
+Every figure is the engine's own default on an H200 serving these models
+(``vllm serve``; SGLang's server), with its source: SGLang 0.5.23 as
+installed (paths under ``sglang/srt/``), vLLM 0.34.0's wheel (paths under
+``vllm/``).  The notes behind them are ``docs/guides/simulator.md``.
+
+- the **running limit**: SGLang's ``max_running_requests`` when unset
+  (``mem_cache/kv_cache_configurator.py``, ``resolve_max_num_reqs``:
+  ``token_capacity / context_len x 512`` held to [2048, 4096], at most half
+  the token capacity); vLLM's ``max_num_seqs``, 1024 on an H100/H200 for
+  ``vllm serve`` (``engine/arg_utils.py``, ``get_batch_defaults``);
+- the **largest CUDA graph**: SGLang captures decode batches up to 256 on a
+  device of 90 to 160 GiB below TP 4 (``arg_groups/memory_hook.py``,
+  ``handle_gpu_memory_settings``); vLLM up to ``min(2 x max_num_seqs,
+  512)`` (``config/vllm.py``, ``_set_cudagraph_sizes``).  A decode batch
+  above it runs eagerly (``timing.Clock.eager_seconds``);
+- the **decode reserve**: SGLang holds back a share of the running
+  requests' remaining output at admission (the simulator's
+  ``reserve_ratio``); vLLM holds none, and when a decode finds no free
+  block it preempts the newest request and recomputes it later (the
+  simulator's retraction, whose recompute the clock charges as prefill);
+- the **mamba SSM state dtype**: SGLang keeps it in fp32
+  (``configs/mamba_utils.py``, ``mamba2_state_dtype``); vLLM in the
+  model's dtype, bf16 (``model_executor/layers/mamba/mamba_utils.py``,
+  ``MambaStateDtypeCalculator``), except where a model's hook says
+  otherwise: Nemotron-H's keeps fp32 (``model_executor/models/config.py``,
+  ``NemotronHForCausalLMConfig``), and so does the synthetic preset, which
+  carries Nemotron-H's state;
+- the **mamba prefix-cache checkpoints** (``Checkpoints``), with the cache
+  on.  SGLang's default strategy on an H200 is ``extra_buffer``
+  (``arg_groups/overrides.py``, ``_mamba_radix_cache_resolution``: the
+  overlap scheduler is on): a running request holds two more state slots
+  (``mem_cache/allocation_sizing.py``, ``get_mamba_tracking_slots``), a
+  prefill snapshots its state at its last multiple of the kernel's chunk
+  (``mamba_cache_chunk_size``; at a cached prefix's branch point if there
+  is one), a decode every ``mamba_track_interval`` (256) tokens
+  (``managers/schedule_batch.py``), and a finished request leaves its last
+  snapshot in the tree, its KV past it freed
+  (``mem_cache/unified_radix_cache.py``, ``checkpoint_into_tree``).  With
+  ``no_buffer`` (what SGLang picks without the overlap scheduler) a
+  request holds one slot and leaves the state of its whole length.  vLLM's
+  default with prefix caching is ``mamba_cache_mode="align"``
+  (``model_executor/models/config.py``, ``MambaModelConfig``): states are
+  kept at its block size (``kvarena.sim.padded``), a request holds two
+  state blocks (``v1/core/single_type_kv_cache_manager.py``,
+  ``MambaManager``), and hits land on whole blocks.
+
+The running limit is one rule for every setup of an engine: it does not
+depend on the split.  SGLang's static mamba split with its radix cache also
+caps running requests at ``max_mamba_cache_size // (3 + tracking slots)``
+(``kv_cache_configurator.py``, ``_calculate_mamba_ratio``); that cap is the
+``static-shipped`` setup's alone, as SGLang ships it: the other setups run
+what their memory holds.
+"""
+
+import math
+from dataclasses import dataclass
+
+MAMBA_STRATEGIES = ("extra_buffer", "no_buffer")  # SGLang's --mamba-radix-cache-strategy, as resolved
+SGLANG_TRACK_INTERVAL = 256  # --mamba-track-interval's default (arg_groups/fields/exec_.py)
+SGLANG_RUNNING_FLOOR, SGLANG_RUNNING_CEIL = 2048, 4096  # resolve_max_num_reqs's clamp
+
+
+@dataclass(frozen=True)
+class Checkpoints:
+    """Where a request's recurrent state is kept for the prefix cache.
+
+    ``track_slots``: state slots a running request holds besides its own;
+    ``prefill_grid`` / ``decode_grid``: tokens: a prefill snapshots at its
+    last multiple of the first, a decode at each multiple of the second.
+    None of this object (``Engine.checkpoints`` returns None): the state at
+    the request's whole length, one slot."""
+
+    track_slots: int
+    prefill_grid: int
+    decode_grid: int
+
+
+@dataclass(frozen=True)
+class Engine:
+    name: str
+    max_running: int | None  # requests running at once (None: SGLang's rule, ``running_limit``)
+    graph_batch: int | None  # the largest decode batch a CUDA graph holds
+    decode_reserve: bool  # admission holds back a share of the remaining output
+    ssm_dtype_bytes: int  # the mamba SSM state's element size
+    ssm_dtype_overrides: tuple = ()  # (preset, bytes): a model hook's own dtype
+    source: str = ""
+
+    def running_limit(self, sizes):
+        """The running limit on ``sizes``'s buffer."""
+        if self.max_running is not None:
+            return self.max_running
+        # SGLang: the token capacity is the full-attention pages the buffer holds
+        tokens = sizes.total // sizes.unit_full * sizes.page_tokens
+        est = int(tokens / sizes.preset.context_len * 512)
+        return min(max(min(est, SGLANG_RUNNING_CEIL), SGLANG_RUNNING_FLOOR), tokens // 2)
+
+    def ssm_bytes_for(self, p):
+        return dict(self.ssm_dtype_overrides).get(p.name, self.ssm_dtype_bytes)
+
+    def preset(self, p):
+        """``p`` as this engine keeps its state."""
+        return p.with_ssm_dtype_bytes(self.ssm_bytes_for(p)) if p.ssm_bytes else p
+
+    def checkpoints(self, p, strategy="extra_buffer", block_tokens=0):
+        """This engine's checkpoint rule on preset ``p`` with the prefix cache
+        on (None: the state at the whole length, no tracking slot).
+        ``block_tokens``: vLLM's block size (``padded.Layout``)."""
+        if not p.state_bytes:
+            return None
+        if self.name == "vllm":
+            return Checkpoints(1, block_tokens, block_tokens)
+        if strategy not in MAMBA_STRATEGIES:
+            raise ValueError(f"simulate: mamba strategy must be one of {', '.join(MAMBA_STRATEGIES)}, got {strategy!r}")
+        if strategy == "no_buffer":
+            return None
+        return Checkpoints(2, p.mamba_chunk_tokens, math.lcm(p.mamba_chunk_tokens, SGLANG_TRACK_INTERVAL))
+
+
+SGLANG = Engine(
+    "sglang",
+    max_running=None,
+    graph_batch=256,
+    decode_reserve=True,
+    ssm_dtype_bytes=4,
+    source="SGLang 0.5.23: kv_cache_configurator.py resolve_max_num_reqs; memory_hook.py; mamba_utils.py",
+)
+VLLM = Engine(
+    "vllm",
+    max_running=1024,
+    graph_batch=512,
+    decode_reserve=False,
+    ssm_dtype_bytes=2,
+    ssm_dtype_overrides=(("nemotron-h-8b", 4), ("tri-synthetic", 4)),
+    source="vLLM 0.34.0: arg_utils.py get_batch_defaults; config/vllm.py _set_cudagraph_sizes; models/config.py",
+)
+ENGINES = {"sglang": SGLANG, "vllm": VLLM}
