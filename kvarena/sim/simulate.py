@@ -1,15 +1,19 @@
 """``kvarena simulate``: the unified arena against static splits and vLLM's
 padded pool, on the same traces, buffer and model geometry.
 
-Five setups:
+Six setups, each under its engine's own defaults (``kvarena.sim.engines``):
 
 - ``unified``: the preset's composite (``kvarena.impl``), anchor policy, lazy;
 - ``planner``: the same with ``policy="planner"`` (reported as unavailable
   where this build does not have the planner);
 - ``static-default``: a static split at the engine defaults (SWA-to-full
   token ratio 0.8, mamba-to-full memory ratio 0.9; docs/anchor.md §2);
-- ``static-best``: the static split that, in hindsight, admitted the most
-  (mean admitted concurrency over its memory-bound steps), found by a grid
+- ``static-shipped``: the default split with SGLang's shipped running cap
+  (with the radix cache on a model with state: the slots over 3 plus a
+  request's tracking slots); never a candidate for the best split;
+- ``static-best``: the static split that, in hindsight, served best
+  (output tokens a second, then goodput, then mean admitted concurrency
+  over its memory-bound steps), found by a grid
   search over each ratio's whole range (SWA tokens per full token in (0, 1],
   state's share in (0, 1)) and ``REFINE_ROUNDS`` rounds of midpoints around
   the best point, a range's open end counting as a neighbour, so an optimum
