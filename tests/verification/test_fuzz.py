@@ -206,15 +206,22 @@ def test_shrink_leaves_a_trace_it_cannot_replay_as_a_failure_alone(tmp_path):
     same, info = fuzz.shrink_trace(trace, max_replays=0)
     assert same is trace and info["replays"] == 0 and info["skipped"], info
 
-    missed = fuzz.CallTrace()
-    a = up_float_down()
-    rec = fuzz.Recording(a, missed, tuple(c for c in fuzz.ARENA_RECORDED if c != "plan_floats"))
-    missed.config = fuzz.config_of(a)
-    rec.alloc("f", 4)
-    assert rec.plan_floats({"u": 200}) == 4
+    missed = a_trace_that_misses_plan_floats()
     same, info = fuzz.shrink_trace(missed)
     assert same is missed and "rebuild" in info["skipped"], info
     assert fuzz.save_failure({"trace": same}, "core", tmp_path)["vector"] is None  # reported, not saved
+
+
+def a_trace_that_misses_plan_floats():
+    """A trace whose recording left out ``plan_floats``, a call that moved
+    the float: it does not rebuild the spec's state."""
+    trace = fuzz.CallTrace()
+    a = up_float_down()
+    rec = fuzz.Recording(a, trace, tuple(c for c in fuzz.ARENA_RECORDED if c != "plan_floats"))
+    trace.config = fuzz.config_of(a)
+    rec.alloc("f", 4)
+    assert rec.plan_floats({"u": 200}) == 4
+    return trace
 
 
 def up_float_down(lazy=False):
@@ -249,12 +256,7 @@ def test_saved_vector_keeps_the_planners_moves(tmp_path, monkeypatch):
 def test_a_trace_that_misses_a_call_is_not_saved(tmp_path):
     """A state change the trace did not record (a call missing from
     ``ARENA_RECORDED``) is reported, not saved as a vector of another run."""
-    trace = fuzz.CallTrace()
-    a = up_float_down()
-    rec = fuzz.Recording(a, trace, tuple(c for c in fuzz.ARENA_RECORDED if c != "plan_floats"))
-    trace.config = fuzz.config_of(a)
-    rec.alloc("f", 4)
-    assert rec.plan_floats({"u": 200}) == 4
+    trace = a_trace_that_misses_plan_floats()
     f = fuzz.save_failure({"trace": trace}, "core", tmp_path)
     assert f["vector"] is None and f["reproduces"] is False and "do not rebuild" in f["pytest"], f
     assert not list(tmp_path.rglob("*.json"))
