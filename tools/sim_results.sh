@@ -1,13 +1,14 @@
 #!/usr/bin/env bash
 # Every figure in docs/results/simulator.md and simulator-tables.md, by the
-# commands the page names (about an hour on two cores).  Usage:
+# commands the page names (about half an hour on two cores).  Usage:
 #
 #   tools/sim_results.sh OUT_DIR [MOONCAKE_TRACE]
 #
 # MOONCAKE_TRACE: Mooncake's published conversation_trace.jsonl
 # (github.com/kvcache-ai/Mooncake, FAST25-release/traces); without it the
 # replay is skipped.  Each command writes OUT_DIR/NAME.json and its printed
-# reports to OUT_DIR/NAME.txt; the pictures go to docs/results/.
+# reports to OUT_DIR/NAME.txt; the pictures go to docs/results/, and
+# tools/sim_tables.py writes docs/results/simulator-tables.md from the reports.
 set -euo pipefail
 out=${1:?usage: tools/sim_results.sh OUT_DIR [MOONCAKE_TRACE]}
 trace=${2:-}
@@ -22,6 +23,8 @@ run grid --preset all --trace all --requests 1000
 run lmsys-cache --preset all --trace lmsys --requests 1000 --prefix-cache on
 run lmsys-no-buffer --preset qwen3-next-80b-a3b,nemotron-h-8b,tri-synthetic --trace lmsys --requests 1000 \
   --prefix-cache on --mamba-radix-cache-strategy no_buffer --setups unified,static-best,vllm-padded
+run mixed --preset all --trace balanced,mooncake --requests 1000 --enable-mixed-chunk \
+  --setups unified,static-best,vllm-padded
 run bands --preset tri-synthetic --trace shift --requests 2000 --seeds 1 --plot docs/results/sim-bands.png
 run sweep --preset tri-synthetic --trace balanced --requests 1000 --seeds 3 --rates 10,20,30,40,60,80,160 \
   --plot docs/results/sim-sweep.png
@@ -34,3 +37,4 @@ if [ -n "$trace" ]; then
   run replay-no-buffer --preset qwen3-next-80b-a3b,nemotron-h-8b,tri-synthetic --trace-file "$out/mooncake-1000.jsonl" \
     --prefix-cache on --mamba-radix-cache-strategy no_buffer --setups unified,static-default,vllm-padded
 fi
+python "$(dirname "$0")/sim_tables.py" "$out"  # docs/results/simulator-tables.md from the reports

@@ -49,7 +49,9 @@ no placement can avoid (``backends._slack``: a full page and two SWA pages).
 
 **Time** (``kvarena.sim.timing``): each step's length is the roofline of
 its work (``page_tokens`` iterations over the decoding batch, its KV and
-state read, the step's prefill spread over them), plus the bytes its
+state read, and the step's prefill in chunks, each a pass of its own, or
+under a mixing engine a decode iteration's extra tokens, the decodes then
+sharing each chunk's budget: ``Clock.step_seconds``), plus the bytes its
 relocations moved at copy bandwidth, the eager launches of a batch above
 the engine's largest CUDA graph, and the allocator's cost
 (``Config.alloc_cost``: its kernel launches, ``kvarena.sim.launches``, or
@@ -99,6 +101,7 @@ class Config:
     slo_itl: float = 0.05  # seconds, a request's mean inter-token latency
     prefix_cache: bool = False  # a radix-style prefix cache on every setup (kvarena.sim.prefix)
     mamba_strategy: str = "extra_buffer"  # SGLang's mamba checkpoints with the cache on (engines.MAMBA_STRATEGIES)
+    enable_mixed_chunk: bool = False  # SGLang's flag: a prefill chunk rides a decode iteration (vLLM always mixes)
 
     def check(self):
         from kvarena.sim.engines import MAMBA_STRATEGIES
@@ -131,6 +134,7 @@ class Result:
     max_running: int = 0  # the engine's running limit (0: none)
     graph_batch: int = 0  # the engine's largest CUDA graph batch (0: none)
     eager_steps: int = 0  # steps whose decode batch no CUDA graph held
+    mixed_chunk: bool = False  # prefill chunks rode decode iterations (False: passes of their own)
     peak_concurrency: int = 0
     mean_concurrency: float = 0.0  # over the memory-bound steps
     mean_concurrency_all: float = 0.0
@@ -242,7 +246,14 @@ class _Sim:
         graph = engine.graph_batch if engine else None
         self.reserve_ratio = cfg.reserve_ratio if engine is None or engine.decode_reserve else 0.0
         self.clock = timing.clock(
-            sizes.preset.name, cfg.accelerator, sizes.page_tokens, sum(sizes.preset.layers), graph
+            sizes.preset.name,
+            cfg.accelerator,
+            sizes.page_tokens,
+            sum(sizes.preset.layers),
+            graph,
+            prefill_graph=engine.prefill_graph if engine else None,
+            chunk_tokens=cfg.chunk_tokens,
+            mixed=cfg.enable_mixed_chunk or (engine is not None and engine.mixed_chunk),
         )
         wrap = launches.Counted if cfg.alloc_cost == "launches" else _Timed
         self.b, self.sizes, self.cfg = wrap(backend), sizes, cfg
@@ -265,9 +276,15 @@ class _Sim:
         self.running = []  # admission order: the evictor takes the last
         self.prefilling = deque()
         self.owed = 0  # output units the decoding requests still owe: the reserve's base
-        self.res = Result(setup, requests=len(trace), max_running=self.max_running or 0, graph_batch=graph or 0)
+        self.res = Result(
+            setup,
+            requests=len(trace),
+            max_running=self.max_running or 0,
+            graph_batch=graph or 0,
+            mixed_chunk=self.clock.mixed,
+        )
         self.admitted_ids, self.finished_ids = set(), set()
-        self.series = {"step": [], "concurrency": [], "utilisation": [], "bands": []}
+        self.series = {"step": [], "concurrency": [], "utilisation": [], "bands": [], "prefill": []}
         self.conc_sum = self.conc_bound_sum = self.util_sum = 0.0
         self.blocked = None  # why this step's admission stopped for memory (a BLOCK_CAUSES entry)
         self.tokens = self.decode_tokens = 0
@@ -329,6 +346,8 @@ class _Sim:
             if r.first_token is None:  # a retracted request recomputed keeps its first, and its gap runs on
                 r.first_token = r.last_token = self.now
                 self.ttft.append(self.now - r.arrival)
+        if self.cfg.record:
+            self.series["prefill"].append(self.step_prefill)
         self.step_decoded, self.step_first = [], []
         self.step_kv, self.step_prefill = 0.0, 0
         for f in self.step_released:  # later turns whose earlier one finished this step
@@ -551,6 +570,8 @@ class _Sim:
 
     def _admit(self):
         budget = self.budget
+        if self.clock.mixed:  # the decodes take their share of each chunk's budget
+            budget = max(budget - sum(r.decoding for r in self.running), 0)
         while budget > 0:
             r = self.prefilling[0] if self.prefilling else (self.queue[0] if self.queue else None)
             if r is None:

@@ -17,6 +17,18 @@ installed (paths under ``sglang/srt/``), vLLM 0.34.0's wheel (paths under
   ``handle_gpu_memory_settings``); vLLM up to ``min(2 x max_num_seqs,
   512)`` (``config/vllm.py``, ``_set_cudagraph_sizes``).  A decode batch
   above it runs eagerly (``timing.Clock.eager_seconds``);
+- **prefill and decode in one pass or two**: SGLang runs a prefill chunk
+  as a forward pass of its own, before the decodes (``enable_mixed_chunk``
+  is False, ``arg_groups/fields/schedule.py``; ``managers/scheduler.py``,
+  ``get_next_batch_to_run``: "Run prefill first if possible"), its prefill
+  graphs holding up to ``chunked_prefill_size`` tokens
+  (``memory_hook.py``); ``--enable-mixed-chunk`` mixes a chunk into the
+  decode batch, the decodes taking their share of its budget
+  (``PrefillAdder``'s ``mixed_with_decode_tokens``).  vLLM always mixes:
+  a step's token budget (``max_num_batched_tokens``, 8192 for ``vllm
+  serve``) goes to the decodes first and the rest to prefill chunks
+  (``v1/core/sched/scheduler.py``), and its graphs hold batches up to 512
+  tokens (FULL_AND_PIECEWISE, ``config/compilation.py``);
 - the **decode reserve**: SGLang holds back a share of the running
   requests' remaining output at admission (the simulator's
   ``reserve_ratio``); vLLM holds none, and when a decode finds no free
@@ -85,6 +97,8 @@ class Engine:
     max_running: int | None  # requests running at once (None: SGLang's rule, ``running_limit``)
     graph_batch: int | None  # the largest decode batch a CUDA graph holds
     decode_reserve: bool  # admission holds back a share of the remaining output
+    mixed_chunk: bool  # a prefill chunk rides a decode iteration (False: a pass of its own)
+    prefill_graph: int | None  # the most tokens a prefill or mixed pass's CUDA graph holds
     ssm_dtype_bytes: int  # the mamba SSM state's element size
     ssm_dtype_overrides: tuple = ()  # (preset, bytes): a model hook's own dtype
     source: str = ""
@@ -125,16 +139,21 @@ SGLANG = Engine(
     max_running=None,
     graph_batch=256,
     decode_reserve=True,
+    mixed_chunk=False,
+    prefill_graph=8192,
     ssm_dtype_bytes=4,
-    source="SGLang 0.5.23: kv_cache_configurator.py resolve_max_num_reqs; memory_hook.py; mamba_utils.py",
+    source="SGLang 0.5.23: kv_cache_configurator.py resolve_max_num_reqs; memory_hook.py; mamba_utils.py; schedule.py",
 )
 VLLM = Engine(
     "vllm",
     max_running=1024,
     graph_batch=512,
     decode_reserve=False,
+    mixed_chunk=True,
+    prefill_graph=512,
     ssm_dtype_bytes=2,
     ssm_dtype_overrides=(("nemotron-h-8b", 4), ("tri-synthetic", 4)),
-    source="vLLM 0.34.0: arg_utils.py get_batch_defaults; config/vllm.py _set_cudagraph_sizes; models/config.py",
+    source="vLLM 0.34.0: arg_utils.py get_batch_defaults; config/vllm.py _set_cudagraph_sizes; models/config.py; "
+    "v1/core/sched/scheduler.py",
 )
 ENGINES = {"sglang": SGLANG, "vllm": VLLM}

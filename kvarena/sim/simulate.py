@@ -449,7 +449,8 @@ def _limits_line(run):
         eng = ENGINE_OF.get(name, "sglang")
         cap = x.get("max_running") or "none"
         graph = x.get("graph_batch") or "none"
-        lim.append(f"{eng}: max running {cap}, CUDA graphs to batch {graph}")
+        mixing = "prefill mixed into decode" if x.get("mixed_chunk") else "prefill in passes of its own"
+        lim.append(f"{eng}: max running {cap}, CUDA graphs to batch {graph}, {mixing}")
     line = text + "; " + "; ".join(dict.fromkeys(lim))
     if run.get("prefix_cache") and run.get("mamba_strategy"):
         line += f"; mamba checkpoints: sglang {run['mamba_strategy']}, vllm align"
@@ -575,6 +576,13 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         "a state at its prefill's last chunk multiple and every 256 decode tokens, the last one cached; "
         "no_buffer: one slot, the state of the whole length cached",
     )
+    p.add_argument(
+        "--enable-mixed-chunk",
+        action="store_true",
+        help="SGLang's flag, on the SGLang setups: a prefill chunk rides a decode iteration, the decodes "
+        "sharing its token budget (default off, as SGLang ships: a chunk is a forward pass of its own and "
+        "the decodes wait for it); vLLM's padded pool always mixes, as vLLM does",
+    )
     p.add_argument("--accelerator", default="h200", help="the time model's accelerator profile (h200, h100)")
     p.add_argument("--slo-ttft", type=float, default=2.0, help="goodput's time-to-first-token SLO, seconds")
     p.add_argument(
@@ -661,6 +669,7 @@ SETTINGS = (
     "slo_itl",
     "alloc_cost",
     "mamba_radix_cache_strategy",
+    "enable_mixed_chunk",
 )
 
 
@@ -713,6 +722,7 @@ def run_unit(
         slo_itl=settings["slo_itl"],
         prefix_cache=cache,
         mamba_strategy=settings.get("mamba_radix_cache_strategy", "extra_buffer"),
+        enable_mixed_chunk=settings.get("enable_mixed_chunk", False),
     )
     results, splits, seconds = run_one(sizes, trace, cfg, setups, best_split=best_split)
     entry = {

@@ -7,10 +7,20 @@ whichever is longer, bytes over memory bandwidth or FLOPs over peak
 the experts its batch routes to: with ``E`` experts, ``k`` a token, and
 routing taken as uniform, a batch of ``B`` tokens touches an expected
 ``1 - (1 - k/E)^B`` of each layer's experts (``Model.weights_read``).  A
-simulated step is ``page_tokens`` iterations with the step's prefill tokens
-spread over them.  An iteration whose batch is larger than the engine's
-largest CUDA graph runs eagerly and pays a launch for each of its kernels
-(``EAGER_LAUNCHES_PER_LAYER`` a layer, ``Accelerator.launch_seconds`` each).
+simulated step is ``page_tokens`` decode iterations and the step's prefill,
+cut into chunks of at most ``chunk_tokens``, run as the engine runs them
+(``step_seconds``).  SGLang by default runs a prefill chunk as a forward
+pass of its own, and the decoding requests wait for it
+(``enable_mixed_chunk`` is False: ``srt/arg_groups/fields/schedule.py``;
+``Scheduler.get_next_batch_to_run`` runs a prefill batch first when it can).
+vLLM's scheduler, and SGLang with ``--enable-mixed-chunk``, put a chunk in
+a decode iteration: one forward over both, whose token budget the decodes
+share (``max_num_batched_tokens``; SGLang's ``mixed_with_decode_tokens``).
+Each pass is charged on its own, so a prefill's FLOPs never hide under a
+decode's bytes.  A batch larger than the engine's largest CUDA graph runs
+eagerly and pays a launch for each of its kernels (``EAGER_LAUNCHES_PER_LAYER``
+a layer, ``Accelerator.launch_seconds`` each): a decode batch above the
+decode graphs, a prefill or mixed pass above the prefill graphs.
 On top of that, a step pays for the bytes its relocations moved (read and
 written once each, at ``COPY_EFFICIENCY`` of the memory bandwidth, the copy
 target of the hot path) and for the allocator's own work: by default its
@@ -30,8 +40,8 @@ pool included, so that a ratio between setups measures their layouts and
 not two engines' memory reserves.
 
 What this leaves out, on purpose, the same for every setup: attention
-FLOPs (decode is bound by bytes; a prefill chunk's attention grows with its
-prefix), communication costs, and any efficiency below the roofline (real
+FLOPs and a prefill pass's KV reads (decode is bound by bytes; a prefill
+chunk's attention grows with its prefix), communication costs, and any efficiency below the roofline (real
 engines reach well under peak).  So the times are lower bounds, and the
 comparisons between setups, not the absolute figures, are what the
 simulator is for.
@@ -157,14 +167,19 @@ MODELS = {
 class Clock:
     """A preset's roofline on ``gpus`` accelerators (bandwidth and FLOPs add up
     across the tensor-parallel group).  ``layers``: the model's layers, for
-    the eager launches; ``graph_batch``: the engine's largest CUDA graph
-    (None: no limit)."""
+    the eager launches; ``graph_batch``: the engine's largest decode CUDA
+    graph, ``prefill_graph``: the most tokens a prefill or mixed pass's graph
+    holds (None: no limit); ``chunk_tokens``: a prefill pass's token budget;
+    ``mixed``: a chunk rides a decode iteration instead of running alone."""
 
     accel: Accelerator
     model: Model
     page_tokens: int
     layers: int = 0
     graph_batch: int | None = None
+    prefill_graph: int | None = None
+    chunk_tokens: int = SGLANG_CHUNKED_PREFILL
+    mixed: bool = False
 
     @property
     def bandwidth(self):
@@ -183,18 +198,37 @@ class Clock:
         m = self.model
         return max((m.weights_read(tokens) + kv_bytes) / self.bandwidth, 2 * m.params_active * tokens / self.flops)
 
-    def eager_seconds(self, decode_tokens):
-        """The launches of an iteration whose decode batch no CUDA graph holds."""
-        if self.graph_batch is None or decode_tokens <= self.graph_batch:
+    def _eager(self, tokens, graph):
+        if graph is None or tokens <= graph:
             return 0.0
         return self.layers * EAGER_LAUNCHES_PER_LAYER * self.accel.launch_seconds
 
+    def eager_seconds(self, decode_tokens):
+        """The launches of a decode iteration whose batch no CUDA graph holds."""
+        return self._eager(decode_tokens, self.graph_batch)
+
+    def chunk_budget(self, decode_tokens):
+        """Prefill tokens one pass takes: the chunk, less the decodes that
+        share it when mixed (at least one)."""
+        return max(self.chunk_tokens - decode_tokens, 1) if self.mixed else self.chunk_tokens
+
     def step_seconds(self, decode_tokens, prefill_tokens, kv_bytes):
-        """``page_tokens`` iterations: each decodes ``decode_tokens`` (one per
-        decoding request) and takes its share of the step's prefill."""
-        pt = self.page_tokens
-        it = self.iteration_seconds(decode_tokens + prefill_tokens / pt, kv_bytes)
-        return pt * (it + self.eager_seconds(decode_tokens))
+        """``page_tokens`` decode iterations of ``decode_tokens`` (one per
+        decoding request) reading ``kv_bytes``, and ``prefill_tokens`` in
+        passes of at most ``chunk_budget`` tokens: each a forward of its own,
+        or, mixed, one decode iteration's extra tokens."""
+        budget = self.chunk_budget(decode_tokens)
+        full, rest = divmod(prefill_tokens, budget)
+        passes = [(budget, full), (rest, 1 if rest else 0)]  # (tokens, how many)
+        decode = self.iteration_seconds(decode_tokens, kv_bytes) + self.eager_seconds(decode_tokens)
+        if not self.mixed:
+            alone = sum(n * (self.iteration_seconds(c, 0) + self._eager(c, self.prefill_graph)) for c, n in passes)
+            return self.page_tokens * decode + alone
+        riding = 0.0
+        for c, n in passes:
+            b = decode_tokens + c
+            riding += n * (self.iteration_seconds(b, kv_bytes) + self._eager(b, self.prefill_graph))
+        return max(self.page_tokens - full - passes[1][1], 0) * decode + riding
 
     def copy_seconds(self, moved_bytes):
         """Relocating ``moved_bytes``: each read and written once."""
@@ -205,7 +239,9 @@ class Clock:
         return launches * self.accel.launch_seconds
 
 
-def clock(preset_name, accel="h200", page_tokens=16, layers=0, graph_batch=None):
+def clock(preset_name, accel="h200", page_tokens=16, layers=0, graph_batch=None, **passes):
+    """``preset_name``'s clock on ``accel``; ``passes``: ``Clock``'s
+    ``prefill_graph``, ``chunk_tokens`` and ``mixed``."""
     try:
         a = ACCELERATORS[accel]
     except KeyError:
@@ -214,7 +250,7 @@ def clock(preset_name, accel="h200", page_tokens=16, layers=0, graph_batch=None)
         m = MODELS[preset_name]
     except KeyError:
         raise ValueError(f"preset {preset_name!r} has no model parameters for the time model") from None
-    return Clock(a, m, page_tokens, layers, graph_batch)
+    return Clock(a, m, page_tokens, layers, graph_batch, **passes)
 
 
 def sglang_mem_fraction_static(accel="h200", tp=1):

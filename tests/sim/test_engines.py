@@ -86,3 +86,13 @@ def test_checkpoint_rules():
     assert engines.VLLM.checkpoints(q, block_tokens=576) == engines.Checkpoints(1, 576, 576)
     with pytest.raises(ValueError, match="mamba strategy"):
         engines.SGLANG.checkpoints(q, "lazy")
+
+
+def test_prefill_passes_as_each_engine_runs_them():
+    """SGLang runs a prefill chunk as a pass of its own (``enable_mixed_chunk``
+    False, srt/arg_groups/fields/schedule.py: ``tests/sglang`` reads it from
+    the installed SGLang), its prefill graphs to ``chunked_prefill_size``
+    tokens (memory_hook.py); vLLM 0.34.0 always mixes
+    (v1/core/sched/scheduler.py), its graphs to 512 tokens (config/vllm.py)."""
+    assert engines.SGLANG.mixed_chunk is False and engines.SGLANG.prefill_graph == 8192
+    assert engines.VLLM.mixed_chunk is True and engines.VLLM.prefill_graph == 512

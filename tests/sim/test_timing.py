@@ -22,7 +22,7 @@ def test_the_roofline_by_hand():
     assert c.iteration_seconds(0, 10**12) == 0.0  # nothing to run
     big = c.iteration_seconds(100_000, 0)  # a big prefill: all experts read, and FLOPs bind
     assert big == 2 * m.params_active * 100_000 / a.peak_flops
-    assert c.step_seconds(4, 32, 10**9) == 16 * c.iteration_seconds(4 + 2, 10**9)
+    assert c.step_seconds(4, 0, 10**9) == 16 * c.iteration_seconds(4, 10**9)
     assert math.isclose(c.copy_seconds(10**9), 2 * 10**9 / (0.8 * a.memory_bandwidth))
     q = timing.clock("qwen3-next-80b-a3b")  # two GPUs: twice the bandwidth and FLOPs
     assert q.bandwidth == 2 * a.memory_bandwidth and q.flops == 2 * a.peak_flops
@@ -46,6 +46,44 @@ def test_moe_weight_reads_follow_expected_expert_coverage():
     assert reads == sorted(reads) and len(set(reads)) == len(reads)
     g = timing.MODELS["gemma-3-27b"]  # dense: the whole checkpoint at any batch
     assert g.weights_read(1) == g.weights_read(512) == g.weight_bytes
+
+
+def test_sglang_runs_a_prefill_chunk_as_a_pass_of_its_own():
+    """SGLang's default (``enable_mixed_chunk`` False): 20,000 prefill tokens
+    are two full chunks of 8,192 and one of 3,616, each a forward pass that
+    reads no decode KV, and the 16 decode iterations are unchanged: the
+    prefill's FLOPs add to the decodes' bytes, never hide under them."""
+    c = timing.clock("gpt-oss-120b")
+    kv = 10**9
+    decode = 16 * c.iteration_seconds(64, kv)
+    alone = 2 * c.iteration_seconds(8192, 0) + c.iteration_seconds(20_000 - 2 * 8192, 0)
+    assert math.isclose(c.step_seconds(64, 20_000, kv), decode + alone)
+    assert c.step_seconds(64, 20_000, kv) > 16 * c.iteration_seconds(64 + 20_000 / 16, kv)  # the old spread
+    assert c.step_seconds(0, 8192, 0) == c.iteration_seconds(8192, 0)
+    big = timing.clock("gpt-oss-120b", layers=36, prefill_graph=4096)  # a pass above the prefill graphs: eager
+    eager = 36 * timing.EAGER_LAUNCHES_PER_LAYER * timing.ACCELERATORS["h200"].launch_seconds
+    assert math.isclose(big.step_seconds(0, 8192, 0), c.step_seconds(0, 8192, 0) + eager)
+    assert big.step_seconds(0, 4096, 0) == c.step_seconds(0, 4096, 0)
+
+
+def test_a_mixing_engine_puts_each_chunk_in_a_decode_iteration():
+    """vLLM (and SGLang's ``--enable-mixed-chunk``): 64 decodes take 64 of
+    each pass's 8,192 tokens, so 20,000 prefill tokens ride three of the 16
+    iterations (8,128 + 8,128 + 3,744 tokens besides the decodes); the other
+    13 decode alone."""
+    c = timing.clock("gpt-oss-120b", mixed=True)
+    kv = 10**9
+    assert c.chunk_budget(64) == 8192 - 64 and c.chunk_budget(10**5) == 1
+    want = (
+        13 * c.iteration_seconds(64, kv)
+        + 2 * c.iteration_seconds(64 + 8128, kv)
+        + c.iteration_seconds(64 + 20_000 - 2 * 8128, kv)
+    )
+    assert math.isclose(c.step_seconds(64, 20_000, kv), want)
+    assert c.step_seconds(64, 0, kv) == timing.clock("gpt-oss-120b").step_seconds(64, 0, kv)
+    eager = timing.clock("gpt-oss-120b", layers=36, prefill_graph=512, mixed=True)  # vLLM's graphs: 512 tokens
+    launches = 36 * timing.EAGER_LAUNCHES_PER_LAYER * timing.ACCELERATORS["h200"].launch_seconds
+    assert math.isclose(eager.step_seconds(64, 20_000, kv), want + 3 * launches)
 
 
 def test_a_batch_no_cuda_graph_holds_pays_eager_launches():
@@ -159,3 +197,18 @@ def test_goodput_follows_the_slos():
     assert 0 < loose.ttft_p50 <= loose.ttft_p99 and 0 < loose.itl_p50 <= loose.itl_p99
     with pytest.raises(ValueError, match="SLOs must be > 0"):
         engine.Config(slo_itl=0).check()
+
+
+@pytest.mark.parametrize("mixed", [False, True])
+def test_mixed_decodes_share_the_prefill_budget(mixed):
+    """32 short requests and one prompt of 96 pages (chunk 64 tokens: 4
+    pages, 64 a step).  Step 1 prefills the 32 and 32 pages of the long one.
+    Step 2: unmixed, the other 64 pages; mixed, the 32 decodes take 32 of
+    the budget and the prompt needs a third step."""
+    s = presets.Sizes.of(presets.preset("gpt-oss-120b"), 4.0)
+    trace = [traces.Request(i, 0.0, 16, 256) for i in range(32)] + [traces.Request(32, 0.0, 96 * 16, 16)]
+    cfg = engine.Config(chunk_tokens=64, enable_mixed_chunk=mixed)
+    res = engine.run(backends.Unified(s), s, trace, cfg, "u")
+    assert res.mixed_chunk is mixed and res.finished == 33
+    prefill = res.series["prefill"]
+    assert prefill[:3] == ([64 * 16, 64 * 16, 0] if not mixed else [64 * 16, 32 * 16, 32 * 16])

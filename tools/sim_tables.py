@@ -1,0 +1,121 @@
+"""Write docs/results/simulator-tables.md from the reports `tools/sim_results.sh` saved.
+
+Usage: python tools/sim_tables.py OUT_DIR
+
+Each section is one documented command's per-run reports (OUT_DIR/NAME.txt), as
+`kvarena simulate` printed them: from the first run's heading to the summary
+table, which the results page quotes instead.  Paths under OUT_DIR are
+written as bare file names.
+"""
+
+import datetime
+import sys
+from pathlib import Path
+
+PAGE = Path(__file__).resolve().parents[1] / "docs" / "results" / "simulator-tables.md"
+
+HEAD = """# `kvarena simulate`: every setup, every run
+
+The per-setup tables behind [the simulator's results](simulator.md), as the commands printed them on {day}
+(`tools/sim_results.sh` runs them all on this repo's 2-core machine; `tools/sim_tables.py` writes this page from
+their reports).  Every figure is the mean over the seeds (with its 95% interval where there are several); the
+ratios lead with output tokens a second and goodput; `alloc launches/step` and `alloc time` are the allocator's
+torch operations a step and their share of the clock (`--alloc-cost launches`, the default).  Each report ends
+with the run's KV budget, computed from the accelerator, and each engine's limits, among them how it runs a
+prefill chunk (SGLang: a pass of its own; vLLM: mixed into a decode iteration).
+"""
+
+# (report, title, what the section says before its command, the commands)
+SECTIONS = (
+    ("grid", "Saturating traces, five seeds", "", ["kvarena simulate --preset all --trace all --requests 1000"]),
+    (
+        "mixed",
+        "SGLang with `--enable-mixed-chunk`",
+        "Prefill chunks ride decode iterations on the SGLang setups too, as vLLM's always do.",
+        [
+            "kvarena simulate --preset all --trace balanced,mooncake --requests 1000 --enable-mixed-chunk "
+            "--setups unified,static-best,vllm-padded"
+        ],
+    ),
+    (
+        "lmsys-cache",
+        "Prefix caching on `lmsys`, SGLang's `extra_buffer` checkpoints",
+        "",
+        ["kvarena simulate --preset all --trace lmsys --requests 1000 --prefix-cache on"],
+    ),
+    (
+        "lmsys-no-buffer",
+        "Prefix caching on `lmsys`, SGLang's `no_buffer` checkpoints",
+        "",
+        [
+            "kvarena simulate --preset qwen3-next-80b-a3b,nemotron-h-8b,tri-synthetic --trace lmsys --requests 1000 "
+            "--prefix-cache on --mamba-radix-cache-strategy no_buffer --setups unified,static-best,vllm-padded"
+        ],
+    ),
+    (
+        "sweep",
+        "The rate sweep",
+        "",
+        [
+            "kvarena simulate --preset tri-synthetic --trace balanced --requests 1000 --seeds 3 "
+            "--rates 10,20,30,40,60,80,160 --json docs/results/sim-sweep-tri-synthetic.json"
+        ],
+    ),
+    (
+        "replay",
+        "Replaying Mooncake's conversation trace, prefix cache off and on",
+        "The first 1,000 requests of `FAST25-release/traces/conversation_trace.jsonl` "
+        "(github.com/kvcache-ai/Mooncake), one fixed trace, so one seed and no interval:",
+        [
+            "head -1000 conversation_trace.jsonl > mooncake-1000.jsonl",
+            "kvarena simulate --preset all --trace-file mooncake-1000.jsonl --prefix-cache both "
+            "--setups unified,static-default,static-best,static-shipped,vllm-padded",
+        ],
+    ),
+    (
+        "replay-no-buffer",
+        "The same replay under SGLang's `no_buffer` checkpoints",
+        "",
+        [
+            "kvarena simulate --preset qwen3-next-80b-a3b,nemotron-h-8b,tri-synthetic --trace-file mooncake-1000.jsonl "
+            "--prefix-cache on --mamba-radix-cache-strategy no_buffer --setups unified,static-default,vllm-padded"
+        ],
+    ),
+)
+
+
+def runs(report: str, out: Path) -> str:
+    """The per-run reports of ``report``: from the first heading to the summary table."""
+    lines = report.replace(f"{out}/", "").splitlines()
+    start = next(i for i, line in enumerate(lines) if line.startswith("### "))
+    end = next((i for i, line in enumerate(lines) if line.startswith("| preset | trace")), len(lines))
+    return "\n".join(lines[start:end]).rstrip() + "\n"
+
+
+def page(out: Path, day: str) -> str:
+    parts = [HEAD.format(day=day)]
+    for name, title, intro, commands in SECTIONS:
+        if not (out / f"{name}.txt").exists():
+            print(f"sim_tables: no {name}.txt in {out}: section {title!r} left out", file=sys.stderr)
+            continue
+        parts.append(f"## {title}\n")
+        if intro:
+            parts.append(intro + "\n")
+        parts.append("```bash\n" + "\n".join(commands) + "\n```\n")
+        parts.append(runs((out / f"{name}.txt").read_text(), out))
+    return "\n".join(parts)
+
+
+def main(argv: list[str]) -> int:
+    if len(argv) != 1:
+        print(__doc__.split("\n\n")[1], file=sys.stderr)
+        return 2
+    out = Path(argv[0]).resolve()
+    day = datetime.date.fromtimestamp((out / "grid.txt").stat().st_mtime).isoformat()
+    PAGE.write_text(page(out, day))
+    print(f"wrote {PAGE}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))
