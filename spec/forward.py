@@ -23,7 +23,9 @@ lands there.
 rule (``Arena``) is SGLang's: an operation on the urgent path settles
 first, once, when it would move a page, hand out a guarded hole or drop one
 from its band; the non-urgent flush never waits (it stops at a pinned
-survivor and leaves guarded pages where they are).
+survivor and leaves guarded pages where they are).  A copy of live pages to
+the host (retraction to host) is a reader outside the forward: it settles
+first, and changes nothing here.
 
 The functions here read and write a band's tables by index only, so they
 run on lists in the arena and on z3 arrays in ``kvarena.proofs.inflight``.

@@ -36,7 +36,10 @@ class SubPool:
     """One kind of per-request state (docs/design.md §3; its signature is docs/design.md §10).
 
     ``entry_bytes`` is one slot counted across all layers; ``page_size`` is
-    slots per page (1 for state pools).
+    slots per page (1 for state pools).  A slot may have more than one
+    tenant: a speculative draft's K/V fused into the target's entries are
+    more parts of the same slot (its bytes count in ``entry_bytes``), so one
+    allocation, one free and one move serve both (docs/design.md §11).
 
     Attributes:
         name: the pool's name, unique in its arena.

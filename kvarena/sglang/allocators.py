@@ -16,10 +16,15 @@ Every member of SGLang's classes falls in one of three sets, which
   and gates defined here (``reclaim_plan``, ``can_reserve``, the prefill
   budget, ...), inherited as they are, so SGLang decides how much to evict
   and kvarena what fits.
-- **Unsupported** (``UNSUPPORTED``): HiCache, PD disaggregation, draft
-  models, decode context parallelism, post-capture backing, and SGLang's
+- **Unsupported** (``UNSUPPORTED``): HiCache, PD disaggregation (retraction
+  to host aside: ``get_cpu_copy`` / ``load_cpu_copy`` are kvarena's), decode
+  context parallelism, post-capture backing, and SGLang's
   own sub-allocator machinery that the composite replaces; each raises
   ``NotImplementedError`` naming the feature.
+
+A speculative draft fused into the target's entries (``fused_draft``) is
+supported: its K/V are more parts of the same slots, so the target's
+allocation, frees and whole-envelope moves carry them (docs/design.md §11).
 
 Overlap scheduling (SGLang's default) is supported: the two hooks the
 scheduler calls after each launch (``set_latest_forward_done_event``,
@@ -113,9 +118,6 @@ UNSUPPORTED = {
     "set_disagg_move_gate": "PD disaggregation (move gates)",
     "set_host_transfer_move_gate": "HiCache (move gates)",
     "set_hicache_transfer_done_event": "HiCache",
-    "get_cpu_copy": "HiCache / retraction to host",
-    "load_cpu_copy": "HiCache / retraction to host",
-    "draft_virtual_id_space": "speculative decoding draft models",
     "resize": "post-capture KV backing",
     "_move_gate_targets": "PD disaggregation / HiCache (move gates)",
     "swa_ring_cost_tokens": "the per-request SWA ring",
@@ -431,8 +433,6 @@ class _Dropin:
             _unsupported("post-capture KV backing")
         if _dcp_size() > 1:
             _unsupported("decode context parallelism (attn_dcp_size > 1)")
-        if getattr(unified_buffer, "fused_draft", None) is not None:
-            _unsupported("speculative decoding draft models (fused draft regions)")
         entry = {n: unified_buffer.spec(SGLANG_POOL[n]).entry_bytes() for n in self.CHAIN}
         raw = unified_buffer._raw  # SGLang's one byte buffer: lent, not copied
         self._pools = {FULL: kvcache.full_kv_pool}
@@ -834,6 +834,50 @@ class _Dropin:
         if self._flight_event is not None:
             torch.cuda.current_stream().wait_event(self._flight_event)
 
+    # ---------------------------------------------- speculative decoding
+
+    @property
+    def draft_virtual_id_space(self) -> int:
+        """The virtual token ids a fused draft's tables span: the full
+        sub-pool's, as SGLang's (its draft worker sizes its pools to it).  A
+        draft's K/V are more parts of every full entry (``fused_draft``), so
+        the draft shares the target's pages, ids and tables: kvarena's
+        grids, read from SGLang's specs, hold the draft's parts, and every
+        relocation moves whole envelopes, draft parts with them."""
+        return self.full_attn_allocator.max_slots - 1
+
+    # ---------------------------------------------- retraction to host
+
+    def get_cpu_copy(self, indices, mamba_indices=None, req_pool_index=None):
+        """SGLang's retraction backup (``Req.offload_kv_cache``, PD decode's
+        ``cpu_tensor`` backend): the bytes of ``indices`` (virtual token ids)
+        and, where the KV pool carries it, the request's mamba state, copied
+        to the host by SGLang's own code over kvarena's tables.  The forward
+        in flight is settled first (its stream waited on, docs/design.md §12):
+        the copy reads pages it may still write.  The copy moves nothing and
+        frees nothing; the request's pages are freed by the retraction after
+        it, by the ordinary calls."""
+        self._settle_for_host_copy()
+        return super().get_cpu_copy(indices, mamba_indices=mamba_indices, req_pool_index=req_pool_index)
+
+    def load_cpu_copy(self, kv_cache_cpu, indices, mamba_indices=None, req_pool_index=None):
+        """SGLang's restore of a retraction backup (``Req.load_kv_cache``):
+        ``kv_cache_cpu`` written at ``indices``' pages, which the resumed
+        request was just allocated.  A fresh page is never one an in-flight
+        forward reads or writes (``alloc`` settles before it hands out a
+        guarded hole), but the forward is settled first all the same, as
+        SGLang's resume waits on the forward stream first."""
+        self._settle_for_host_copy()
+        return super().load_cpu_copy(kv_cache_cpu, indices, mamba_indices=mamba_indices, req_pool_index=req_pool_index)
+
+    def _settle_for_host_copy(self) -> None:
+        """Settle the forward in flight, if any: a device-side wait (the
+        arena's ``on_settle``), no host read."""
+        c = self.composite  # hands over what SGLang reported since the last call
+        if c.arena.in_flight:
+            c.settle()
+            self._flight_event = None
+
     # ---------------------------------------------------- maintenance
 
     def flush_opportunistic(self) -> int:
@@ -1115,9 +1159,34 @@ class UnifiedMambaSWATokenToKVPoolAllocator(_SWACalls, _hs.UnifiedMambaSWATokenT
         # None, as SGLang's tri-pool: its leak checker then skips the flat free-list census
         self.free_pages = None
         self.release_pages = None
+        # The retraction backup carries the state itself, translated (get_cpu_copy): SGLang's
+        # Req.offload_kv_cache would hand the mamba pool the virtual slot id, which it reads as a row.
+        kvcache.cpu_copy_carries_mamba = True
 
     def _composite_args(self, total_bytes: int, entry: dict[str, int]) -> tuple[int, ...]:
         return (total_bytes, entry[FULL], entry[SWA], entry[STATE])
+
+    def get_cpu_copy(self, indices, mamba_indices=None, req_pool_index=None):
+        """The retraction backup (``_Dropin.get_cpu_copy``) with the request's
+        mamba state in it, read at its physical slot.  SGLang 0.5.23's
+        ``Req.offload_kv_cache`` on this stack passes the mamba pool the
+        virtual slot id, which the pool (a physical store) reads as a row: it
+        backs up whatever state lives there (docs/design.md §9).  Since the
+        KV pool here says it carries the state, SGLang leaves it to us."""
+        kv = super().get_cpu_copy(indices, mamba_indices=mamba_indices, req_pool_index=req_pool_index)
+        state = None if mamba_indices is None else self._pools[STATE].get_cpu_copy(self._state_rows(mamba_indices))
+        return {"kv": kv, "state": state}
+
+    def load_cpu_copy(self, kv_cache_cpu, indices, mamba_indices=None, req_pool_index=None):
+        """Restore ``get_cpu_copy``'s backup: the KV at ``indices``' pages,
+        the state at ``mamba_indices``' physical slot."""
+        super().load_cpu_copy(kv_cache_cpu["kv"], indices, mamba_indices=mamba_indices, req_pool_index=req_pool_index)
+        if kv_cache_cpu["state"] is not None and mamba_indices is not None:
+            self._pools[STATE].load_cpu_copy(kv_cache_cpu["state"], self._state_rows(mamba_indices))
+
+    def _state_rows(self, slots: torch.Tensor) -> torch.Tensor:
+        """Virtual state slots -> the state pool's physical rows."""
+        return self.mamba_allocator.virtual_to_physical[torch.as_tensor(slots).reshape(-1).to(I64)]
 
     def prepare_mamba_allocation(self, target_size: int) -> None:
         """Make room for ``target_size`` state slots if relief can (flush,

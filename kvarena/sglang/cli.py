@@ -2,7 +2,12 @@
 install, built by SGLang's own factories with kvarena installed, each run
 through the byte-checked workload (``workload.py``), then again with
 forwards in flight as SGLang's overlap scheduling runs them (the overlap
-phase: every write a forward lands late must be kept); then ``uninstall()``
+phase: every write a forward lands late must be kept), then with requests
+retracted to the host and resumed while forwards are in flight (the
+retraction phase: every byte must come back), then with a speculative
+draft's K/V lanes fused into the full entries (the draft phase: the
+draft's bytes must survive every relocation as the target's do); then
+``uninstall()``
 and the factories build SGLang's allocators again.  Prints what held and
 exits non-zero on any failure."""
 
@@ -24,6 +29,19 @@ def add_arguments(c: argparse.ArgumentParser) -> None:
         type=int,
         default=40,
         help="steps per mamba stack with SGLang's mamba extra buffer on (default 40; 0 skips it)",
+    )
+    c.add_argument(
+        "--retract-steps",
+        type=int,
+        default=40,
+        help="steps per stack in the retraction-to-host phase, with forwards in flight (default 40; 0 skips it)",
+    )
+    c.add_argument(
+        "--draft-steps",
+        type=int,
+        default=40,
+        help="steps per stack with a speculative draft's K/V fused into the full entries, forwards in flight "
+        "(default 40; 0 skips it)",
     )
     c.add_argument("--page-sizes", type=int, nargs="+", default=[1, 4], help="page sizes (default 1 4)")
     c.add_argument("--policy", choices=["planner", "anchor"], default="planner", help="kvarena's relief policy")
@@ -99,6 +117,10 @@ def run(args: argparse.Namespace) -> int:
         failures += _extra_buffer_phase(args, workload, console, reports)
     if args.overlap_steps:
         failures += _overlap_phase(args, workload, stacks, console, reports)
+    if args.retract_steps:
+        failures += _retraction_phase(args, workload, stacks, console, reports)
+    if args.draft_steps:
+        failures += _draft_phase(args, workload, stacks, console, reports)
     factories.uninstall()
     back = {kind: type(stacks.build(kind).token_to_kv_pool_allocator) for kind in stacks.KINDS}
     failures += [
@@ -181,3 +203,69 @@ def _overlap_phase(args: argparse.Namespace, workload, stacks, console, reports:
     console.print(table)
     print(f"overlap: {kept:,} of {written:,} in-flight writes kept")
     return failures
+
+
+def _runs(args: argparse.Namespace, workload, stacks, reports: list[dict], steps: int, **kw):
+    """The overlap workload with ``kw`` on every stack, page size and relief
+    mode: yields ``(label, report)`` per run and adds each to ``reports``."""
+    for kind in stacks.KINDS:
+        for ps in args.page_sizes:
+            for lazy in (True, False):
+                r = workload.run(kind, steps=steps, page_size=ps, lazy=lazy, seed=args.seed, overlap=True, **kw)
+                reports.append({"lazy": lazy, **kw, **r.__dict__})
+                yield (kind, str(ps), "yes" if lazy else "no"), r
+
+
+def _table(title: str, columns: tuple[str, ...]):
+    from rich.table import Table
+
+    table = Table(title=title)
+    for col in columns:
+        table.add_column(col, justify="left" if col in ("stack", "pages moved", "bytes") else "right")
+    return table
+
+
+def _retraction_phase(args: argparse.Namespace, workload, stacks, console, reports: list[dict]) -> list[str]:
+    """The overlap workload with retraction to host (SGLang's PD decode
+    ``cpu_tensor`` backup): every fifth step a request of the forward in
+    flight is copied to the host (``get_cpu_copy``) and freed, and three
+    steps later resumed on fresh pages (``load_cpu_copy``) and compared.
+    Adds the runs to ``reports`` and returns the failures."""
+    table = _table(
+        "retraction phase: requests copied to the host mid-flight, resumed on fresh pages",
+        ("stack", "ps", "lazy", "retracted", "resumed", "tokens compared", "pages moved", "bytes"),
+    )
+    failures = []
+    for label, r in _runs(args, workload, stacks, reports, args.retract_steps, retract=True):
+        moved = " ".join(f"{n} {k}" for n, k in r.pages_moved.items())
+        table.add_row(*label, str(r.retracted), str(r.restored), f"{r.restored_tokens:,}", moved, _bytes(r))
+        where = "retraction {} ps={} lazy={}".format(*label)
+        failures += [f"{where}: {e}" for e in r.errors[:3]]
+        if not r.retracted:
+            failures.append(f"{where}: nothing was retracted")
+    console.print(table)
+    return failures
+
+
+def _draft_phase(args: argparse.Namespace, workload, stacks, console, reports: list[dict]) -> list[str]:
+    """The overlap workload on stacks built with a speculative draft (an
+    EAGLE or MTP head) fused into the full sub-pool's entries, the draft
+    runner's pool bound by SGLang's own binder: the draft's K/V are written
+    and checked with the target's through every relocation.  Adds the runs
+    to ``reports`` and returns the failures."""
+    table = _table(
+        "draft phase: a speculative draft's K/V lanes fused into the target's pages",
+        ("stack", "ps", "lazy", "requests", "tokens checked", "in-flight writes kept", "pages moved", "bytes"),
+    )
+    failures = []
+    for label, r in _runs(args, workload, stacks, reports, args.draft_steps, draft=True):
+        moved = " ".join(f"{n} {k}" for n, k in r.pages_moved.items())
+        kept = f"{r.inflight_writes - r.inflight_lost:,} of {r.inflight_writes:,}"
+        table.add_row(*label, str(r.admitted), f"{r.tokens_checked:,}", kept, moved, _bytes(r))
+        failures += ["draft {} ps={} lazy={}: ".format(*label) + e for e in r.errors[:3]]
+    console.print(table)
+    return failures
+
+
+def _bytes(r) -> str:
+    return "intact" if r.ok else "CORRUPTED"

@@ -57,6 +57,30 @@ def _cache_params(g: Geometry) -> SimpleNamespace:
     )
 
 
+def draft_placement(kind: str, g: Geometry = Geometry(), layers: int = 1, runners: int = 1):
+    """Where SGLang puts a speculative draft of ``layers`` full-attention
+    layers (an EAGLE or MTP head; ``runners`` execution copies) on ``kind``'s
+    stack: SGLang's own ``place_fused_draft``, the draft's K/V rows fused
+    into the full sub-pool's entries.  Raises ``ValueError`` if SGLang
+    declines it."""
+    fd = import_sglang("sglang.srt.mem_cache.layout.fused_draft")
+    geometry = fd.DraftKVGeometry(head_num=g.head_num, head_dim=g.head_dim, v_head_dim=g.head_dim)
+    profile = fd.DraftKVProfile(
+        num_layers=layers, kinds={fd.LAYER_FULL: fd.DraftLayerSet(layer_ids=tuple(range(layers)), geometry=geometry)}
+    )
+    hosts = {"swa": ("full", "swa"), "mamba": ("full", "mamba"), "mamba_swa": ("full", "swa", "mamba")}[kind]
+    decision = fd.place_fused_draft(
+        profile=profile,
+        num_runners=runners,
+        ctx=fd.PlacementContext(host_names=hosts),
+        store_dtype=g.dtype,
+        kv_dtype=g.dtype,
+    )
+    if decision.placement is None:
+        raise ValueError(f"SGLang declined the draft on the {kind} stack: {decision.declined}")
+    return decision.placement
+
+
 def build(
     kind: str,
     g: Geometry = Geometry(),
@@ -65,6 +89,7 @@ def build(
     device: str = "cpu",
     forward_stream=None,
     extra_buffer: bool = False,
+    fused_draft=None,
 ):
     """The bundle of ``kind``'s factory: ``unified_memory_pool``,
     ``token_to_kv_pool`` and ``token_to_kv_pool_allocator`` (and, for the
@@ -74,7 +99,9 @@ def build(
     slots (``enable_mamba_extra_buffer``), which SGLang's "auto" mamba radix
     cache strategy turns on for Qwen3-Next at its defaults: each request then
     takes its tracking slots from the state band too, two with overlap
-    scheduling (a forward stream here), one without."""
+    scheduling (a forward stream here), one without.  ``fused_draft``: a
+    speculative draft's ``FusedDraftPlacement`` (``draft_placement``): every
+    entry of the sub-pools it names also carries the draft's K/V lanes."""
     if kind not in KINDS:
         raise ValueError(f"kind must be one of {KINDS}, got {kind!r}")
     pools = import_sglang("sglang.srt.mem_cache.unified_memory_pool")
@@ -92,6 +119,7 @@ def build(
         "need_sort": False,
         "lazy_compaction": lazy,
         "forward_stream": forward_stream,
+        "fused_draft": fused_draft,
     }
     swa = {
         "v_head_dim": g.head_dim,

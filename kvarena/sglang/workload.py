@@ -25,9 +25,19 @@ batch is prepared (admissions, allocations that relieve, window frees,
 write is checked at its token's current translation (``inflight_lost``
 counts those that did not survive) and each read row against what the
 forward read (``reads_corrupted``).
+
+With ``retract=True`` every few steps a decoding request of the batch just
+launched is retracted to the host as SGLang's PD decode server does it
+(``Req.offload_kv_cache``): the allocator's ``get_cpu_copy`` copies its
+tokens (every layer, K and V; SWA where it still has an entry) and its
+mamba state while its forward may still be writing them, then it is freed.
+A few steps later it is resumed on fresh pages and a fresh slot
+(``Req.load_kv_cache``: ``load_cpu_copy``), every byte it had is compared
+there, and it finishes.
 """
 
 import contextlib
+import copy
 import random
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -35,10 +45,13 @@ from typing import Any
 
 import torch
 
+from kvarena.anchor.loader import import_sglang
+
 from .overlap import Device, Read
-from .stacks import Geometry, build
+from .stacks import Geometry, build, draft_placement
 
 I64 = torch.int64
+DRAFT_CODE = 32  # a draft layer's values are keyed by this plus its layer id
 
 
 @dataclass
@@ -75,6 +88,9 @@ class Report:
     reads_checked: int = 0  # token and slot rows a forward read, checked when it landed
     reads_corrupted: int = 0  # of those, rows overwritten before it landed
     waits: int = 0  # forwards the allocator waited for (its settles)
+    retracted: int = 0  # requests retracted to the host (retract)
+    restored: int = 0  # of those, resumed and compared
+    restored_tokens: int = 0  # tokens compared after a resume
     errors: list[str] = field(default_factory=list)
 
     @property
@@ -113,8 +129,13 @@ class Workload:
         overlap: bool = False,
         flush_in_flight: bool = True,
         extra_buffer: bool = False,
+        retract: bool = False,
+        draft: bool = False,
     ) -> None:
         self.kind, self.g, self.ps, self.dev = kind, geometry, page_size, torch.device(device)
+        self.retract_every = 5 if retract else 0  # steps between retractions to the host
+        self.parked: list[tuple[dict, Any, int]] = []  # retracted: (what must come back, host copy, resume step)
+        self.in_flight: list[int] = []  # the requests of the forward in flight
         self.gpu = Device() if overlap else None  # the forward stream, when forwards land late
         self.flush_in_flight = flush_in_flight  # flush_opportunistic every step, or only when nothing runs
         stream = None if self.gpu is None else self.gpu.forward_stream  # as SGLang's scheduler passes it
@@ -126,9 +147,11 @@ class Workload:
             device=device,
             forward_stream=stream,
             extra_buffer=extra_buffer,
+            fused_draft=draft_placement(kind, geometry) if draft else None,
         )
         self.alloc = self.bundle.token_to_kv_pool_allocator
         self.kv = self.bundle.token_to_kv_pool
+        self.draft: Any = self._bind_draft() if draft else None
         self.slots: Any = getattr(getattr(self.bundle, "req_to_token_pool", None), "mamba_allocator", None)
         self.state: Any = self.bundle.req_to_token_pool.mamba_pool if self.slots is not None else None
         # the extra buffer's tracking slots a request takes with its state slot (SGLang's alloc_req_slots)
@@ -146,12 +169,41 @@ class Workload:
         self.report = Report(kind, page_size, overlap=overlap)
         self.width = geometry.head_num * geometry.head_dim
 
+    def _bind_draft(self) -> Any:
+        """The draft runner's KV pool, bound by SGLang's own binder over the
+        lanes fused into the full sub-pool: a one-layer draft model (one
+        ``RadixAttention``, as an EAGLE or MTP head has) translating through
+        the target's allocator."""
+        radix = import_sglang("sglang.srt.layers.radix_attention")
+        binder = import_sglang("sglang.srt.mem_cache.unified_draft_pool")
+        g = self.g
+        model = torch.nn.Module()
+        model.attn = radix.RadixAttention(
+            num_heads=g.head_num, head_dim=g.head_dim, scaling=1.0, num_kv_heads=g.head_num, layer_id=0
+        )
+        binding = binder.bind_fused_draft(
+            placement=self.bundle.unified_memory_pool.fused_draft,
+            runner=0,
+            unified_buffer=self.bundle.unified_memory_pool,
+            host_allocator=self.alloc,
+            model=model,
+            model_config=None,
+            req_to_token_pool=getattr(self.bundle, "req_to_token_pool", None),
+            page_size=self.ps,
+        )
+        return binding.token_to_kv_pool
+
     # -------------------------------------------------------- bytes
 
-    def _layers(self) -> list[tuple[int, bool]]:
-        out = [(layer, False) for layer in self.g.full_layers]
+    def _layers(self, target_only: bool = False) -> list[tuple[int, bool, Any, int]]:
+        """``(layer, in_swa, pool, code)`` for every layer whose K/V the
+        workload writes: the target's, then a fused draft's (``code`` keys
+        the values, so a draft lane never passes for a target layer)."""
+        out = [(layer, False, self.kv, layer) for layer in self.g.full_layers]
         if self.has_swa:
-            out += [(layer, True) for layer in self.g.swa_layers]
+            out += [(layer, True, self.kv, layer) for layer in self.g.swa_layers]
+        if self.draft is not None and not target_only:
+            out += [(layer, False, self.draft, DRAFT_CODE + layer) for layer in sorted(self.draft.layer_lanes)]
         return out
 
     def _where(self, ids: torch.Tensor, swa: bool) -> torch.Tensor:
@@ -167,15 +219,15 @@ class Workload:
         (``swa`` in the SWA layers): their rows at the current translation
         and the values their current generation should hold there."""
         out = []
-        for layer, in_swa in self._layers():
+        for layer, in_swa, pool, code in self._layers():
             ids = swa if in_swa else full
             if not ids:
                 continue
             t = self._t(ids)
             gens = torch.tensor([self.gen.get(v, 0) % 64 for v in ids], dtype=I64)
             rows = self._where(t, in_swa)
-            for part, buf in enumerate((self.kv.get_key_buffer(layer), self.kv.get_value_buffer(layer))):
-                want = _value(t.cpu(), layer, part, self.width, buf.dtype, gens).view(-1, *buf.shape[1:])
+            for part, buf in enumerate((pool.get_key_buffer(layer), pool.get_value_buffer(layer))):
+                want = _value(t.cpu(), code, part, self.width, buf.dtype, gens).view(-1, *buf.shape[1:])
                 out.append((buf, rows, want.to(self.dev), in_swa))
         return out
 
@@ -245,7 +297,7 @@ class Workload:
         """Every live token's K/V in every layer, and every live slot's state."""
         full, swa = self._held()
         _, errors = self._bad(full, swa)
-        self.report.tokens_checked += sum(len(swa if in_swa else full) for _, in_swa in self._layers())
+        self.report.tokens_checked += sum(len(swa if in_swa else full) for _, in_swa, _, _ in self._layers())
         for r in self.live.values():
             errors += self._state_bad(r)
             for slot in r.track:  # written once, when taken
@@ -262,6 +314,7 @@ class Workload:
         with what they should hold; then SGLang's two hooks."""
         ids, batch = self.batch_ids, [r for r in self.batch.values() if r.rid in self.live]
         self.batch_ids, self.batch = [], {}
+        self.in_flight = [r.rid for r in batch]
         if not ids:
             return
         written = [(t, self.gen[t]) for t in ids]
@@ -347,8 +400,9 @@ class Workload:
     def _pages(self, tokens: list[int]) -> list[int]:
         return sorted({t // self.ps for t in tokens})
 
-    def finish(self, r: Request) -> None:
-        """Free what only ``r`` held: its SWA entries left, then full."""
+    def finish(self, r: Request, done: bool = True) -> None:
+        """Free what only ``r`` held: its SWA entries left, then full
+        (``done``: it finished, and is counted; else it was retracted)."""
         del self.live[r.rid]
         last = []
         for p in self._pages(r.tokens):
@@ -361,7 +415,86 @@ class Workload:
             self.alloc.free(self._t(owned))
         if r.slot is not None:
             self.slots.free(self._t([r.slot] + r.track))
-        self.report.finished += 1
+        self.report.finished += done
+
+    # ------------------------------------------- retraction to host
+
+    def retract(self) -> None:
+        """Retract a decoding request of the forward in flight to the host,
+        as SGLang's PD decode server does (``Req.offload_kv_cache``): the
+        allocator's ``get_cpu_copy`` of its tokens and state slot, then its
+        memory freed.  What the copy must hold is what the forwards launched
+        so far write, the one in flight included."""
+        rids = [rid for rid in self.in_flight if rid in self.live and self.live[rid].decoding]
+        rids = rids or [rid for rid, r in self.live.items() if r.decoding]
+        if not rids:
+            return
+        r = self.live[rids[-1]]
+        truth = {"tokens": list(r.tokens), "gens": [self.gen.get(t, 0) for t in r.tokens], "swa_from": r.swa_from}
+        truth["state"] = None
+        if r.slot is not None:  # the version its last launched forward writes (or the one written at admission)
+            truth["state"] = [want for *_, want in self._state(r.slot, r.launched if self.gpu is not None else 0)]
+        mamba = None if r.slot is None else torch.tensor(r.slot, dtype=I64, device=self.dev)  # SGLang's 0-dim index
+        host = self.alloc.get_cpu_copy(self._t(r.tokens), mamba_indices=mamba, req_pool_index=None)
+        # On the CPU, "host" tensors can alias the pool (``.to("cpu")`` returns
+        # the tensor itself): keep the copy a device-to-host transfer makes.
+        host = copy.deepcopy(host) if self.dev.type == "cpu" else host
+        self.finish(r, done=False)
+        self.report.retracted += 1
+        self.parked.append((truth, host, self.report.steps + 3))
+
+    def resume(self) -> None:
+        """Resume the parked requests whose time has come (SGLang's
+        ``Req.load_kv_cache``): fresh tokens and slot, ``load_cpu_copy``,
+        then every byte compared at the new pages; then it finishes.  Room
+        is made as for any allocation (the oldest request finishes)."""
+        due = [p for p in self.parked if p[2] <= self.report.steps]
+        self.parked = [p for p in self.parked if p[2] > self.report.steps]
+        for truth, host, _ in due:
+            self._resume(truth, host)
+
+    def _resume(self, truth: dict, host: Any) -> None:
+        n = len(truth["tokens"])
+        slot = None
+        if truth["state"] is not None:
+            slot = self._take_slot()
+            if slot is None:
+                self.report.errors.append(f"step {self.report.steps}: no state slot to resume into, nothing live")
+                return
+        zero, seq = torch.zeros(1, dtype=I64), torch.tensor([n], dtype=I64)
+        out = None
+        while out is None:
+            if self.ps == 1:
+                out = self.alloc.alloc(n)
+            else:
+                out = self.alloc.alloc_extend(zero.to(self.dev), zero, seq.to(self.dev), seq, self._t([-1]), n)
+            if out is None and not self._make_room():
+                self.report.errors.append(f"step {self.report.steps}: no room to resume {n} tokens, nothing live")
+                return
+        mamba = None if slot is None else torch.tensor(slot, dtype=I64, device=self.dev)
+        self.alloc.load_cpu_copy(host, out, mamba_indices=mamba, req_pool_index=None)
+        new = out.tolist()
+        errors = []
+        old = torch.tensor(truth["tokens"], dtype=I64)
+        gens = torch.tensor([g % 64 for g in truth["gens"]], dtype=I64)
+        for layer, in_swa, pool, code in self._layers(target_only=True):  # SGLang's copy holds no draft lane
+            keep = slice(truth["swa_from"], n) if in_swa else slice(0, n)
+            if keep.start >= n:
+                continue
+            rows = self._where(self._t(new[keep]), in_swa)
+            for part, buf in enumerate((pool.get_key_buffer(layer), pool.get_value_buffer(layer))):
+                want = _value(old[keep], code, part, self.width, buf.dtype, gens[keep]).view(-1, *buf.shape[1:])
+                if bool((buf[rows] != want.to(self.dev)).any()):
+                    errors.append(f"a resumed request's {'SWA' if in_swa else 'full'} layer {layer} lost bytes")
+        if slot is not None:
+            for (buf, rows, _), want in zip(self._state(slot, 0), truth["state"]):
+                if bool((buf[rows] != want).any()):
+                    errors.append("a resumed request's mamba state lost bytes")
+            self.slots.free(self._t([slot]))
+        self.alloc.free(out)
+        self.report.restored += 1
+        self.report.restored_tokens += n
+        self.report.errors += [f"step {self.report.steps}: {e}" for e in errors]
 
     def _make_room(self) -> bool:
         """An allocation came back None: finish the oldest request."""
@@ -370,6 +503,17 @@ class Workload:
             return False
         self.finish(self.live[min(self.live)])
         return True
+
+    def _take_slot(self) -> int | None:
+        """A state slot, as SGLang's scheduler takes one (the allocator asked
+        to make room first), finishing the oldest requests while it is
+        refused; None when nothing is left to finish."""
+        if hasattr(self.alloc, "prepare_mamba_allocation"):
+            self.alloc.prepare_mamba_allocation(1)
+        got = self.slots.alloc(1)
+        while got is None and self._make_room():
+            got = self.slots.alloc(1)
+        return None if got is None else int(got.reshape(-1)[0])
 
     def admit(self) -> None:
         ps, rng = self.ps, self.rng
@@ -384,16 +528,11 @@ class Workload:
                 self.refs[p] += 1
             self.report.shared_tokens += k
         if self.slots is not None:
-            if hasattr(self.alloc, "prepare_mamba_allocation"):
-                self.alloc.prepare_mamba_allocation(1)
-            got = self.slots.alloc(1)
-            while got is None and self._make_room():
-                got = self.slots.alloc(1)
-            if got is None:
+            r.slot = self._take_slot()
+            if r.slot is None:
                 for p in self._pages(r.tokens):
                     self.refs[p] -= 1
                 return
-            r.slot = int(got.reshape(-1)[0])
             if self.gpu is None:  # with forwards, the request's first forward writes its state
                 self._write_state(r.slot)
             if self.tracking:  # the extra buffer: the tracking slots too, or the state slot goes back
@@ -486,6 +625,10 @@ class Workload:
             r.swa_from = upto
 
     def step(self) -> None:
+        if self.retract_every:
+            self.resume()
+            if self.report.steps % self.retract_every == self.retract_every - 1:
+                self.retract()
         for _ in range(self.rng.randint(0, 3)):
             self.admit()
         prefilling = [r for r in self.live.values() if not r.decoding]
@@ -515,6 +658,8 @@ def run(
     overlap: bool = False,
     flush_in_flight: bool = True,
     extra_buffer: bool = False,
+    retract: bool = False,
+    draft: bool = False,
 ) -> Report:
     """The workload on ``kind``'s stack as SGLang's factory builds it now
     (kvarena's allocator after ``install()``); with ``overlap``, as SGLang's
@@ -523,8 +668,25 @@ def run(
     ``flush_in_flight``, every fourth step once the forwards have landed
     (where SGLang's scheduler calls it).  ``extra_buffer``: the mamba
     stacks built with SGLang's mamba extra buffer, each request also taking
-    its tracking slots (written once, checked every step)."""
-    w = Workload(kind, geometry or Geometry(), page_size, lazy, seed, device, overlap, flush_in_flight, extra_buffer)
+    its tracking slots (written once, checked every step).  ``retract``:
+    every fifth step a request is retracted to the host, and resumed and
+    compared three steps later (``Workload.retract``).  ``draft``: the
+    stack built with a speculative draft's K/V fused into its full entries
+    (SGLang's placement) and the draft runner's pool bound by SGLang's
+    binder; the draft's layer is written and checked with the target's."""
+    w = Workload(
+        kind,
+        geometry or Geometry(),
+        page_size,
+        lazy,
+        seed,
+        device,
+        overlap,
+        flush_in_flight,
+        extra_buffer,
+        retract,
+        draft,
+    )
     with contextlib.nullcontext() if w.gpu is None else w.gpu.current():
         for _ in range(steps):
             w.step()
@@ -533,6 +695,8 @@ def run(
         if w.gpu is not None:  # the last forward lands
             w.gpu.land_all()
             w.check()
+        for truth, host, _ in w.parked:  # the ones still parked come back at the end
+            w._resume(truth, host)
         while w.live:
             w.finish(w.live[min(w.live)])
     w.report.pages_moved = dict(getattr(w.alloc, "pages_moved", {}))

@@ -82,6 +82,40 @@ def test_the_byte_check_catches_a_wrong_translation(monkeypatch):
     assert not r.ok
 
 
+RETRACT_CASES = [(kind, ps, overlap) for kind in stacks.KINDS for ps in (1, 4, 16) for overlap in (True, False)]
+
+
+@pytest.mark.parametrize("kind, ps, overlap", RETRACT_CASES)
+def test_retraction_to_host_brings_every_byte_back(kind, ps, overlap):
+    """Retraction to host (issue 43): requests copied to the host by
+    ``get_cpu_copy`` (with overlap, while their forward is in flight),
+    freed, resumed on fresh pages by ``load_cpu_copy``; every byte compared."""
+    ks.install()
+    r = workload.run(kind, steps=60, page_size=ps, lazy=ps != 4, seed=2, overlap=overlap, retract=True)
+    assert r.ok, r.errors[:3]
+    assert r.retracted >= 10 and r.restored == r.retracted and r.restored_tokens > 4 * r.retracted
+    assert all(moved > 0 for moved in r.pages_moved.values()), r.pages_moved
+
+
+@pytest.mark.parametrize("kind", stacks.KINDS)
+def test_a_host_copy_that_does_not_wait_for_the_forward_is_caught(kind, monkeypatch):
+    """Planted: ``get_cpu_copy`` copies before the forward in flight wrote
+    the request's last token (and state)."""
+    monkeypatch.setattr(allocators._Dropin, "_settle_for_host_copy", lambda self: None)
+    ks.install()
+    r = workload.run(kind, steps=40, page_size=4, seed=2, overlap=True, retract=True)
+    assert any("resumed request" in e for e in r.errors), r.errors[:3]
+
+
+def test_a_state_backup_at_the_virtual_slot_is_caught(monkeypatch):
+    """Planted: the tri-pool's backup reads the state at the virtual slot id
+    as a row, as SGLang's ``Req.offload_kv_cache`` has its pool do."""
+    monkeypatch.setattr(allocators.UnifiedMambaSWATokenToKVPoolAllocator, "_state_rows", lambda self, s: s.reshape(-1))
+    ks.install()
+    r = workload.run("mamba_swa", steps=60, page_size=1, seed=2, retract=True)
+    assert any("mamba state lost bytes" in e for e in r.errors), r.errors[:3]
+
+
 @pytest.mark.cuda
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="no CUDA device")
 @pytest.mark.parametrize("kind", stacks.KINDS)
@@ -92,3 +126,85 @@ def test_the_workload_on_cuda(kind, installed):
         ks.install()
     r = workload.run(kind, steps=60, page_size=4, lazy=True, seed=1, device="cuda")
     assert r.ok, r.errors[:3]
+
+
+def _check(capsys) -> tuple[int, str]:
+    import argparse
+
+    from kvarena.sglang import cli
+
+    p = argparse.ArgumentParser()
+    cli.add_arguments(p)
+    args = p.parse_args(
+        ["check", "--steps", "4", "--overlap-steps", "0", "--extra-buffer-steps", "0", "--retract-steps", "12"]
+        + ["--draft-steps", "8"]
+        + ["--page-sizes", "4", "--no-install"]
+    )
+    rc = cli.run(args)
+    return rc, capsys.readouterr().out
+
+
+def test_sglang_check_has_retraction_and_draft_phases(capsys, monkeypatch):
+    """``kvarena sglang check``'s retraction and draft phases pass on every
+    stack, and the check fails with a backup that does not wait for the
+    forward."""
+    rc, out = _check(capsys)
+    assert rc == 0 and "kvarena sglang check: ok" in out, out[-2000:]
+    assert "retraction phase" in out and "draft phase" in out, out[-2000:]
+    monkeypatch.setattr(allocators._Dropin, "_settle_for_host_copy", lambda self: None)
+    rc, out = _check(capsys)
+    assert rc == 1 and "FAIL retraction" in out, out[-2000:]
+
+
+DRAFT_CASES = [(kind, ps, overlap) for kind in stacks.KINDS for ps in (1, 4, 16) for overlap in (True, False)]
+
+
+@pytest.mark.parametrize("kind, ps, overlap", DRAFT_CASES)
+def test_a_fused_draft_keeps_its_bytes_through_every_relocation(kind, ps, overlap):
+    """Speculative decoding (issue 43): the stack built with a draft's K/V
+    lanes fused into the full entries (SGLang's ``place_fused_draft``), the
+    draft runner's pool bound by SGLang's ``bind_fused_draft`` over
+    kvarena's allocator; the draft layer is written and read back with the
+    target's after every step, relief relocating in every band."""
+    ks.install()
+    r = workload.run(kind, steps=60, page_size=ps, lazy=ps == 1, seed=3, overlap=overlap, draft=True)
+    assert r.ok, r.errors[:3]
+    assert r.tokens_checked > 1000 and r.pages_moved["full"] > 0, r.pages_moved  # the draft's host band moved
+
+
+def test_the_draft_shares_the_targets_ids_and_tables():
+    """One allocation serves both: the draft pool translates through the
+    target's allocator, and ``draft_virtual_id_space`` is SGLang's (its draft
+    worker sizes its pools to it)."""
+    for kind in stacks.KINDS:
+        placement = stacks.draft_placement(kind)
+        sglang = stacks.build(kind, page_size=4, fused_draft=placement).token_to_kv_pool_allocator
+        ks.install()
+        w = workload.Workload(kind, stacks.Geometry(), 4, True, seed=0, draft=True)
+        assert w.draft.host_allocator is w.alloc and w.alloc.draft_virtual_id_space == sglang.draft_virtual_id_space
+        assert "draft_virtual_id_space" not in allocators.UNSUPPORTED
+
+
+def test_a_move_that_leaves_the_draft_lanes_behind_is_caught(monkeypatch):
+    """Planted: relocation copies the target's parts of each entry and not
+    the draft's (a per-layer move that knows only the target's layers)."""
+    real = allocators._Dropin._move_pages
+
+    def host_parts_only(self, name, dst, src):
+        draft = getattr(self, "_planted_draft", None)
+        rows = (dst.reshape(-1, 1) * self.page_size + torch.arange(self.page_size)).reshape(-1)
+        kept = None if draft is None or name != "full" else [b[rows].clone() for b in draft]
+        real(self, name, dst, src)
+        if kept is not None:
+            for b, k in zip(draft, kept):
+                b[rows] = k
+
+    monkeypatch.setattr(allocators._Dropin, "_move_pages", host_parts_only)
+    ks.install()
+    w = workload.Workload("swa", stacks.Geometry(), 4, False, seed=3, draft=True)
+    w.alloc._planted_draft = [w.draft.get_key_buffer(0), w.draft.get_value_buffer(0)]
+    for _ in range(60):
+        w.step()
+        if w.report.errors:
+            break
+    assert any("corrupted" in e for e in w.report.errors), w.report.errors[:3]
