@@ -568,3 +568,23 @@ def test_a_backend_that_says_yes_and_refuses_fails_instead_of_spinning(monkeypat
     monkeypatch.setattr(b, "decode", lambda seqs, lasts: None if len(seqs) > 3 else real(seqs, lasts))
     with pytest.raises(RuntimeError, match="spin-test: relief retracted nothing"):
         run(b, s, traces.generate("short", 40, seed=1), engine.Config(record=False), "spin-test")
+
+
+def test_enable_mixed_chunk_reaches_the_sglang_setups(tmp_path, capsys):
+    """``--enable-mixed-chunk``: the SGLang setups mix prefill into decode
+    (the limits line says so, the runs record it, and their times change);
+    vLLM's padded pool mixes either way and keeps its times."""
+    base = ["simulate", "--preset", "tri-synthetic", "--trace", "balanced", "--requests", "150"]
+    base += ["--setups", "unified,vllm-padded", "--seeds", "1", "--jobs", "1"]
+    runs = {}
+    for flag in ([], ["--enable-mixed-chunk"]):
+        out = tmp_path / f"r{len(flag)}.json"
+        assert cli.main([*base, *flag, "--json", str(out)]) == 0
+        runs[bool(flag)] = json.loads(out.read_text())["runs"][0]["setups"]
+        text = capsys.readouterr().out
+        want = "prefill mixed into decode" if flag else "prefill in passes of its own"
+        assert f"CUDA graphs to batch 256, {want}" in text
+    assert runs[False]["unified"]["mixed_chunk"] is False and runs[True]["unified"]["mixed_chunk"] is True
+    assert runs[False]["vllm-padded"]["mixed_chunk"] is True is runs[True]["vllm-padded"]["mixed_chunk"]
+    assert runs[False]["unified"]["seconds"] != runs[True]["unified"]["seconds"]
+    assert runs[False]["vllm-padded"]["seconds"] == runs[True]["vllm-padded"]["seconds"]
