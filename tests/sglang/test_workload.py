@@ -172,6 +172,14 @@ def test_a_fused_draft_keeps_its_bytes_through_every_relocation(kind, ps, overla
     assert r.tokens_checked > 1000 and r.pages_moved["full"] > 0, r.pages_moved  # the draft's host band moved
 
 
+@pytest.mark.parametrize("kind", stacks.KINDS)
+def test_sglang_runs_the_draft_workload(kind):
+    """The draft workload is SGLang's contract: its own allocator passes it too."""
+    with stacks.cpu_kernels():
+        r = workload.run(kind, steps=40, page_size=4, lazy=True, seed=3, draft=True)
+    assert r.ok, r.errors[:3]
+
+
 def test_the_draft_shares_the_targets_ids_and_tables():
     """One allocation serves both: the draft pool translates through the
     target's allocator, and ``draft_virtual_id_space`` is SGLang's (its draft
