@@ -34,6 +34,11 @@ mamba state while its forward may still be writing them, then it is freed.
 A few steps later it is resumed on fresh pages and a fresh slot
 (``Req.load_kv_cache``: ``load_cpu_copy``), every byte it had is compared
 there, and it finishes.
+
+With ``draft=True`` the stack is built with a speculative draft's K/V fused
+into its full entries (SGLang's ``place_fused_draft``) and the draft
+runner's pool is bound by SGLang's ``bind_fused_draft``; the draft's layer is
+written and checked with the target's, so every relocation must carry it.
 """
 
 import contextlib
