@@ -68,6 +68,83 @@ class DecodeLoop:
         self.alloc.translate_loc_from_full_to_swa(out)
 
 
+STEP_CALLS = ("alloc_decode", "free_swa_segment", "translate_kv_loc", "translate_loc_from_full_to_swa")
+# Dispatched operations that launch nothing on a device: views and other
+# metadata, allocations without a fill, and the profiler's markers.
+NO_LAUNCH = frozenset(
+    {"view", "_unsafe_view", "slice", "select", "detach", "alias", "lift_fresh", "expand", "unsqueeze", "squeeze"}
+    | {"as_strided", "t", "permute", "empty", "empty_strided", "empty_like"}
+)
+
+
+def _launches(func) -> int:
+    """1 if the operation launches work on a device, else 0."""
+    ns, _, rest = str(func).partition(".")
+    return 0 if ns == "profiler" or rest.split(".")[0] in NO_LAUNCH else 1
+
+
+def decode_step_launches(batch: int, ours: bool) -> list[int]:
+    """Kernel launches of each decode step over a page's worth of steps
+    (``PAGE_SIZE``, so a page opening and a window free fall in it), counted
+    the same way on both allocators: one per torch operation the step's
+    allocator calls (``STEP_CALLS``) dispatch that launches device work
+    (``_launches``: not a view, an empty allocation or a profiler marker),
+    and one per Triton kernel SGLang launches (``alloc_decode_kernel``; on
+    the CPU its torch stand-in runs uncounted, as the kernel would be one
+    launch).  The scheduler's own tensor work between the calls is not
+    counted.  On the CPU a host copy's operations count as launches too,
+    on both sides."""
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    sub = stacks.import_sglang("sglang.srt.mem_cache.allocator.unified_sub_pool")
+    count, depth = [0], [0]
+
+    class Mode(TorchDispatchMode):
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            if depth[0] == 0:
+                count[0] += _launches(func)
+            return func(*args, **(kwargs or {}))
+
+    stacks.runtime_context()
+    with _side(ours, "cpu"):
+        kernels = {name: getattr(sub, name) for name in ("alloc_extend_kernel", "alloc_decode_kernel")}
+
+        def one_launch(run):
+            def launch(*args):
+                count[0] += 1
+                depth[0] += 1
+                try:
+                    return run(*args)
+                finally:
+                    depth[0] -= 1
+
+            return launch
+
+        for name, k in kernels.items():
+            setattr(sub, name, stacks._OnHost(one_launch(k[None])) if isinstance(k, stacks._OnHost) else k)
+        try:
+            loop = DecodeLoop(batch, 64, 2 * PAGE_SIZE, 32, "cpu")
+            loop.step()  # warm
+            for call in STEP_CALLS:
+                fn = getattr(loop.alloc, call)
+
+                def counted(*args, fn=fn, **kwargs):
+                    with Mode():
+                        return fn(*args, **kwargs)
+
+                setattr(loop.alloc, call, counted)
+            per_step = []
+            for _ in range(PAGE_SIZE):
+                count[0] = 0
+                loop.step()
+                per_step.append(count[0])
+        finally:
+            for name, k in kernels.items():
+                setattr(sub, name, k)
+            factories.uninstall()
+    return per_step
+
+
 def _side(ours: bool, device: str):
     """kvarena's allocator in SGLang's factory, or SGLang's own."""
     if ours:

@@ -36,7 +36,9 @@ Sections (``--only``):
   CUDA);
 - ``sglang``: one decode step on SGLang's own SWA stack (sglang 0.5.23,
   installed on first use) with kvarena's allocator against SGLang's
-  (``kvarena.sglang.bench``), batch 1, 64 and ``--batch``.
+  (``kvarena.sglang.bench``), batch 1, 64 and ``--batch``: the time ratio,
+  and the kernel launches a step, counted the same way on both (each torch
+  operation that launches device work, each SGLang Triton kernel as one).
 """
 
 import argparse
@@ -681,17 +683,19 @@ def bench_copy(args, device):
 def bench_sglang(args, device):
     """kvarena's allocator against SGLang's own in SGLang's stack, one decode step."""
     from kvarena.anchor.loader import ensure_installed
-    from kvarena.sglang.bench import decode_step
+    from kvarena.sglang.bench import decode_step, decode_step_launches
 
     ensure_installed(allow_install=True)
     out = {}
     for batch in sorted({1, 64, args.batch}):
         t = decode_step(batch, args.steps, args.warmup, args.repeats, device, _sync)
         ratios = [a / b for a, b in zip(t["kvarena"], t["sglang"])]
+        launches = {side: decode_step_launches(batch, side == "kvarena") for side in ("kvarena", "sglang")}
         out[f"batch {batch}"] = {
             "ratio": _summary(ratios),
             "kvarena_us": _summary([x * 1e6 for x in t["kvarena"]]),
             "sglang_us": _summary([x * 1e6 for x in t["sglang"]]),
+            "launches": {side: {"min": min(n), "max": max(n)} for side, n in launches.items()},
         }
     return out
 
@@ -775,6 +779,12 @@ def _print(section, res):
             print(
                 f"sglang decode step, {k}: kvarena / SGLang's allocator {_fmt_ratio(r['ratio'])}; "
                 f"{r['kvarena_us']['median']:,.0f} us against {r['sglang_us']['median']:,.0f} us a step"
+            )
+            n = r["launches"]
+            print(
+                f"sglang decode step, {k}: launches a step (a page's worth of steps, min to max), "
+                f"kvarena {n['kvarena']['min']} to {n['kvarena']['max']}, "
+                f"SGLang's allocator {n['sglang']['min']} to {n['sglang']['max']}"
             )
     elif section == "copy":
         for r in res["envelopes"].values():

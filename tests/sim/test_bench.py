@@ -271,6 +271,7 @@ def test_bench_command_writes_every_section(tmp_path, capsys):
         "copy, 1 MiB in 16 KiB pages: make_room at",
         "sglang decode step, batch 1:",
         "sglang decode step, batch 32:",
+        "sglang decode step, batch 32: launches a step",
     ):
         assert word in text
     data = json.loads(out.read_text())
@@ -289,6 +290,9 @@ def test_bench_command_writes_every_section(tmp_path, capsys):
     assert list(data["copy"]["envelopes"]) == ["4 KiB", "16 KiB"]
     assert set(data["sglang"]) == {"batch 1", "batch 32", "batch 64"}
     assert all(r["kvarena_us"]["median"] > 0 and r["sglang_us"]["median"] > 0 for r in data["sglang"].values())
+    assert all(
+        0 < r["launches"][s]["min"] <= r["launches"][s]["max"] for r in data["sglang"].values() for s in r["launches"]
+    )
     churn = data["churn"]["gpt-oss-120b"]["anchor"]
     assert churn["moved_per_allocated"] == pytest.approx(churn["bytes_moved"] / churn["bytes_allocated"])
     assert cli.main(["bench", "--only", "nope"]) == 2
