@@ -7,17 +7,18 @@ freeing it (``release_req`` -> ``backup_kv_cache`` -> ``Req.offload_kv_cache``
 resumes the request, allocates it again and loads the copy back
 (``restore_kv_cache`` -> ``Req.load_kv_cache`` -> ``load_cpu_copy``).
 
-``Server`` is the overlap event loop of ``tests/sglang/test_overlap.py``
-(SGLang's ``ScheduleBatch``, ``retract_decode``, ``UnifiedRadixCache``; a
-fake GPU whose forwards land late); its retractions run as a PD decode
-server's (SGLang's disagg config seen in decode mode, ``cpu_tensor``).  A retraction
-happens while the last forward is still in flight and may still write the
-request's tokens and state.  Each retracted request is resumed at once: a
-fresh row, state slot and pages (SGLang's ``alloc_extend``, as PD decode's
-pre-allocation), ``restore_kv_cache``; then every token the request had
-written (every layer, K and V, full and SWA where it held SWA) and its
-mamba state must read back from the new pages with the bytes it held.
-The resumed request is then released and recomputed, as the loop does.
+``RetractingServer`` is the overlap event loop of
+``tests/sglang/test_overlap.py`` (SGLang's ``ScheduleBatch``,
+``UnifiedRadixCache``; a fake GPU whose forwards land late) whose scheduler,
+at given steps right after a launch, retracts a request of the forward in
+flight with SGLang's ``release_req`` as ``retract_decode`` calls it on a PD
+decode server (SGLang's disagg config seen in decode mode, ``cpu_tensor``):
+the forward may still be writing the request's tokens and state.  Once the
+loop has drained, each retracted request is resumed on a fresh row, state
+slot and pages (SGLang's ``alloc_extend``, as PD decode's pre-allocation)
+and ``restore_kv_cache``; then every token it had written (every layer, K
+and V, full and SWA where it held SWA) and its mamba state must read back
+from the new pages with the bytes it held.
 """
 
 import copy
