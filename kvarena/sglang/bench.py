@@ -121,7 +121,7 @@ def decode_step_launches(batch: int, ours: bool) -> list[int]:
             return launch
 
         for name, k in kernels.items():
-            setattr(sub, name, stacks._OnHost(one_launch(k[None])) if isinstance(k, stacks._OnHost) else k)
+            setattr(sub, name, stacks._OnHost(one_launch(k.run)) if isinstance(k, stacks._OnHost) else k)
         try:
             loop = DecodeLoop(batch, 64, 2 * PAGE_SIZE, 32, "cpu")
             loop.step()  # warm

@@ -219,16 +219,15 @@ class Clock:
         or, mixed, one decode iteration's extra tokens."""
         budget = self.chunk_budget(decode_tokens)
         full, rest = divmod(prefill_tokens, budget)
-        passes = [(budget, full), (rest, 1 if rest else 0)]  # (tokens, how many)
+        passes = ((budget, full), (rest, int(rest > 0)))  # (tokens a pass, how many passes)
         decode = self.iteration_seconds(decode_tokens, kv_bytes) + self.eager_seconds(decode_tokens)
-        if not self.mixed:
-            alone = sum(n * (self.iteration_seconds(c, 0) + self._eager(c, self.prefill_graph)) for c, n in passes)
-            return self.page_tokens * decode + alone
-        riding = 0.0
-        for c, n in passes:
-            b = decode_tokens + c
-            riding += n * (self.iteration_seconds(b, kv_bytes) + self._eager(b, self.prefill_graph))
-        return max(self.page_tokens - full - passes[1][1], 0) * decode + riding
+        extra = decode_tokens if self.mixed else 0  # a mixed pass also carries the decodes
+        kv = kv_bytes if self.mixed else 0  # and reads their KV; a pass of its own reads none
+        prefill = sum(
+            n * (self.iteration_seconds(extra + c, kv) + self._eager(extra + c, self.prefill_graph)) for c, n in passes
+        )
+        decode_only = self.page_tokens - (full + passes[1][1] if self.mixed else 0)  # iterations no chunk rides
+        return max(decode_only, 0) * decode + prefill
 
     def copy_seconds(self, moved_bytes):
         """Relocating ``moved_bytes``: each read and written once."""
