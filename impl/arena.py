@@ -36,6 +36,13 @@ freed while something of it is guarded (it settles if a hole or a freed
 page is guarded).  A settle (each ``settle``, and every urgent settle) makes
 the bounds exact again; ``free(check=True)`` and the non-urgent flush count
 exactly as they go.
+
+Host transfers (docs/design.md §13).  ``gate_closed`` is a capacity field
+of the arena itself (a ``CapField``: closing or opening the gate ticks the
+memo's clock, since an END's schedulable view credits no hole while moves
+are held), and each band's ``reserved`` pages one more.  While moves are
+held (``moves_held``) a flush only absorbs, and a slide, pack or plan that
+would move a page does nothing; everything else is as it was.
 """
 
 import functools
@@ -57,7 +64,7 @@ from kvarena.spec.planner import End, Float, move_order, plan_chain
 from . import capacity as cap
 from .band import FREED, I64, Band, BandCounts
 from .journal import Journal
-from .memo import Memo
+from .memo import CapField, Clock, Memo
 
 Ids = torch.Tensor | Iterable[int]  # virtual ids: a tensor, or a host sequence of ints
 
@@ -247,6 +254,10 @@ class Arena:
             fit, or a ``mover`` that is not callable.
     """
 
+    # A host transfer in flight holds every move (docs/design.md §13).  A
+    # capacity field: each rebind ticks the memo's clock (``epoch``, ``clock``).
+    gate_closed = CapField[bool]()
+
     def __init__(
         self,
         total_bytes: int,
@@ -291,6 +302,9 @@ class Arena:
         self._order = list(self.bands.values())
         self._memo = Memo.shared_by(self._order)  # one arena-wide epoch; a deep copy gets its own
         self._cache = self._memo.cache  # the memo's dict, emptied in place on every tick
+        self.epoch = 0  # the arena's own capacity field (``gate_closed``) ticks the bands' clock
+        self.clock: Clock = self._memo.clock
+        self.gate_closed = False
         self._journal: Journal | None = None  # the open scope's undo log (impl/journal.py)
         self.in_flight = False  # a forward launched and not yet settled (docs/design.md §12)
         self.on_settle: Callable[[], None] | None = None  # the engine's wait on that forward, or None
@@ -847,7 +861,7 @@ class Arena:
         return cap.float_available(not b.opaque, region_lo, region_hi, b.lo, b.hi, b.n_holes, b.index_room)
 
     def _schedulable(self, b: Band) -> int:
-        if not b.is_end:
+        if not b.is_end or self.moves_held():  # a held flush only absorbs: no hole becomes gap
             return self._available(b)
         nb = self._neighbour(b.name, b.grow == "up")
         assert nb is not None  # an END faces the other END at least
@@ -944,7 +958,9 @@ class Arena:
     def schedulable_available_size(self, name: str) -> int:
         """Tokens available once the growth-side neighbour flushes: a lazy END
         neighbour's holes are credited, in bytes, to this END's gap
-        (docs/design.md §5); as the spec's.  A float's is its available size.
+        (docs/design.md §5); as the spec's.  A float's is its available size,
+        and so is every pool's while moves are held (``moves_held``: a flush
+        then only absorbs; docs/design.md §13).
 
         Args:
             name: the pool.
@@ -1150,10 +1166,7 @@ class Arena:
         """Bind ``n`` pages, ``0 < n <= available_pages``, to ``ids`` (valid
         unbound ids, or None: the queue's oldest).  No check, no sync: the
         tail of ``alloc`` and of ``bind_with_borrowers``.  Returns the ids."""
-        if self.in_flight and b.g_hi > 0 and self._skips_guards(b, n):
-            pages = self._take_unguarded(b, n)
-        else:
-            pages = self._pages_for(b, n)
+        pages = self._hand_out(b, n)
         journal = self._open()
         if ids is None:
             assert b.free_ids is not None  # only a band that mints its ids binds without them
@@ -1166,6 +1179,14 @@ class Arena:
         b.p2v.index_copy_(0, pages, ids)
         b.live = b.live + n
         return ids
+
+    def _hand_out(self, b: Band, n: int) -> torch.Tensor:
+        """Take ``0 < n <= available_pages`` pages of ``b`` as ``alloc`` does:
+        the oldest unguarded holes, then the extension (settling first when
+        it needs a guarded hole).  The caller binds or reserves them."""
+        if self.in_flight and b.g_hi > 0 and self._skips_guards(b, n):
+            return self._take_unguarded(b, n)
+        return self._pages_for(b, n)
 
     def _pages_for(self, b: Band, n: int) -> torch.Tensor:
         """The pages of a bind with no guarded hole in the way: the oldest
@@ -1368,7 +1389,8 @@ class Arena:
         vacates waits as a pending hole (at the back of the hole list,
         ascending), the frontier retreats over no guarded page, and a float
         with a guarded hole is left alone.  With nothing in flight the two
-        are the same flush.
+        are the same flush.  While moves are held (``moves_held``,
+        docs/design.md §13) it only absorbs, as ``max_moves=0``.
 
         Args:
             name: the pool.
@@ -1385,6 +1407,8 @@ class Arena:
         b = self._band(name)
         if max_moves is not None:
             max_moves = self._count(name, max_moves, "max_moves")
+        if self.moves_held():
+            max_moves = 0  # a host transfer holds the pages where they are: absorb only
         guarded = self._guarded_holes(b) > 0  # never, with nothing in flight
         if not b.is_end:
             if b.opaque:
@@ -1418,10 +1442,10 @@ class Arena:
         if vacated:
             self._vacate(b, src)
         moved = self._move(b, dst, src)
-        held = b.p2v[g.min_page : g.num_pages] >= 0
+        inside = b.occupied_mask()  # live pages, reserved ones too
         if self.in_flight and b.guard is not None:  # the frontier keeps every guarded page inside
-            held = held | (b.guard[g.min_page : g.num_pages] != -1)
-        kept = torch.nonzero(held).flatten() + g.min_page  # SYNC: the new frontier
+            inside = inside | (b.guard[g.min_page : g.num_pages] != -1)
+        kept = torch.nonzero(inside).flatten() + g.min_page  # SYNC: the new frontier
         if b.grow == "up":
             b.hi = int(kept[-1]) + 1 if kept.numel() else g.min_page
         else:
@@ -1467,7 +1491,8 @@ class Arena:
         As the spec's (docs/design.md §4).  A cold path that reads the host
         (``# SYNC:``): the move set depends on the live pages.  With a
         forward in flight it settles first when it moves a page or the
-        float holds a guarded hole (docs/design.md §12).
+        float holds a guarded hole (docs/design.md §12).  While moves are
+        held (docs/design.md §13) a slide that would move a page does nothing.
 
         Args:
             name: the float.
@@ -1517,6 +1542,8 @@ class Arena:
             near = torch.sort(holes[holes < edge], descending=True).values
             room = torch.cat([near, torch.flip(b.pages(region_lo, b.lo), (0,))])
             dst = torch.sort(room[: src.numel()]).values
+        if src.numel() and self.moves_held():
+            return 0  # a host transfer holds the pages where they are
         if src.numel() or self._guarded_holes(b):
             self.settle()  # the urgent path (docs/design.md §12): it may move and reshape
         moved = self._move(b, dst, src)
@@ -1529,7 +1556,8 @@ class Arena:
         keeping their order.  As the spec's (docs/design.md §4).  A cold path
         that reads the host (``# SYNC:``): the move set depends on the live pages.
         With a forward in flight it settles first when it moves a page or
-        the float holds a guarded hole (docs/design.md §12).
+        the float holds a guarded hole (docs/design.md §12).  While moves
+        are held (docs/design.md §13) a pack that would move a page does nothing.
 
         Args:
             name: the float.
@@ -1552,6 +1580,8 @@ class Arena:
         target = b.pages(first, first + live.numel())
         off = target != live
         dst, src = target[off], live[off]
+        if src.numel() and self.moves_held():
+            return 0  # a host transfer holds the pages where they are
         if src.numel() or self._guarded_holes(b):
             self.settle()  # the urgent path (docs/design.md §12): it may move and drops holes
         moved = self._move(b, dst, src)
@@ -1767,6 +1797,201 @@ class Arena:
         rows = b.guard[1 : b.geom.num_pages]  # the sink's row is launch's scratch (``_pin``)
         return torch.nonzero(rows >= 0 if pinned else rows <= -2).flatten() + 1  # SYNC: a view, a cold path
 
+    # ------------------------------------ host transfers: gates and reservations
+
+    def moves_held(self) -> bool:
+        """Whether every move is held (docs/design.md §13): the gate is
+        closed (a host transfer is in flight) or a band holds a reserved
+        page (a load is queued on it); as the spec's.  Host reads only.
+
+        While held, no live page changes its physical page: a flush only
+        absorbs, a slide, pack or plan that would move a page does nothing,
+        and allocation takes holes and frontiers only.
+
+        Returns:
+            True while moves are held.
+        """
+        return self.gate_closed or any(b.n_reserved for b in self._order)
+
+    def _require_lazy(self, what: str) -> None:
+        """A hold needs lazy ENDs: an eager END compacts (moves) on every free."""
+        for b in self._order:
+            if b.is_end and not b.lazy:
+                raise ValueError(
+                    f"pool {b.name!r}: {what} holds moves, but this END is eager and compacts on every free; "
+                    "build the arena with lazy ENDs"
+                )
+
+    def _set_gate(self, closed: bool) -> None:
+        """Rebind the gate when it changes (a tick of the memo's clock), with its undo."""
+        if self.gate_closed != closed:
+            self._open().on_undo(setattr, self, "gate_closed", self.gate_closed)
+            self.gate_closed = closed
+
+    @_all_or_nothing
+    def close_gate(self) -> None:
+        """A host transfer is in flight: hold every move until ``open_gate``
+        (docs/design.md §13); as the spec's.  No count changes; an END's
+        schedulable view stops crediting its neighbour's holes.  One
+        ``atomic()`` scope (docs/design.md §9c).
+
+        Raises:
+            ValueError: an END of this arena is eager (named): its frees move
+                pages.  Nothing has changed.
+        """
+        self._require_lazy("close_gate")
+        self._set_gate(True)
+
+    @_all_or_nothing
+    def open_gate(self) -> None:
+        """Every host transfer is done: moves may run again, unless a
+        reservation still holds them (docs/design.md §13); as the spec's.
+        One ``atomic()`` scope (docs/design.md §9c)."""
+        self._set_gate(False)
+
+    @_all_or_nothing
+    def reserve(self, name: str, n: int) -> torch.Tensor | None:
+        """Reserve ``n`` pages for a host transfer's load; the physical pages,
+        or None if short (docs/design.md §13); as the spec's.
+
+        The pages are taken as ``alloc`` takes them (holes first, then the
+        frontier) and count as live in every view, but no id owns them:
+        the engine loads bytes into them by physical page, then hands them
+        to ids (``bind_reserved``) or gives them back (``cancel``).  While
+        a band holds one, moves are held (``moves_held``).  No relief runs:
+        the caller relieves first.  No host read; one ``atomic()`` scope.
+
+        Args:
+            name: the pool.
+            n: pages wanted, at least 0; 0 gives an empty tensor.
+
+        Returns:
+            The reserved physical pages (a new int64 tensor), in the order
+            ``alloc`` would bind them; None, with nothing changed, when
+            ``n > available_pages(name)``.
+
+        Raises:
+            ValueError: an unknown pool, ``n`` not an int >= 0, or an eager
+                END in the arena, naming the pool; nothing changed.
+        """
+        b = self._band(name)
+        n = self._count(name, n)
+        self._require_lazy(f"reserve({name!r})")
+        if n == 0:
+            return torch.empty(0, dtype=I64, device=self.device)
+        if n > self.available_pages(name):
+            return None
+        pages = self._hand_out(b, n)
+        b.reserved = torch.cat([b.reserved, pages])
+        b.live = b.live + pages.numel()  # live in every view, though no id owns them yet
+        return pages.clone()
+
+    def _reserved_pages(self, b: Band, pages: Ids, what: str) -> torch.Tensor:
+        """``pages`` as a tensor, each a distinct reserved page of ``b``;
+        else ``ValueError`` in the spec's words.  SYNC: a cold path's
+        validation reads the pages on the host."""
+        try:
+            if isinstance(pages, torch.Tensor):
+                if pages.dtype.is_floating_point or pages.dtype.is_complex or pages.dtype == torch.bool:
+                    raise TypeError
+                host = pages.reshape(-1).tolist()  # SYNC: validation
+            else:
+                host = list(pages)
+                if any(isinstance(p, bool) for p in host):
+                    raise TypeError  # a bool is not a page
+                host = [operator.index(p) for p in host]
+        except TypeError:
+            raise ValueError(f"pool {b.name!r}: {what}: pages must be ints") from None
+        if len(set(host)) != len(host):
+            raise ValueError(f"pool {b.name!r}: {what}: repeated page in {host}")
+        held = set(b.reserved.tolist())  # SYNC: validation
+        stray = [p for p in host if p not in held]
+        if stray:
+            raise ValueError(f"pool {b.name!r}: {what}: pages {stray} are not reserved")
+        return torch.tensor(host, dtype=I64, device=self.device)
+
+    def _unreserve(self, b: Band, pages: torch.Tensor) -> None:
+        """Drop reserved ``pages`` from ``b``'s list, the others keeping their order."""
+        b.reserved = b.reserved[~torch.isin(b.reserved, pages)]
+
+    @_all_or_nothing
+    def bind_reserved(self, name: str, ids: Ids, pages: Ids) -> None:
+        """Give reserved pages to ids: ``ids[k]`` owns ``pages[k]``
+        (docs/design.md §13); as the spec's.  The bytes a load put there
+        become the ids' (a borrower's ids must be live in its lender).  No
+        count changes.  A cold path: the pages and ids are validated with
+        host reads; one ``atomic()`` scope (docs/design.md §9c).
+
+        Args:
+            name: the pool.
+            ids: virtual ids, each free here, one per page.
+            pages: reserved physical pages of the pool.
+
+        Raises:
+            ValueError: an unknown pool; a page not reserved here, or
+                repeated; a bad id (as ``alloc``'s ``ids``); or not one id
+                per page, naming the pool; nothing changed.
+        """
+        b = self._band(name)
+        pages = self._reserved_pages(b, pages, "bind_reserved")
+        ids = self._checked(b, ids, bound=False)
+        if ids.numel() != pages.numel():
+            raise ValueError(f"pool {name!r}: bind_reserved: {ids.numel()} ids for {pages.numel()} pages")
+        if ids.numel() == 0:
+            return
+        if b.free_ids is not None:  # a borrower keeps no queue
+            b.free_ids.remove(ids)
+        self._open().on_undo(_unbind, b, ids, pages)
+        b.v2p.index_copy_(0, ids, pages)
+        b.p2v.index_copy_(0, pages, ids)
+        self._unreserve(b, pages)
+
+    @_all_or_nothing
+    def cancel(self, name: str, pages: Ids) -> None:
+        """Give reserved pages back: they become holes, as freed pages of
+        their band do, and a float left with no live page parks
+        (docs/design.md §13); as the spec's.  A cold path: the pages are
+        validated with a host read; one ``atomic()`` scope.
+
+        Args:
+            name: the pool.
+            pages: reserved physical pages of the pool.
+
+        Raises:
+            ValueError: an unknown pool, or a page not reserved here, or
+                repeated, naming the pool; nothing changed.
+        """
+        b = self._band(name)
+        pages = self._reserved_pages(b, pages, "cancel")
+        k = pages.numel()
+        if k == 0:
+            return
+        parks = not b.is_end and b.live == k
+        if parks and self._guarded_holes(b):
+            self.settle()  # a parking float drops its holes, and the forward still guards one
+        self._unreserve(b, pages)
+        b.live = b.live - k
+        if parks:
+            b.park()
+        else:
+            b.append_holes(pages)  # as freed pages: reused oldest first
+
+    def reserved(self, name: str) -> torch.Tensor:
+        """Pages reserved for a host transfer's load and not yet bound or
+        cancelled (docs/design.md §13); as the spec's.
+
+        Args:
+            name: the pool.
+
+        Returns:
+            The reserved physical pages, in the order they were reserved,
+            int64 (a new tensor).
+
+        Raises:
+            ValueError: an unknown pool, naming it.
+        """
+        return self._band(name).reserved.clone()
+
     # ------------------------------------------------------------ policy
 
     @_all_or_nothing
@@ -1820,13 +2045,16 @@ class Arena:
         repacks run in ``planner.move_order``, each one batched move (a cold
         path: each move set is read from the live pages, ``# SYNC:``).  As the spec's.
         With a forward in flight a repack settles first when it moves a page
-        or its float holds a guarded hole (docs/design.md §12).
+        or its float holds a guarded hole (docs/design.md §12).  While moves
+        are held (docs/design.md §13) a plan that would move a page does
+        nothing at all: whole or nothing.
 
         Args:
             demand: pages each pool needs; 0 for pools the operation does not touch.
 
         Returns:
-            The pages moved; 0 when the demand already fits or cannot be met.
+            The pages moved; 0 when the demand already fits or cannot be met,
+            or moves are held and it would move one.
 
         Raises:
             ValueError: an unknown pool, or a demand not an int >= 0, naming the pool.
@@ -1854,13 +2082,19 @@ class Arena:
             e = self.bands[name]
             ends.append(End(e.frontiers[side], e.geom.epp, max(0, demand.get(name, 0) - e.n_holes), e.span_room))
         plan = plan_chain(ends[0], floats, ends[1])
-        moved = 0
+        # Every repack's move set first (a float's pages are its own: no other repack touches
+        # them), so that a held arena can refuse the plan whole.
+        repacks = []
         for i in move_order(floats, plan):
             b = self.bands[names[i]]
             live = b.occupied_pages()  # SYNC: the move set depends on the live pages
             target = b.pages(plan.starts[i], plan.starts[i] + live.numel())
             # pages already in the target stay; the rest fill its free pages, both ascending
-            dst, src = target[~torch.isin(target, live)], live[~torch.isin(live, target)]
+            repacks.append((b, target[~torch.isin(target, live)], live[~torch.isin(live, target)]))
+        if self.moves_held() and any(src.numel() for _, _, src in repacks):
+            return 0  # a host transfer holds the pages where they are
+        moved = 0
+        for b, dst, src in repacks:
             if src.numel() or self._guarded_holes(b):
                 self.settle()  # the urgent path (docs/design.md §12): it may move and drops holes
             moved += self._move(b, dst, src)
@@ -1955,9 +2189,10 @@ class Arena:
         The memo is checked first, so a write around a ``CapField`` is
         reported as what it is.  Everything else is recounted from the
         device tables (SYNC: a cold path).  The checks of docs/design.md §5,
-        and an in-flight forward's (docs/design.md §12: "pending page
+        an in-flight forward's (docs/design.md §12: "pending page
         untouched", "pinned page kept", "guards without a forward", and the
-        implementation's "guarded holes" bounds).
+        implementation's "guarded holes" bounds), and a host transfer's
+        (docs/design.md §13: "reserved pages", "hold needs lazy ENDs").
 
         Raises:
             AccountingError: a rule is broken, naming the pool and the rule.
@@ -2006,7 +2241,8 @@ class Arena:
             )
 
     def _check_band(self, b: Band) -> int:
-        """Check one band from its device tables; return its live pages, recounted."""
+        """Check one band from its device tables; return its live pages (bound
+        and reserved), recounted."""
         g, name, n, ids_end = b.geom, b.name, b.geom.num_pages, b.id_end
 
         def need(ok: bool, rule: str, detail: str = "") -> None:
@@ -2023,7 +2259,18 @@ class Arena:
         need(v2p[0] == 0 and p2v[0] == 0, "sink pinned", "page 0 must map to 0")
         need(v2p[ids_end] == -1 and p2v[n] == -1, "sentinel", "the trailing row must hold -1")
         live = [p for p in range(1, n) if p2v[p] >= 0]  # recount from p2v, not the counter
-        need(len(live) == live_count, "live count", f"{len(live)} bound, counter {live_count}")
+        reserved = b.reserved.tolist()  # SYNC: verify is an audit
+        holes = b.holes.tolist()  # SYNC: verify is an audit
+        loads = set(reserved)  # live too, owned by no id yet (docs/design.md §13)
+        extra = f" + {len(loads)} reserved" if loads else ""
+        need(len(live) + len(reserved) == live_count, "live count", f"{len(live)} bound{extra}, counter {live_count}")
+        need(
+            len(loads) == len(reserved)
+            and all(g.min_page <= p and lo <= p < hi and p2v[p] < 0 for p in loads)
+            and not loads & set(holes),
+            "reserved pages",
+            f"reserved {reserved} must be distinct, unbound, inside the span and not holes",
+        )
         need(all(p >= g.min_page for p in live), "no page below min_page")
         need(all(lo <= p < hi for p in live), "live page outside span")
         first_id = b.id_range[0]
@@ -2031,14 +2278,16 @@ class Arena:
             v = p2v[p]
             need(first_id <= v < ids_end and v2p[v] == p, "v2p/p2v inverse", f"page {p}")
         bound = [v for v in range(1, ids_end) if v2p[v] >= 0]
-        need(len(bound) == live_count, "v2p/p2v inverse", "stray v2p entries")
-        holes = b.holes.tolist()  # SYNC: verify is an audit
+        need(len(bound) == len(live), "v2p/p2v inverse", "stray v2p entries")
         need(len(set(holes)) == len(holes), "holes", "duplicate hole")
         need(all(lo <= h < hi and p2v[h] < 0 for h in holes), "holes", "a hole outside the span or live")
         if b.is_end and not b.lazy:
             need(not holes, "eager band has no holes")
         if not b.is_end:
             need(b.opaque or lo == hi == n, "parked float", "a float with no live page must park")
+        if self.gate_closed or reserved:
+            eager = any(o.is_end and not o.lazy for o in self._order)
+            need(not eager, "hold needs lazy ENDs", "moves held in an arena with an eager END")
         self._check_guards(b, need, p2v, holes)
         queue = b.queued_ids().tolist()  # SYNC: verify is an audit
         expected = set() if b.lender else set(range(first_id, ids_end)) - set(bound)
@@ -2047,7 +2296,7 @@ class Arena:
             "free ids",
             "the FIFO must hold exactly the unbound ids",
         )
-        return len(live)
+        return len(live) + len(reserved)
 
     def _check_guards(self, b: Band, need: Callable[..., None], p2v: list[int], holes: list[int]) -> None:
         """An in-flight forward's rules on ``b``, by the spec's names (docs/design.md §12):
@@ -2087,9 +2336,10 @@ class Arena:
         Returns:
             The total and sink bytes, the policy, the chain, whether a
             forward is in flight, and per pool its sub-pool, grid, laziness,
-            lender, span, frontiers, live count, tables, free ids, holes, and
+            lender, span, frontiers, live count, tables, free ids, holes,
             pinned and pending pages (``[page, id]`` pairs, docs/design.md
-            §12), as host lists.
+            §12) and reserved pages, and whether the gate is closed
+            (docs/design.md §13), as host lists.
         """
         pools = {}
         for name in self.chain:
@@ -2114,6 +2364,7 @@ class Arena:
                 **host,
                 "pinned": [[p, v] for p, v in enumerate(guard) if v >= 0],
                 "pending": [[p, -2 - v] for p, v in enumerate(guard) if v <= -2],
+                "reserved": b.reserved.tolist(),  # SYNC: snapshot, a tool and test path
             }
         return {
             "total_bytes": self.total_bytes,
@@ -2121,5 +2372,6 @@ class Arena:
             "policy": self.policy,
             "chain": list(self.chain),
             "in_flight": self.in_flight,
+            "gate_closed": self.gate_closed,
             "pools": pools,
         }

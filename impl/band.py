@@ -24,6 +24,12 @@ pinned page is live or a freed hole, a pending page a vacated hole, and
 neither is ever a move's source or destination.  ``g_lo <= guarded holes
 <= g_hi`` are host bounds on how many holes are guarded, exact wherever the
 arena read them (``Arena._guarded_holes``).
+
+Pages reserved for a host transfer's load (docs/design.md §13) are
+``reserved``, a ``CapField`` tensor of physical pages in reservation
+order: live (counted in ``live``), owned by no id (``p2v`` reads ``-1``),
+never holes.  While any band holds one the arena holds every move, so
+no move ever reads or writes a reserved page.
 """
 
 from typing import NamedTuple, cast
@@ -167,6 +173,7 @@ class Band:
     hi = CapField[int]()
     live = CapField[int]()
     holes = CapField[torch.Tensor]()  # int64 tensor of physical pages, oldest first
+    reserved = CapField[torch.Tensor]()  # int64 tensor of physical pages reserved for a load, in order
 
     def __init__(
         self,
@@ -192,6 +199,7 @@ class Band:
         self.free_ids = None if lender else FreeIds(ids.min_page, ids.num_pages, device)
         self.holes = torch.empty(0, dtype=I64, device=device)
         self._reserve, self._mark = self.holes, 0  # where append_holes writes: see there
+        self.reserved = torch.empty(0, dtype=I64, device=device)  # host transfers' loads (docstring above)
         self.live = 0
         self.guard: torch.Tensor | None = None  # an in-flight forward's pins and pending pages (docstring above)
         self.g_lo = self.g_hi = 0  # bounds on how many holes are guarded
@@ -260,8 +268,27 @@ class Band:
             return torch.empty(0, dtype=I64, device=self.device)
         return self.free_ids.queue()
 
+    @property
+    def n_reserved(self) -> int:
+        """How many pages are reserved, read from a shape: no host sync (docs/design.md §13)."""
+        return self.reserved.numel()
+
+    def occupied_mask(self) -> torch.Tensor:
+        """Which grid pages ``[min_page, num_pages)`` hold live data: the bound
+        ones and the reserved ones (docs/design.md §3, §13).
+
+        Returns:
+            A bool tensor, one row per page from ``min_page``.
+        """
+        g = self.geom
+        held = self.p2v[g.min_page : g.num_pages] >= 0
+        if self.n_reserved:  # live too, though no id owns them yet
+            held = held.index_fill(0, self.reserved - g.min_page, True)
+        return held
+
     def occupied_pages(self) -> torch.Tensor:
-        """Live physical pages, ascending (docs/design.md §3).
+        """Live physical pages, ascending: the bound and the reserved ones
+        (docs/design.md §3, §13).
 
         Host sync (nonzero): only the cold paths that compute move sets
         (flush, make_room, compact) call it (docs/design.md §8).
@@ -269,8 +296,7 @@ class Band:
         Returns:
             The pages, int64.
         """
-        g = self.geom
-        return torch.nonzero(self.p2v[g.min_page : g.num_pages] >= 0).flatten() + g.min_page
+        return torch.nonzero(self.occupied_mask()).flatten() + self.geom.min_page
 
     def append_holes(self, pages: torch.Tensor) -> None:
         """Queue freed ``pages`` behind the holes: reuse goes oldest first (docs/design.md §4).

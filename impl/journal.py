@@ -5,10 +5,11 @@ an engine's mover raises.  Every arena call that changes state runs in one
 scope (``Arena.atomic``; calls made inside an open scope join it), and a
 scope that raises leaves the arena exactly as it found it:
 
-1. **Host fields** (each band's span, live count, hole list, and its
-   free-id ring's head, count and buffer) are restored from a snapshot taken
-   when the scope opened.  Hole lists and rebuilt rings are rebound, never
-   written in place, so the snapshot's references still hold the old values.
+1. **Host fields** (each band's span, live count, hole list, reserved
+   pages, and its free-id ring's head, count and buffer) are restored from
+   a snapshot taken when the scope opened.  Hole lists, reserved pages and
+   rebuilt rings are rebound, never written in place, so the snapshot's
+   references still hold the old values.
 2. **Tables** (``v2p``, ``p2v``) are written in place, since an engine may
    hold them.  Before each write the arena records an entry that puts the
    rows it touches back; entries run last first, so the rows end as the
@@ -29,6 +30,8 @@ scope that raises leaves the arena exactly as it found it:
    changes the arena's ``in_flight`` flag, a band's guard table reference
    or its guarded-hole bounds, the arena records them (``flight``: once a
    scope); a guard table written in place records its rows as rule 2 does.
+6. **The move gate** (docs/design.md §13): a scope that opens or closes it
+   records the old state (reserved pages are a host field: rule 1).
 
 The fault model: one operation raises, before it runs; the undo runs after
 it (a device that keeps failing leaves nothing to recover; on CUDA a sticky
@@ -57,7 +60,8 @@ class Journal:
 
     def __init__(self, bands: "Iterable[Band]") -> None:
         self.saved = [
-            (b, b.lo, b.hi, b.live, b.holes, None if b.free_ids is None else b.free_ids.state()) for b in bands
+            (b, b.lo, b.hi, b.live, b.holes, b.reserved, None if b.free_ids is None else b.free_ids.state())
+            for b in bands
         ]
         self.undo: list[Callable[[], object]] = []
         # id() of the rings this scope took ids from: sound, as each ring is a band's, made once,
@@ -111,7 +115,7 @@ class Journal:
         those that changed: an undone no-op leaves every epoch alone; docs/design.md §9c)."""
         for f in reversed(self.undo):
             f()
-        for b, lo, hi, live, holes, ring in self.saved:
+        for b, lo, hi, live, holes, reserved, ring in self.saved:
             if b.lo != lo:
                 b.lo = lo
             if b.hi != hi:
@@ -120,5 +124,7 @@ class Journal:
                 b.live = live
             if b.holes is not holes:
                 b.holes = holes
+            if b.reserved is not reserved:
+                b.reserved = reserved
             if ring is not None and b.free_ids is not None:
                 b.free_ids.restore(ring)

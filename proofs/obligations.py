@@ -3,14 +3,15 @@
 ``REGISTRY`` maps each name to its ``Obligation`` (name, group, statement,
 z3 time limit, builder of hypotheses and goal, expected result).  The
 obligations themselves live by topic in ``layout``, ``golden``,
-``invariants``, ``capacity``, ``policy``, ``planner``, ``composites``, ``views``
-and ``inflight``; the runner is ``core``.
+``invariants``, ``capacity``, ``policy``, ``planner``, ``composites``, ``views``,
+``inflight`` and ``hold``; the runner is ``core``.
 """
 
 from . import (  # noqa: F401  (they register)
     capacity,
     composites,
     golden,
+    hold,
     inflight,
     integrity,
     invariants,

@@ -11,12 +11,12 @@ refer here), about 3,000 lines in all:
 - ``chain``       the arena in numbers: spans and counts, walks, capacity views;
 - ``transitions`` each operation's update of the counts (the proofs' source);
 - ``forward``     an in-flight forward: the pages it writes (pinned) and reads (pending);
-- ``bands``       one band: span, page tables, FIFO ids, holes, content model, guards;
+- ``bands``       one band: span, page tables, FIFO ids, holes, content model, guards, reservations;
 - ``moves``       relocation plans: which live pages go where, and why they fit;
 - ``policy``      the anchor's demand-vector decision for sliding a float;
 - ``planner``     kvarena's chain planner: one placement of every float;
 - ``evict``       the eviction callback's contract: rounds, the count it returns;
-- ``arena``       the API: views and operations over chain and transitions, relieve, verify;
+- ``arena``       the API: views and operations over chain and transitions, relieve, holds, verify;
 - ``composites``  the token-level composites over one arena (docs/design.md §6);
 - ``contracts``   the run-time checker of the ``pre:``/``post:``/``inv:`` docstring lines.
 

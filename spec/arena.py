@@ -96,6 +96,7 @@ class Arena:
             chain.Shape(b.grow, b.geom.epp, b.geom.num_pages, b.geom.min_page, b.lazy) for b in self.bands.values()
         )
         self.in_flight = False  # a forward launched and not yet settled (docs/design.md §12)
+        self.gate_closed = False  # a host transfer in flight holds every move (docs/design.md §13)
         self.verify()
 
     def state(self) -> chain.Chain:
@@ -460,6 +461,8 @@ class Arena:
         A lazy END neighbour's holes become gap after a flush, so they are
         credited (in bytes) to this END's gap.  A float has no growth side:
         its schedulable view is its available view (docs/design.md §5).
+        While moves are held (``moves_held``) a flush moves nothing, so no
+        hole is credited: the view is the available one (docs/design.md §13).
 
         Args:
             name: the pool.
@@ -474,7 +477,8 @@ class Arena:
         raises: ValueError
         """
         s, i = self._at(name)
-        pages = chain.schedulable(s, i) if chain.is_end(s, i) else chain.available(s, i)
+        credits = chain.is_end(s, i) and not self.moves_held()  # a held flush only absorbs
+        pages = chain.schedulable(s, i) if credits else chain.available(s, i)
         return pages * self._band(name).pool.page_size
 
     def conserved_available_size(self, name: str) -> int:
@@ -592,20 +596,27 @@ class Arena:
             return []
         if n > self.available_pages(name):
             return None
-        s, i = self._at(name)
+        pages = self._hand_out(b, n)
+        ids = b.take_ids(n, ids)
+        b.bind(ids, pages)
+        return ids
+
+    def _hand_out(self, b: Band, n: int) -> list[int]:
+        """Take ``n <= available_pages`` pages of band ``b`` as ``alloc`` does
+        (holes first, then the frontier; docs/design.md §4 and §12) and
+        install the band's new counts; the caller binds or reserves them."""
+        s, i = self._at(b.name)
         new = transitions.alloc(s, i, n)
         if self.in_flight and transitions.alloc_settles(s, i, n, len(b.guarded_holes())):
             self.settle()  # it must hand out a hole the forward still writes or reads
         k = s.bands[i].holes - new.holes  # holes reused: the unguarded ones, oldest first
         taken = [h for h in b.holes if not b.is_guarded(h)][:k]
         pages = taken + _new_pages(b, new)
-        assert len(pages) == n, f"pool {name!r}: the transition bound {len(pages)} pages for n={n}"
-        assert forward.bind_clear(b.pinned, b.pending, pages), f"pool {name!r}: a guarded page handed out"
-        ids = b.take_ids(n, ids)
-        b.bind(ids, pages)
+        assert len(pages) == n, f"pool {b.name!r}: the transition bound {len(pages)} pages for n={n}"
+        assert forward.bind_clear(b.pinned, b.pending, pages), f"pool {b.name!r}: a guarded page handed out"
         kept = set(taken)
         b.install(new, [h for h in b.holes if h not in kept])
-        return ids
+        return pages
 
     def free(self, name: str, ids: Iterable[int]) -> None:
         """Free pages by virtual id; ``ValueError`` on any bad id, nothing changed.
@@ -639,6 +650,7 @@ class Arena:
         assert transitions.free_ok(s, i, len(ids))  # the precondition the proofs assume
         new = transitions.free(s, i, len(ids))
         eager = b.is_end and not b.lazy
+        assert not (eager and self.moves_held()), "a hold needs lazy ENDs (_require_lazy)"
         parks = not b.is_end and not new.live  # a float with no live page parks
         # an eager END compacts (moves); a parking float drops its holes
         self._settle_if(eager or (parks and any(b.is_guarded(p) for p in b.holes + [b.v2p[v] for v in ids])))
@@ -665,7 +677,8 @@ class Arena:
         stops at the first pinned survivor from the frontier, skips guarded
         holes, leaves every page it vacates pending, and absorbs no guarded
         hole (``moves.guarded_flush_plan``).  With nothing in flight the
-        two are the same.
+        two are the same.  While moves are held (``moves_held``,
+        docs/design.md §13) it only absorbs, as ``max_moves=0``.
 
         Args:
             name: the pool.
@@ -684,12 +697,15 @@ class Arena:
         post: __return__ >= 0
         post: max_moves is None or __return__ <= max_moves
         post: self.live_pages(name) == __old__.self.live_pages(name)
-        post: max_moves is not None or self.in_flight or self.pool(name).grow == "float" or not self.holes(name)
+        post: max_moves is not None or self.in_flight or self.moves_held() or self._packed(name)
+        post: not self.moves_held() or self._placement() == __old__.self._placement()
         raises: ValueError
         """
         b = self._band(name)
         if max_moves is not None:
             max_moves = self._count(name, max_moves, "max_moves")
+        if self.moves_held():
+            max_moves = 0  # a host transfer holds the pages where they are: absorb only
         s, i = self._at(name)
         guarded = self.in_flight and bool(b.guarded_holes())
         if not b.is_end:  # absorb the boundary holes
@@ -715,7 +731,7 @@ class Arena:
             assert forward.move_clear(b.pinned, b.pending, dst, src), f"pool {name!r}: a move races the forward"
             forward.vacate(b.pending, b.content, src)
         moved = b.move(dst, src)
-        keep = [p for p in range(g.min_page, g.num_pages) if b.p2v[p] >= 0 or b.is_guarded(p)]  # live or guarded
+        keep = [p for p in range(g.min_page, g.num_pages) if b.p2v[p] >= 0 or b.is_guarded(p) or p in b.reserved]
         if b.grow == "up":
             frontier = keep[-1] + 1 if keep else g.min_page
         else:
@@ -726,6 +742,11 @@ class Arena:
         vacated = sorted(p for p in src if b.is_guarded(p))  # pending: holes at the back of the queue
         b.install(new, [h for h in b.holes if h not in used and new.lo <= h < new.hi] + vacated)
         return moved
+
+    def _packed(self, name: str) -> bool:
+        """No hole a lazy END's whole flush would absorb or fill: a float
+        keeps inner holes, an eager END has none (``flush``'s contract)."""
+        return not self.is_lazy(name) or not self.holes(name)
 
     def make_room(self, name: str, side: str, min_bytes: int) -> int:
         """Slide float ``name`` until the band on ``side`` has ``min_bytes``.
@@ -740,7 +761,8 @@ class Arena:
         a leapfrog when that is every live page, else only the live pages
         among the cleared ones move (docs/design.md §4, make_room).  With a
         forward in flight it settles first when it moves a page or the band
-        holds a guarded hole (docs/design.md §12).
+        holds a guarded hole (docs/design.md §12).  While moves are held
+        (docs/design.md §13) a slide that would move a page does nothing.
 
         Args:
             name: the pool, a float.
@@ -757,6 +779,7 @@ class Arena:
 
         post: 0 <= __return__ <= self.live_pages(name)
         post: self.band_bytes(name, side) >= min_bytes or self._whole() == __old__.self._whole()
+        post: not self.moves_held() or self._placement() == __old__.self._placement()
         raises: ValueError
         """
         b = self._float(name)
@@ -778,6 +801,8 @@ class Arena:
             spared = sum(1 for h in b.holes if h in cleared)
         assert transitions.make_room_moved_ok(s, i, low, min_bytes, spared)
         dst, src = moves.make_room_plan(side, live, b.holes, (b.lo, b.hi), chain.region(s, i), edge_pages)
+        if src and self.moves_held():
+            return 0  # a host transfer holds the pages where they are
         self._settle_if(bool(src) or bool(b.guarded_holes()))  # the urgent path: it may move and reshape
         moved = b.move(dst, src)
         assert moved == transitions.make_room_moved(s, i, low, min_bytes, spared)  # the cost the proofs bound
@@ -798,6 +823,7 @@ class Arena:
         lo, hi = b.live_span()
         holes = [h for h in b.holes if lo <= h < hi and b.p2v[h] < 0]
         kept = set(holes)
+        kept |= set(b.reserved)
         holes += [p for p in range(lo, hi) if b.p2v[p] < 0 and p not in kept]  # pages a move vacated
         b.install(transitions.refit(s, i, lo, hi), holes)
 
@@ -807,7 +833,8 @@ class Arena:
         Order is kept; pages already in place stay (docs/design.md §4,
         compact_holes).  A transparent float moves nothing.  With a forward
         in flight it settles first when it moves a page or the band holds a
-        guarded hole (docs/design.md §12).
+        guarded hole (docs/design.md §12).  While moves are held
+        (docs/design.md §13) a pack that would move a page does nothing.
 
         Args:
             name: the pool, a float.
@@ -822,7 +849,8 @@ class Arena:
                 ``retreat_side`` is neither ``"low"`` nor ``"high"``.
 
         post: 0 <= __return__ <= self.live_pages(name)
-        post: not self.holes(name)
+        post: self.moves_held() or not self.holes(name)
+        post: not self.moves_held() or self._placement() == __old__.self._placement()
         raises: ValueError
         """
         b = self._float(name)
@@ -833,6 +861,8 @@ class Arena:
         s, i = self._at(name)
         new = transitions.compact(s, i, retreat_side == "low")
         dst, src = moves.compact_plan(b.occupied_pages(), (b.lo, b.hi), retreat_side)
+        if src and self.moves_held():
+            return 0  # a host transfer holds the pages where they are
         self._settle_if(bool(src) or bool(b.guarded_holes()))  # the urgent path: it may move and drops holes
         moved = b.move(dst, src)
         assert b.live_span() == (new.lo, new.hi)
@@ -964,6 +994,197 @@ class Arena:
         b = self._band(name)
         return [p for p, v in enumerate(b.pending) if v >= 0]
 
+    # ------------------------------------ host transfers: gates and reservations
+
+    def moves_held(self) -> bool:
+        """Whether every move is held (docs/design.md §13): the gate is
+        closed (a host transfer is in flight) or a band holds a reserved
+        page (its load is queued on that physical page).
+
+        While held, no live page changes its physical page: a flush only
+        absorbs, a slide or pack that would move a page does nothing, and
+        allocation takes holes and frontiers only.
+
+        Returns:
+            True while moves are held.
+        """
+        return self.gate_closed or any(b.reserved for b in self.bands.values())
+
+    def _require_lazy(self, what: str) -> None:
+        """A hold needs lazy ENDs: an eager END compacts on every free."""
+        for b in self.bands.values():
+            if b.is_end and not b.lazy:
+                raise ValueError(
+                    f"pool {b.name!r}: {what} holds moves, but this END is eager and compacts on every free; "
+                    "build the arena with lazy ENDs"
+                )
+
+    def close_gate(self) -> None:
+        """A host transfer is in flight: hold every move until ``open_gate``
+        (docs/design.md §13).  The engine's transfer reads or writes pages
+        by the physical ids it resolved when it queued, so none may move.
+        No count changes; only the views that credit a move change (an
+        END's schedulable view).
+
+        Raises:
+            ValueError: an END of this arena is eager (named): its frees move
+                pages.  Nothing has changed.
+
+        post: self.gate_closed and self.moves_held()
+        raises: ValueError
+        """
+        self._require_lazy("close_gate")
+        self.gate_closed = True
+
+    def open_gate(self) -> None:
+        """Every host transfer is done: moves may run again, unless a
+        reservation still holds them (docs/design.md §13).
+
+        post: not self.gate_closed
+        """
+        self.gate_closed = False
+
+    def reserve(self, name: str, n: int) -> list[int] | None:
+        """Reserve ``n`` pages for a host transfer's load; return the physical
+        pages, or None if short (docs/design.md §13).
+
+        The pages are taken as ``alloc`` takes them (holes first, then the
+        frontier) and count as live in every view, but no id owns them: the
+        engine loads bytes into them by physical id, then hands them to ids
+        (``bind_reserved``) or gives them back (``cancel``).  While a band
+        holds one, moves are held (``moves_held``).  No relief runs: the
+        caller relieves first (``relieve``), as for ``alloc``.
+
+        Args:
+            name: the pool.
+            n: pages wanted, ``>= 0``; 0 returns ``[]``.
+
+        Returns:
+            The reserved physical pages, in the order ``alloc`` would bind
+                them; None, with nothing changed, when ``n >
+                available_pages(name)``.
+
+        Raises:
+            ValueError: an unknown pool, ``n`` not an int >= 0, or an eager
+                END in the arena (``close_gate``).  Nothing has changed.
+
+        post: (__return__ is None) == (n > __old__.self.available_pages(name))
+        post: __return__ is None or self.live_pages(name) == __old__.self.live_pages(name) + n
+        post: __return__ is None or self._bound() == __old__.self._bound()
+        post: __return__ is None or self.reserved(name) == __old__.self.reserved(name) + __return__
+        post: __return__ is not None or self._whole() == __old__.self._whole()
+        raises: ValueError
+        """
+        b = self._band(name)
+        n = self._count(name, n)
+        self._require_lazy(f"reserve({name!r})")
+        if n == 0:
+            return []
+        if n > self.available_pages(name):
+            return None
+        pages = self._hand_out(b, n)
+        b.reserved.extend(pages)
+        return pages
+
+    def _reserved_pages(self, b: Band, pages: Iterable[int], what: str) -> list[int]:
+        try:
+            pages = [_index(p) for p in pages]
+        except TypeError:
+            raise ValueError(f"pool {b.name!r}: {what}: pages must be ints") from None
+        if len(set(pages)) != len(pages):
+            raise ValueError(f"pool {b.name!r}: {what}: repeated page in {pages}")
+        held = set(b.reserved)
+        stray = [p for p in pages if p not in held]
+        if stray:
+            raise ValueError(f"pool {b.name!r}: {what}: pages {stray} are not reserved")
+        return pages
+
+    def bind_reserved(self, name: str, ids: Iterable[int], pages: Iterable[int]) -> None:
+        """Give reserved pages to ids: ``ids[k]`` owns ``pages[k]``
+        (docs/design.md §13).  The bytes a load put there become the ids'
+        (a borrower's ids must be live in its lender).  No count changes.
+
+        Args:
+            name: the pool.
+            ids: virtual ids, each free here, one per page.
+            pages: reserved physical pages of the pool.
+
+        Raises:
+            ValueError: an unknown pool; a page not reserved here, or
+                repeated; a bad id (as ``alloc``'s ``ids``); or not one id
+                per page.  Nothing has changed.
+
+        post: self.live_pages(name) == __old__.self.live_pages(name)
+        post: self.translate(name, ids) == list(pages)
+        raises: ValueError
+        """
+        b = self._band(name)
+        pages = self._reserved_pages(b, pages, "bind_reserved")
+        ids = self._ids(b, ids, bound=False)
+        if len(ids) != len(pages):
+            raise ValueError(f"pool {name!r}: bind_reserved: {len(ids)} ids for {len(pages)} pages")
+        b.bind(b.take_ids(len(ids), ids), pages)
+        done = set(pages)
+        b.reserved = [p for p in b.reserved if p not in done]
+
+    def cancel(self, name: str, pages: Iterable[int]) -> None:
+        """Give reserved pages back: they become holes, as freed pages of
+        their band do (docs/design.md §13).
+
+        Args:
+            name: the pool.
+            pages: reserved physical pages of the pool.
+
+        Raises:
+            ValueError: an unknown pool, or a page not reserved here, or
+                repeated.  Nothing has changed.
+
+        post: self.live_pages(name) == __old__.self.live_pages(name) - len(list(pages))
+        post: self._bound() == __old__.self._bound()
+        post: self.reserved(name) == [p for p in __old__.self.reserved(name) if p not in list(pages)]
+        raises: ValueError
+        """
+        b = self._band(name)
+        pages = self._reserved_pages(b, pages, "cancel")
+        if not pages:
+            return
+        s, i = self._at(name)
+        assert b.lazy or not b.is_end, "a reservation needs a lazy END (_require_lazy)"
+        assert transitions.free_ok(s, i, len(pages))
+        new = transitions.free(s, i, len(pages))
+        parks = not b.is_end and not new.live  # a float with no live page parks: its holes go
+        self._settle_if(parks and bool(b.guarded_holes()))
+        done = set(pages)
+        b.reserved = [p for p in b.reserved if p not in done]
+        b.install(new, [] if parks else b.holes + pages)
+
+    def reserved(self, name: str) -> list[int]:
+        """Pages reserved for a host transfer's load and not yet bound or
+        cancelled (docs/design.md §13).
+
+        Args:
+            name: the pool.
+
+        Returns:
+            The reserved physical pages, in the order they were reserved.
+
+        Raises:
+            ValueError: an unknown pool.
+        """
+        return list(self._band(name).reserved)
+
+    def _bound(self) -> dict[str, dict[int, int]]:
+        """Each pool's ``{id: page}`` for its bound ids: what no operation
+        but an alloc, a free or a bind changes while moves are held
+        (docs/design.md §13)."""
+        return {n: {v: p for v, p in enumerate(b.v2p) if v and p >= 0} for n, b in self.bands.items()}
+
+    def _placement(self) -> dict[str, dict[int, int]]:
+        """Each pool's ``{id: page}`` for its bound ids, and its reserved
+        pages: what a hold keeps (docs/design.md §13)."""
+        bound = self._bound()
+        return {n: bound[n] | {-1 - k: p for k, p in enumerate(b.reserved)} for n, b in self.bands.items()}
+
     # ------------------------------------------------------------ policy
 
     def open_short_side(self, name: str, demand: Mapping[str, int]) -> int:
@@ -1017,7 +1238,8 @@ class Arena:
         Nothing moves when no placement fits, nor when the demand already
         fits where the floats are.  With a forward in flight it settles
         first before a float it repacks moves a page or drops a guarded
-        hole (docs/design.md §12).
+        hole (docs/design.md §12).  While moves are held (docs/design.md
+        §13) a plan that would move a page does nothing at all.
 
         Args:
             demand: pages each pool needs, ``{pool: pages}``; pools not
@@ -1031,22 +1253,26 @@ class Arena:
                 not an int >= 0.
 
         post: __return__ >= 0
-        post: not __old__.self.plan(demand).feasible or all(self.available_pages(n) >= d for n, d in demand.items())
+        post: self.moves_held() or not __old__.self.plan(demand).feasible or self._fits(demand)
         post: __old__.self.plan(demand).feasible or self._whole() == __old__.self._whole()
+        post: not self.moves_held() or self._placement() == __old__.self._placement()
         raises: ValueError
         """
         s, d = self.state(), self._demand(demand)
         up, floats, down = chain.planner_inputs(s, d)
         plan = planner.plan_chain(up, floats, down)
-        moved = 0
+        repacks = []
         for k in planner.move_order(floats, plan):
-            i = k + 1
-            b = self.bands[self.chain[i]]
-            new = transitions.repack(s, i, plan.starts[k])
-            live = b.occupied_pages()
+            b = self.bands[self.chain[k + 1]]
+            new = transitions.repack(s, k + 1, plan.starts[k])
+            live = b.occupied_pages()  # a float's pages: the repacks of the others do not touch them
+            repacks.append((k + 1, b, new, live, moves.pack_plan(live, new.lo)))
+        if self.moves_held() and any(src for *_, (_, src) in repacks):
+            return 0  # a host transfer holds the pages where they are: the plan is whole or nothing
+        moved = 0
+        for i, b, new, live, (dst, src) in repacks:
             spared = sum(1 for p in live if new.lo <= p < new.hi)
             self._check_clear(b, new.lo)
-            dst, src = moves.pack_plan(live, new.lo)
             self._settle_if(bool(src) or bool(b.guarded_holes()))  # the urgent path: it may move and drops holes
             step = b.move(dst, src)
             assert step == transitions.repack_moved(s, i, spared)
@@ -1055,6 +1281,10 @@ class Arena:
             moved += step
         assert self.state() == transitions.planned(s, plan)
         return moved
+
+    def _fits(self, demand: Mapping[str, int]) -> bool:
+        """Whether every pool's demand fits now, with no relocation (``plan_floats``'s contract)."""
+        return all(self.available_pages(n) >= d for n, d in demand.items())
 
     def plan(self, demand: Mapping[str, int]) -> planner.Plan:
         """The planner's decision for a demand vector, without acting on it (docs/design.md §4b).
@@ -1222,6 +1452,8 @@ class Arena:
         """
         for b in self.bands.values():
             b.check()
+            if (self.gate_closed or b.reserved) and any(o.is_end and not o.lazy for o in self.bands.values()):
+                raise AccountingError(b.name, "hold needs lazy ENDs", "moves held in an arena with an eager END")
             if not self.in_flight and (self.pinned(b.name) or self.pending(b.name)):
                 raise AccountingError(
                     b.name, "guards without a forward", "pins or pending pages with nothing in flight"
@@ -1294,8 +1526,9 @@ class Arena:
             The buffer's size, the sink, the policy, the chain, whether a
                 forward is in flight, and for each pool its sub-pool, grid,
                 laziness, lender, span, frontiers, live count, page tables,
-                free ids, holes, and pinned and pending pages
-                (``[page, id]`` pairs, docs/design.md §12).
+                free ids, holes, pinned and pending pages (``[page, id]``
+                pairs, docs/design.md §12), reserved pages and whether the
+                gate is closed (docs/design.md §13).
 
         post: __return__["total_bytes"] == self.total_bytes
         """
@@ -1322,6 +1555,7 @@ class Arena:
                 "holes": list(b.holes),
                 "pinned": [[p, v] for p, v in enumerate(b.pinned) if v >= 0],
                 "pending": [[p, v] for p, v in enumerate(b.pending) if v >= 0],
+                "reserved": list(b.reserved),
             }
         return {
             "total_bytes": self.total_bytes,
@@ -1329,5 +1563,6 @@ class Arena:
             "policy": self.policy,
             "chain": list(self.chain),
             "in_flight": self.in_flight,
+            "gate_closed": self.gate_closed,
             "pools": pools,
         }

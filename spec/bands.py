@@ -157,13 +157,15 @@ class Band:
         # an in-flight forward's guards, by physical page (spec.forward; -1: none)
         self.pinned = [-1] * n  # the id the page held at launch; forward.FREED once freed
         self.pending = [-1] * n  # the id whose bytes a move left there
+        # pages reserved for a host transfer's load (docs/design.md §13): live, owned by no id yet
+        self.reserved: list[int] = []
         self.live = 0
         # the boot span: the up END empty at min_page, the others at num_pages
         start = boot_band(Shape(self.grow, geom.epp, n, geom.min_page, lazy))
         self.lo, self.hi = start.lo, start.hi
 
     # Tables of ints (ids, pages): a copy of one is its deep copy.
-    _INT_TABLES = frozenset(("v2p", "p2v", "free_ids", "holes", "content", "pinned", "pending"))
+    _INT_TABLES = frozenset(("v2p", "p2v", "free_ids", "holes", "content", "pinned", "pending", "reserved"))
 
     def __deepcopy__(self, memo: dict[int, object]) -> "Band":
         """A deep copy that copies the int tables flat, at C speed: the
@@ -242,14 +244,16 @@ class Band:
         self.pinned, self.pending = [-1] * n, [-1] * n
 
     def occupied_pages(self) -> list[int]:
-        """Physical pages holding live data, ascending (scans the whole grid,
-        so it is also right in the middle of a move, before the span is refit).
-        ``self.live`` is their count (docs/design.md §3).
+        """Physical pages holding live data, ascending: the bound pages and
+        the reserved ones (docs/design.md §13).  It scans the whole grid,
+        so it is also right in the middle of a move, before the span is
+        refit.  ``self.live`` is their count (docs/design.md §3).
 
         Returns:
             The live pages, ascending.
         """
-        return [p for p in range(self.geom.min_page, self.geom.num_pages) if self.p2v[p] >= 0]
+        reserved = set(self.reserved)
+        return [p for p in range(self.geom.min_page, self.geom.num_pages) if self.p2v[p] >= 0 or p in reserved]
 
     # ------------------------------------------------------- mutations
 
@@ -367,7 +371,19 @@ class Band:
             need(self.hi == g.num_pages, "bounds", "down END must end at num_pages")
         need(self.v2p[0] == 0 and self.p2v[0] == 0, "sink pinned", "page 0 must map to 0")
         live = [p for p in range(1, g.num_pages) if self.p2v[p] >= 0]
-        need(len(live) == self.live, "live count", f"{len(live)} bound, counter {self.live}")
+        reserved = set(self.reserved)
+        need(
+            len(live) + len(self.reserved) == self.live,
+            "live count",
+            f"{len(live)} bound{f' + {len(reserved)} reserved' if reserved else ''}, counter {self.live}",
+        )
+        need(
+            len(reserved) == len(self.reserved)
+            and all(g.min_page <= p and self.lo <= p < self.hi and self.p2v[p] < 0 for p in reserved)
+            and not reserved & set(self.holes),
+            "reserved pages",
+            f"reserved {self.reserved} must be distinct, unbound, inside the span and not holes",
+        )
         need(all(p >= g.min_page for p in live), "no page below min_page")
         need(all(self.lo <= p < self.hi for p in live), "live page outside span")
         id_lo, id_hi = self.id_range
@@ -376,7 +392,7 @@ class Band:
             need(id_lo <= v < id_hi and self.v2p[v] == p, "v2p/p2v inverse", f"page {p}")
             need(self.content.get(p) == v, "content", f"page {p} holds {self.content.get(p)}, not id {v}")
         bound_ids = [v for v in range(1, id_hi) if self.v2p[v] >= 0]
-        need(len(bound_ids) == self.live, "v2p/p2v inverse", "stray v2p entries")
+        need(len(bound_ids) == len(live), "v2p/p2v inverse", "stray v2p entries")
         need(len(set(self.holes)) == len(self.holes), "holes", "duplicate hole")
         need(
             all(self.lo <= h < self.hi and self.p2v[h] < 0 for h in self.holes),

@@ -16,11 +16,19 @@ Every member of SGLang's classes falls in one of three sets, which
   and gates defined here (``reclaim_plan``, ``can_reserve``, the prefill
   budget, ...), inherited as they are, so SGLang decides how much to evict
   and kvarena what fits.
-- **Unsupported** (``UNSUPPORTED``): HiCache, PD disaggregation (retraction
-  to host aside: ``get_cpu_copy`` / ``load_cpu_copy`` are kvarena's), decode
+- **Unsupported** (``UNSUPPORTED``): PD disaggregation (retraction to host
+  aside: ``get_cpu_copy`` / ``load_cpu_copy`` are kvarena's), decode
   context parallelism, post-capture backing, and SGLang's
   own sub-allocator machinery that the composite replaces; each raises
   ``NotImplementedError`` naming the feature.
+
+HiCache is supported (docs/design.md §13): the move gate SGLang installs
+(``set_host_transfer_move_gate``) is read at every call and closes the
+arena's gate while a host transfer is in flight, so no page moves under
+it; the SWA load-back's physical reservations (``swa_attn_allocator.alloc``,
+``set_full_to_swa_mapping``) are the arena's ``reserve`` and
+``bind_reserved``; the transfers' done events are waited on before
+anything moves again.
 
 A speculative draft fused into the target's entries (``fused_draft``) is
 supported: its K/V are more parts of the same slots, so the target's
@@ -113,13 +121,9 @@ INHERITED = frozenset(
 # SGLang's members kvarena does not support, and the feature each belongs to.
 UNSUPPORTED = {
     "alloc_extend_swa_tail": "PD disaggregation (decode-node preallocation)",
-    "set_full_to_swa_mapping": "HiCache / PD load-back of SWA pages",
     "translate_kv_indices_for_transfer": "PD disaggregation (KV transfer)",
     "set_disagg_move_gate": "PD disaggregation (move gates)",
-    "set_host_transfer_move_gate": "HiCache (move gates)",
-    "set_hicache_transfer_done_event": "HiCache",
     "resize": "post-capture KV backing",
-    "_move_gate_targets": "PD disaggregation / HiCache (move gates)",
     "swa_ring_cost_tokens": "the per-request SWA ring",
 }
 _INTERNAL = "SGLang's own sub-allocators (kvarena's composite replaces them)"
@@ -262,7 +266,71 @@ class BandView:
         return self._arena.available_size(self._name)
 
     def schedulable_available_size(self) -> int:
-        return self._arena.schedulable_available_size(self._name)
+        """SGLang's move gates are read first: a held arena credits no hole a
+        move would deliver (docs/design.md §13)."""
+        return self._owner._gated().schedulable_available_size(self._name)
+
+    def moves_blocked(self) -> bool:
+        """SGLang's gate query: whether the arena holds its moves now."""
+        return self._owner.moves_blocked()
+
+    # HiCache's load-back (docs/design.md §13): full rows alone, SWA pages reserved by physical id.
+
+    def alloc(self, need_size: int) -> torch.Tensor | None:
+        """Full: ``need_size`` tokens of full rows alone, their SWA side
+        unbound (``HybridCacheController.load``); virtual token ids, or None.
+        SWA: a reservation (``alloc_physical``), the id space SGLang's
+        load-back allocates and rolls back in for a sub-allocator that is
+        not its own (``_swa_allocation_callbacks``)."""
+        if self._name == FULL:
+            return self._owner._alloc_full_only(need_size)
+        return self.alloc_physical(need_size)
+
+    def free(self, free_index: torch.Tensor) -> None:
+        """Full: free these tokens' pages (SWA entries that are live go with
+        them).  SWA: cancel a reservation (``cancel_physical_reservation``)."""
+        if self._name == FULL:
+            if free_index is not None and free_index.numel():
+                self._owner._wait_forward(FULL)
+                self._owner.composite.free(free_index.reshape(-1).to(I64))
+            return
+        self.cancel_physical_reservation(free_index)
+
+    def alloc_physical(self, need_size: int) -> torch.Tensor | None:
+        """SWA only: reserve pages for a load-back's H2D copy and return their
+        PHYSICAL token ids, or None.  The pages are live in every view, owned
+        by no id, and hold the arena's moves until ``set_full_to_swa_mapping``
+        binds them or they are cancelled: the queued copy carries these ids.
+        A shortfall runs the arena's relief ladder for the pool first."""
+        if self._name != SWA:
+            _unsupported(f"alloc_physical on the {self.sub_pool_name!r} sub-allocator")
+        n = self._owner._tokens(SWA, need_size) // self.page_size
+        arena = self._owner.composite.arena
+        if n == 0:
+            return torch.empty(0, dtype=I64, device=arena.device)
+        if n > arena.available_pages(SWA):
+            arena.relieve(SWA, n)
+        pages = arena.reserve(SWA, n)
+        if pages is None:
+            return None
+        return _tokens_of(torch.as_tensor(pages, dtype=I64, device=arena.device), self.page_size)
+
+    def cancel_physical_reservation(self, free_index: torch.Tensor) -> None:
+        """SWA only: give reserved pages back (a load-back rolled back); they
+        become holes.  The transfers' done events are waited on first, as
+        SGLang's ``free_physical`` does.  A page not reserved: ``ValueError``
+        naming the pool, nothing changed."""
+        if self._name != SWA:
+            _unsupported(f"cancel_physical_reservation on the {self.sub_pool_name!r} sub-allocator")
+        if free_index is None or free_index.numel() == 0:
+            return
+        owner = self._owner
+        arena = owner.composite.arena
+        if owner._transfer_events:
+            owner._wait_transfers()
+        arena.cancel(SWA, _pages_of(free_index, self.page_size, "cancel_physical_reservation"))
+
+    free_physical = cancel_physical_reservation
 
     def is_slot_allocated(self, slot: int) -> bool:
         page = int(slot) // self.page_size
@@ -341,6 +409,28 @@ class StateView(BandView):
             self._owner.composite.free_state(live)
 
 
+def _tokens_of(pages: torch.Tensor, ps: int) -> torch.Tensor:
+    """Every token id of these pages, page by page (``page*ps + offset``)."""
+    pages = pages.reshape(-1).to(I64)
+    if ps == 1:
+        return pages
+    return (pages.unsqueeze(1) * ps + torch.arange(ps, dtype=I64, device=pages.device)).reshape(-1)
+
+
+def _pages_of(token_ids: torch.Tensor, ps: int, what: str) -> list[int]:
+    """The pages of whole-page token runs (``page*ps + 0 .. ps-1``, in order),
+    as SGLang's HiCache passes them; anything else is a ``ValueError`` naming
+    the pool.  A cold path: one host read."""
+    toks = token_ids.reshape(-1).to(I64).cpu()  # SYNC: HiCache's load-back, a cold path
+    if toks.numel() % ps:
+        raise ValueError(f"pool 'swa': {what}: {toks.numel()} token ids are not whole pages of {ps}")
+    rows = toks.reshape(-1, ps)
+    pages = torch.div(rows[:, 0], ps, rounding_mode="floor")
+    if bool((rows[:, 0] % ps != 0).any()) or not torch.equal(rows, pages.unsqueeze(1) * ps + torch.arange(ps)):
+        raise ValueError(f"pool 'swa': {what}: token ids {toks.tolist()} are not whole pages of {ps}")
+    return pages.tolist()
+
+
 def _dcp_size() -> int:
     """The decode-context-parallel width SGLang's runtime context publishes (1 without one)."""
     try:
@@ -391,6 +481,9 @@ class _Dropin:
     # Overlap scheduling (docs/design.md §12): SGLang's in-flight forward, as its two hooks left it.
     _forward_due: list[Any] | None = None  # (done event, out_cache_loc or None) or _IDLE, not yet handed over
     _flight_event: Any = None  # the done event of the last forward the composite was handed
+    # Host transfers (HiCache, docs/design.md §13): SGLang's move gates by slot, and its transfers' done events.
+    _move_gates: dict[str, Any]
+    _transfer_events: dict[Any, Any]
 
     @property
     def composite(self) -> Any:
@@ -399,6 +492,8 @@ class _Dropin:
         first (``_take_forward``): before anything can move or hand out a page."""
         if self._forward_due is not None:
             self._take_forward()
+        if self._move_gates:
+            self._sync_gate()
         return self._composite
 
     @composite.setter
@@ -422,6 +517,7 @@ class _Dropin:
         full_max_total_num_tokens=None,
         swa_max_total_num_tokens=None,
     ) -> None:
+        self._move_gates, self._transfer_events = {}, {}
         policy = self.DEFAULT_POLICY if policy is None else policy
         if policy not in POLICIES:
             raise ValueError(f"policy must be one of {POLICIES}, got {policy!r}")
@@ -487,6 +583,7 @@ class _Dropin:
             kvcache.attach_allocators(full_allocator=self.full_attn_allocator, swa_allocator=self.swa_attn_allocator)
         if STATE in self.CHAIN:
             self.mamba_allocator = StateView(self, STATE)
+        self._host_transfer_wiring(kvcache, unified_buffer)
         # SGLang's free-group lists, by its names (its inherited policy flushes them).
         self._swa_freed_early: set[int] = set()  # SWA pages a full-side free took first, this drain
         self.free_group = None
@@ -498,6 +595,21 @@ class _Dropin:
 
     def _composite_args(self, total_bytes: int, entry: dict[str, int]) -> tuple[int, ...]:
         raise NotImplementedError
+
+    def _host_transfer_wiring(self, kvcache, unified_buffer) -> None:
+        """What SGLang's composites set on the KV pools for HiCache: full
+        transfers carry virtual ids, resolved on the transfer stream by the
+        full translation (SWA ones carry physical ids already), and the host
+        pools are sized by each sub-pool's token capacity."""
+        kvcache.full_kv_pool.host_transfer_translate = self.full_attn_allocator.translate_kv_loc
+        if SWA not in self.CHAIN:
+            return
+        for name, pool, tokens in (
+            (FULL, kvcache.full_kv_pool, self._size_full),
+            (SWA, kvcache.swa_kv_pool, self._size_swa),
+        ):
+            pool.host_capacity_tokens = tokens
+            pool.host_capacity_bytes = tokens * unified_buffer.spec(SGLANG_POOL[name]).entry_bytes()
 
     def _check_grids(self, unified_buffer) -> None:
         """kvarena's grids must be SGLang's: the same pages at the same bytes."""
@@ -834,6 +946,104 @@ class _Dropin:
         if self._flight_event is not None:
             torch.cuda.current_stream().wait_event(self._flight_event)
 
+    # ------------------------------------------ host transfers (HiCache)
+
+    def set_host_transfer_move_gate(self, gate) -> None:
+        """SGLang's HiCache hook, at startup: ``gate()`` is True when no host
+        transfer is in flight (``HiCacheController.has_inflight_device_transfers``
+        reads its queues).  Every later call reads it first (``_sync_gate``):
+        while it reads False the arena holds every move (docs/design.md §13),
+        because a queued transfer addresses pages by the physical ids it
+        resolved.  As SGLang's, it needs lazy compaction (an eager free
+        compacts at once); eager: ``ValueError`` naming the pool."""
+        self._install_move_gate("host_transfer_move_gate", gate, "HiCache")
+
+    def _install_move_gate(self, slot: str, gate, feature: str) -> None:
+        if not callable(gate):
+            raise ValueError(f"{feature}: the move gate must be callable, got {gate!r}")
+        arena = self.composite.arena
+        eager = [n for n in self.CHAIN if arena.pool(n).grow != "float" and not arena.is_lazy(n)]
+        if eager:
+            raise ValueError(
+                f"pool {eager[0]!r}: {feature}'s move gate needs lazy compaction (an eager free moves pages "
+                "under an in-flight transfer); unset SGLANG_DISABLE_LAZY_COMPACTION"
+            )
+        self._move_gates = {**self._move_gates, slot: gate}
+
+    def _move_gate_targets(self) -> tuple["BandView", ...]:
+        """Every member a move gate covers: all of them (one arena holds its moves whole)."""
+        return tuple(self._views())
+
+    def set_hicache_transfer_done_event(self, transfer_key, event) -> None:
+        """SGLang's HiCache hook, after it submits a transfer: the event that
+        fires when it is done (the latest per key).  Before anything moves
+        again the schedule stream waits on every one (``_sync_gate``), as
+        SGLang's sub-allocators do before a flush; a reference only."""
+        self._transfer_events = {**self._transfer_events, transfer_key: event}
+
+    def _sync_gate(self) -> None:
+        """Read SGLang's move gates: the arena's gate is closed while any reads
+        False (a host transfer in flight) and opened when all read True.  A
+        host call over SGLang's queues, no tensor read; the arena's views
+        see the gate as state, so a memo cannot outlive a flip
+        (docs/design.md §13).  Once open, the transfers' done events are
+        waited on (a device-side wait) before anything can move."""
+        arena = self._composite.arena
+        closed = not all(gate() for gate in self._move_gates.values())
+        if closed != arena.gate_closed:
+            if closed:
+                arena.close_gate()
+            else:
+                arena.open_gate()
+        if not closed and self._transfer_events:
+            self._wait_transfers()
+
+    def _wait_transfers(self) -> None:
+        stream = torch.cuda.current_stream()
+        for event in self._transfer_events.values():
+            stream.wait_event(event)
+        self._transfer_events = {}
+
+    def moves_blocked(self) -> bool:
+        """Whether the arena holds its moves now (a gate reads closed, or a
+        load's reservation is not yet bound)."""
+        return bool(self._gated().moves_held())
+
+    def _gated(self) -> Any:
+        """The arena, its gate read from SGLang's gates first (a view's path:
+        the forward SGLang reported is handed over at the next call)."""
+        if self._move_gates:
+            self._sync_gate()
+        return self._composite.arena
+
+    def _alloc_full_only(self, need_size: int) -> torch.Tensor | None:
+        """``full_attn_allocator.alloc``: HiCache's load-back allocates the full
+        rows alone (``HybridCacheController.load``), their SWA side left
+        unbound until ``set_full_to_swa_mapping``.  The uneven demand (no
+        SWA token) runs the relief ladder if it must; the pages are zeroed
+        as every hand-out is; virtual token ids, page-aligned."""
+        n = self._tokens(FULL, need_size)
+        if n == 0:
+            return torch.empty(0, dtype=I64, device=self.composite.device)
+        c = self.composite
+        if not c.fits(n, swa_tokens=0 if SWA in self.CHAIN else None):
+            c.relieve(n, swa_tokens=0 if SWA in self.CHAIN else None)
+        ids = c.arena.alloc(FULL, n // self.page_size, check=False)
+        if ids is None:
+            return None
+        if FULL in self._zeroed:
+            self._pools[FULL].zero_physical_pages(c.arena.v2p_at(FULL, ids))
+        return _tokens_of(ids, self.page_size)
+
+    def _tokens(self, name: str, need_size) -> int:
+        try:
+            n = operator.index(need_size)
+        except TypeError:
+            raise ValueError(f"pool {name!r}: need_size must be an int, got {need_size!r}") from None
+        if n < 0 or n % self.page_size:
+            raise ValueError(f"pool {name!r}: need_size {n} must be a multiple of page_size {self.page_size}, >= 0")
+        return n
+
     # ---------------------------------------------- speculative decoding
 
     @property
@@ -989,6 +1199,24 @@ def _swa_views(cls):
     def clear_full_to_swa_mapping(self, full_indices: torch.Tensor) -> None:
         """Nothing to clear: SWA binds full's ids, there is no mapping tensor."""
 
+    def set_full_to_swa_mapping(self, full_indices: torch.Tensor, swa_indices: torch.Tensor) -> None:
+        """HiCache's load-back commit: the SWA pages reserved for a load
+        (``swa_attn_allocator.alloc_physical``, physical token ids) go to the
+        full rows they were loaded for (virtual token ids, live in full, SWA
+        unbound): the arena's ``bind_reserved``.  Whole pages, token by
+        token, as SGLang passes them; a cold path whose host checks raise
+        ``ValueError`` naming the pool, nothing changed."""
+        if full_indices is None or full_indices.numel() == 0:
+            return
+        if full_indices.numel() != swa_indices.numel():
+            raise ValueError(
+                f"pool 'swa': set_full_to_swa_mapping: {full_indices.numel()} full ids, {swa_indices.numel()} swa ids"
+            )
+        ps = self.page_size
+        ids = _pages_of(full_indices, ps, "set_full_to_swa_mapping")
+        pages = _pages_of(swa_indices, ps, "set_full_to_swa_mapping")
+        self.composite.arena.bind_reserved(SWA, ids, pages)
+
     def ensure_capacity(self, full_tokens: int, swa_tokens: int) -> bool:
         """Does the uneven demand fit, after the relief ladder if it must run
         (flush, slide; no eviction)?"""
@@ -1029,8 +1257,10 @@ def _swa_views(cls):
         return self._fits(self._boot_state() if empty_pool else self.composite, full, swa)
 
     def _compaction_allowed(self) -> bool:
-        """True: kvarena's moves have no gates."""
-        return True
+        """Whether relief may move pages now: not while the arena holds its
+        moves (a host transfer in flight, docs/design.md §13).  SGLang's
+        ``reclaim_plan`` then prices the demand on the arena as it stands."""
+        return not self.moves_blocked()
 
     for f in (
         swa_available_size,
@@ -1043,6 +1273,7 @@ def _swa_views(cls):
         free_full,
         free_full_segment,
         clear_full_to_swa_mapping,
+        set_full_to_swa_mapping,
         ensure_capacity,
         _fits_page_demand,
         _compaction_allowed,
@@ -1055,8 +1286,9 @@ def _swa_views(cls):
 
 def _fits(composite, full_tokens: int, swa_tokens: int) -> bool:
     """The composite's uneven gate.  SWA binds a subset of full's new ids, so
-    a demand of more SWA than full is priced as that many full tokens too
-    (only HiCache's load-back, unsupported here, asks for it)."""
+    a demand of more SWA than full (only HiCache's load-back asks for it: SWA
+    pages for rows whose full side is resident) is priced as that many full
+    tokens too: sound, and conservative by the full side's share."""
     return composite.fits(max(full_tokens, swa_tokens), swa_tokens=swa_tokens)
 
 

@@ -6,8 +6,10 @@ phase: every write a forward lands late must be kept), then with requests
 retracted to the host and resumed while forwards are in flight (the
 retraction phase: every byte must come back), then with a speculative
 draft's K/V lanes fused into the full entries (the draft phase: the
-draft's bytes must survive every relocation as the target's do); then
-``uninstall()``
+draft's bytes must survive every relocation as the target's do), then
+with HiCache's load-back driven through SGLang's own controller calls
+(the HiCache phase: every loaded byte must land where the copy was
+resolved to, under SGLang's move gate); then ``uninstall()``
 and the factories build SGLang's allocators again.  Prints what held and
 exits non-zero on any failure."""
 
@@ -42,6 +44,12 @@ def add_arguments(c: argparse.ArgumentParser) -> None:
         default=40,
         help="steps per stack with a speculative draft's K/V fused into the full entries, forwards in flight "
         "(default 40; 0 skips it)",
+    )
+    c.add_argument(
+        "--hicache-steps",
+        type=int,
+        default=40,
+        help="steps per stack with HiCache load-backs landing late, forwards in flight (default 40; 0 skips it)",
     )
     c.add_argument("--page-sizes", type=int, nargs="+", default=[1, 4], help="page sizes (default 1 4)")
     c.add_argument("--policy", choices=["planner", "anchor"], default="planner", help="kvarena's relief policy")
@@ -121,6 +129,8 @@ def run(args: argparse.Namespace) -> int:
         failures += _retraction_phase(args, workload, stacks, console, reports)
     if args.draft_steps:
         failures += _draft_phase(args, workload, stacks, console, reports)
+    if args.hicache_steps:
+        failures += _hicache_phase(args, workload, stacks, console, reports)
     factories.uninstall()
     back = {kind: type(stacks.build(kind).token_to_kv_pool_allocator) for kind in stacks.KINDS}
     failures += [
@@ -205,12 +215,12 @@ def _overlap_phase(args: argparse.Namespace, workload, stacks, console, reports:
     return failures
 
 
-def _runs(args: argparse.Namespace, workload, stacks, reports: list[dict], steps: int, **kw):
+def _runs(args: argparse.Namespace, workload, stacks, reports: list[dict], steps: int, lazies=(True, False), **kw):
     """The overlap workload with ``kw`` on every stack, page size and relief
-    mode: yields ``(label, report)`` per run and adds each to ``reports``."""
+    mode (of ``lazies``): yields ``(label, report)`` per run and adds each to ``reports``."""
     for kind in stacks.KINDS:
         for ps in args.page_sizes:
-            for lazy in (True, False):
+            for lazy in lazies:
                 r = workload.run(kind, steps=steps, page_size=ps, lazy=lazy, seed=args.seed, overlap=True, **kw)
                 reports.append({"lazy": lazy, **kw, **r.__dict__})
                 yield (kind, str(ps), "yes" if lazy else "no"), r
@@ -263,6 +273,31 @@ def _draft_phase(args: argparse.Namespace, workload, stacks, console, reports: l
         kept = f"{r.inflight_writes - r.inflight_lost:,} of {r.inflight_writes:,}"
         table.add_row(*label, str(r.admitted), f"{r.tokens_checked:,}", kept, moved, _bytes(r))
         failures += ["draft {} ps={} lazy={}: ".format(*label) + e for e in r.errors[:3]]
+    console.print(table)
+    return failures
+
+
+def _hicache_phase(args: argparse.Namespace, workload, stacks, console, reports: list[dict]) -> list[str]:
+    """The overlap workload with HiCache's load-back (``hicache.HostCache``:
+    SGLang's own ``HybridCacheController.load``, its SWA callbacks and its
+    move gate): every sixth step a prompt is loaded back from the host, and
+    three steps later a running request is backed up, each copy landing one
+    to three steps later at the rows resolved when it was submitted.  Lazy
+    compaction only: SGLang's gate requires it.  Adds the runs to
+    ``reports`` and returns the failures."""
+    table = _table(
+        "HiCache phase: load-backs and backups landing late under SGLang's move gate",
+        ("stack", "ps", "lazy", "loads", "tokens loaded", "backups", "rows backed up", "pages moved", "bytes"),
+    )
+    failures = []
+    for label, r in _runs(args, workload, stacks, reports, args.hicache_steps, lazies=(True,), hicache=True):
+        moved = " ".join(f"{n} {k}" for n, k in r.pages_moved.items())
+        loads, backups = (str(r.loads_landed), f"{r.loaded_tokens:,}"), (str(r.backups), f"{r.backed_up_rows:,}")
+        table.add_row(*label, *loads, *backups, moved, _bytes(r))
+        where = "hicache {} ps={} lazy={}".format(*label)
+        failures += [f"{where}: {e}" for e in r.errors[:3]]
+        if not r.loads_landed or not r.backups:
+            failures.append(f"{where}: nothing was loaded back or backed up")
     console.print(table)
     return failures
 

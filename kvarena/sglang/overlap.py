@@ -85,7 +85,7 @@ class Stream:
         self._device = device
 
     def wait_event(self, event: Event) -> None:
-        self._device.land(event.forward, waited=True)
+        event._device.land(event.forward, waited=True)  # the event's own stream (a copy engine's, say)
 
     def wait_stream(self, stream) -> None:
         self._device.land_all(waited=True)

@@ -39,6 +39,17 @@ With ``draft=True`` the stack is built with a speculative draft's K/V fused
 into its full entries (SGLang's ``place_fused_draft``) and the draft
 runner's pool is bound by SGLang's ``bind_fused_draft``; the draft's layer is
 written and checked with the target's, so every relocation must carry it.
+
+With ``hicache=True`` the allocator serves HiCache (``hicache.HostCache``,
+SGLang's own controller calls, its move gate installed): every sixth step
+a request's prompt is loaded back from the host (full rows alone, SWA pages
+reserved by physical id and bound at commit, a mamba slot), and three steps
+later a running request is backed up to the host; each copy is submitted
+with its rows resolved then and lands one to three steps later, so a
+transfer is in flight about half the time and the scheduler's work goes on
+under SGLang's gate.  A loaded request then decodes like any other, every
+byte it loaded checked every step; a backup must read the bytes its rows
+held at submit.
 """
 
 import contextlib
@@ -52,6 +63,7 @@ import torch
 
 from kvarena.anchor.loader import import_sglang
 
+from .hicache import Backup, HostCache, Load
 from .overlap import Device, Read
 from .stacks import Geometry, build, draft_placement
 
@@ -96,6 +108,12 @@ class Report:
     retracted: int = 0  # requests retracted to the host (retract)
     restored: int = 0  # of those, resumed and compared
     restored_tokens: int = 0  # tokens compared after a resume
+    loads: int = 0  # HiCache load-backs submitted (hicache)
+    loads_landed: int = 0  # of those, landed and checked from then on
+    loaded_tokens: int = 0  # tokens they loaded
+    backups: int = 0  # HiCache backups (device to host) submitted and landed (hicache)
+    backed_up_rows: int = 0  # rows they read
+    backup_rows_lost: int = 0  # of those, rows that did not hold the bytes they held at submit
     errors: list[str] = field(default_factory=list)
 
     @property
@@ -136,6 +154,7 @@ class Workload:
         extra_buffer: bool = False,
         retract: bool = False,
         draft: bool = False,
+        hicache: bool = False,
     ) -> None:
         self.kind, self.g, self.ps, self.dev = kind, geometry, page_size, torch.device(device)
         self.retract_every = 5 if retract else 0  # steps between retractions to the host
@@ -173,6 +192,9 @@ class Workload:
         self.next_rid = 0
         self.report = Report(kind, page_size, overlap=overlap)
         self.width = geometry.head_num * geometry.head_dim
+        self.host = HostCache(self.alloc, self.kv, self.slots, self.state, self.gpu) if hicache else None
+        self.backing: set[int] = set()  # requests a backup is reading: the tree holds their nodes
+        self.held_back: list[tuple[Request, bool]] = []  # finished while backed up: freed at the ack
 
     def _bind_draft(self) -> Any:
         """The draft runner's KV pool, bound by SGLang's own binder over the
@@ -407,8 +429,16 @@ class Workload:
 
     def finish(self, r: Request, done: bool = True) -> None:
         """Free what only ``r`` held: its SWA entries left, then full
-        (``done``: it finished, and is counted; else it was retracted)."""
+        (``done``: it finished, and is counted; else it was retracted).  A
+        request a backup is reading is freed when the backup is acknowledged
+        (SGLang's tree keeps a node locked while it is written to the host)."""
         del self.live[r.rid]
+        if r.rid in self.backing:
+            self.held_back.append((r, done))
+            return
+        self._release(r, done)
+
+    def _release(self, r: Request, done: bool) -> None:
         last = []
         for p in self._pages(r.tokens):
             self.refs[p] -= 1
@@ -619,6 +649,8 @@ class Workload:
             return
         ps = self.ps
         for r in self.live.values():
+            if r.rid in self.backing:  # a backup reads its window: the tree holds it
+                continue
             upto = max(0, (len(r.tokens) - self.g.window) // ps * ps)
             if upto <= r.swa_from:
                 continue
@@ -629,7 +661,97 @@ class Workload:
             self.report.swa_pages_freed += len(pages)
             r.swa_from = upto
 
+    # ------------------------------------------- HiCache load-back
+
+    def load_back(self) -> None:
+        """A request whose prompt is on the host: SGLang's load-back takes its
+        full rows, SWA pages for its window and a state slot, and submits
+        the copy (rows resolved now); it lands one to three steps later.
+        Room is made as for any allocation (the oldest request finishes)."""
+        assert self.host is not None
+        ps = self.ps
+        n = self.rng.randint(2, 8) * ps
+        swa = min(n, (self.g.window // ps + 1) * ps) if self.has_swa else 0
+        got = self.host.load(n, swa, self.slots is not None)
+        while got is None and self._make_room():
+            got = self.host.load(n, swa, self.slots is not None)
+        if got is None:
+            self.report.errors.append(f"step {self.report.steps}: no room to load {n} tokens back, nothing live")
+            return
+        tokens, swa_rows, slot = got
+        for t in tokens:
+            self.gen[t] = self.gen.get(t, 0) + 1
+            self.landed.discard(t)
+        for q in self._pages(tokens):
+            self.refs[q] = 1
+        full_rows = self.host.resolve(self.kv.full_kv_pool, self._t(tokens))  # SGLang's transfer engine
+        writes = []
+        for buf, _rows, values, in_swa in self._kv(tokens, tokens[n - swa :]):
+            writes.append((buf, self._t(swa_rows) if in_swa else full_rows, values))
+        if slot is not None:
+            writes += self._state(slot, 0)
+        self.host.submit(Load(tokens, n - swa, slot, writes, self.report.steps + self.rng.randint(1, 3)))
+        self.report.loads += 1
+
+    def back_up(self) -> None:
+        """A backup of a running request's landed tokens (every layer; SWA in
+        its window) and its state slot, rows resolved now as SGLang's
+        engine resolves them (full by ``host_transfer_translate``, SWA by
+        ``translate_swa_indices_for_transfer``), read one to four steps
+        later; the request is held until then."""
+        assert self.host is not None
+        rids = [rid for rid, r in self.live.items() if r.decoding and rid not in self.backing]
+        if not rids:
+            return
+        r = self.live[self.rng.choice(rids)]
+        full = [t for t in r.tokens if t in self.landed]
+        swa = [t for t in r.tokens[r.swa_from :] if t in self.landed] if self.has_swa else []
+        if not full:
+            return
+        rows = {False: self.host.resolve(self.kv.full_kv_pool, self._t(full))}
+        if swa:
+            rows[True] = self.alloc.translate_swa_indices_for_transfer(self._t(swa))
+        reads = [(buf, rows[in_swa], want.clone()) for buf, _rows, want, in_swa in self._kv(full, swa)]
+        self.backing.add(r.rid)
+        self.host.back_up(Backup(r.rid, reads, self.report.steps + self.rng.randint(1, 3)))
+
+    def _land_loads(self, step: int | None) -> None:
+        """The copies acknowledged by ``step``: a load-back's request joins
+        the running ones; a backup is compared, and its request let go."""
+        assert self.host is not None
+        for x in self.host.poll(step):
+            if isinstance(x, Backup):
+                self._backed_up(x)
+                continue
+            r = Request(self.next_rid, len(x.tokens), len(x.tokens) + self.rng.randint(4, 24))
+            r.tokens, r.swa_from, r.slot, r.decoding = list(x.tokens), x.swa_from, x.slot, True
+            self.live[r.rid] = r
+            self.next_rid += 1
+            self.landed.update(x.tokens)
+            self.report.loads_landed += 1
+            self.report.loaded_tokens += len(x.tokens)
+
+    def _backed_up(self, x: Backup) -> None:
+        self.backing.discard(x.rid)
+        self.report.backups += 1
+        self.report.backed_up_rows += sum(len(rows) for _, rows, _ in x.reads)
+        self.report.backup_rows_lost += x.lost
+        if x.lost:
+            self.report.errors.append(f"step {self.report.steps}: a backup read {x.lost} rows that had moved")
+        for r, done in [h for h in self.held_back if h[0].rid == x.rid]:
+            self.held_back.remove((r, done))
+            self._release(r, done)
+
     def step(self) -> None:
+        if self.host is not None:
+            self._land_loads(self.report.steps)
+            k = self.report.steps % 6  # a transfer in flight about half the time: the gate opens between
+            if k == 0:
+                self.load_back()
+            elif k == 3:
+                self.back_up()
+        held = self.host is not None and bool(self.host.in_flight)  # until the next poll: no copy acknowledged
+        moved = sum(getattr(self.alloc, "pages_moved", {}).values())
         if self.retract_every:
             self.resume()
             if self.report.steps % self.retract_every == self.retract_every - 1:
@@ -648,6 +770,8 @@ class Workload:
                 self.last.synchronize()
                 self.alloc.flush_opportunistic()
             self._launch()
+        if held and sum(getattr(self.alloc, "pages_moved", {}).values()) != moved:
+            self.report.errors.append(f"step {self.report.steps}: pages moved while a host transfer was in flight")
         self.report.steps += 1
         self.check()
 
@@ -665,6 +789,7 @@ def run(
     extra_buffer: bool = False,
     retract: bool = False,
     draft: bool = False,
+    hicache: bool = False,
 ) -> Report:
     """The workload on ``kind``'s stack as SGLang's factory builds it now
     (kvarena's allocator after ``install()``); with ``overlap``, as SGLang's
@@ -678,7 +803,10 @@ def run(
     compared three steps later (``Workload.retract``).  ``draft``: the
     stack built with a speculative draft's K/V fused into its full entries
     (SGLang's placement) and the draft runner's pool bound by SGLang's
-    binder; the draft's layer is written and checked with the target's."""
+    binder; the draft's layer is written and checked with the target's.
+    ``hicache``: HiCache load-backs and backups through SGLang's own
+    controller calls (``Workload.load_back``, ``Workload.back_up``), their
+    copies landing late."""
     w = Workload(
         kind,
         geometry or Geometry(),
@@ -691,14 +819,20 @@ def run(
         extra_buffer,
         retract,
         draft,
+        hicache,
     )
-    with contextlib.nullcontext() if w.gpu is None else w.gpu.current():
+    # the schedule stream, which the allocator waits on for a forward or a host transfer
+    stream = w.gpu or (w.host.engine if w.host is not None else None)
+    with contextlib.nullcontext() if stream is None else stream.current():
         for _ in range(steps):
             w.step()
             if w.report.errors:
                 break
         if w.gpu is not None:  # the last forward lands
             w.gpu.land_all()
+            w.check()
+        if w.host is not None:  # and the last load-backs
+            w._land_loads(None)
             w.check()
         for truth, host, _ in w.parked:  # the ones still parked come back at the end
             w._resume(truth, host)

@@ -23,6 +23,16 @@ policies run (``policy`` is drawn per run), and the planner's rung
 (``plan_floats``) is also a rule of its own: a feasible plan must meet its
 demand vector, an infeasible one move nothing.
 
+Host transfers (docs/design.md §13): the machine closes and opens the
+gate and queues loads (``reserve``: the bytes of the id that will own
+each page are written straight into the reserved physical page), which
+it later binds to those ids (``bind_reserved``: from then on the ordinary
+read-back through ``translate`` checks the load's bytes) or cancels.  The
+machine keeps its own model of the hold, and after every step that began
+with moves held, an oracle that reads only the public tables checks, in
+each twin, that no id that stayed bound changed its page and no reserved
+page was lost; every move of a held step must report 0 pages.
+
 Profiles: the default is sized for CI (a couple of minutes on two cores);
 ``KVARENA_PROFILE=long`` runs thousands of examples.  ``tests/verification/test_differential.py``
 runs it under pytest; ``kvarena verify`` runs it through ``run_differential``.
@@ -114,6 +124,22 @@ IN_FLIGHT = (
     "non-urgent moves in flight",
     "fault in flight",
 )
+# The host-transfer rules' own events (docs/design.md §13), counted by tests/verification/test_differential.py.
+HOLDS = (
+    "hold: gate closed",
+    "hold: gate opened",
+    "hold: reserved",
+    "hold: reservation short",
+    "hold: bound",
+    "hold: cancelled",
+    "hold: refused (eager END)",
+    "hold: bad input",
+    "hold: flush",
+    "hold: relieve",
+    "hold: slide or plan",
+    "hold: a plan that moves refused",
+    "hold: forward in flight",
+)
 EVICTORS = ("honest", "zero", "more", "liar", "raise", "no count", "nested")
 
 
@@ -176,7 +202,7 @@ def geometries(draw):
         except ValueError:
             total += sink
     order = draw(st.permutations(pools))
-    lazy = draw(st.sampled_from([False, True, ("U",), ("D",)]))
+    lazy = draw(st.sampled_from([("U",), True, False, True, ("D",)]))  # holds (§13) need lazy ENDs
     lazy = set(lazy) if isinstance(lazy, tuple) else lazy
     return total, order, lazy, borrow
 
@@ -194,6 +220,30 @@ def pattern(pool_index, ids, gens, epp):
 def ints(x):
     """A list of ints from a tensor or a sequence."""
     return x.tolist() if isinstance(x, torch.Tensor) else list(x)
+
+
+def placement(arena):
+    """Each pool's ``({id: page}, reserved pages)``, read from an arena's
+    public tables alone: what a hold must keep (docs/design.md §13)."""
+    out = {}
+    for n in arena.chain:
+        ids = {v: p for v, p in enumerate(ints(arena.v2p(n))) if v > 0 and p >= 0}
+        out[n] = (ids, set(ints(arena.reserved(n))))
+    return out
+
+
+def plan_moves(S, demand):
+    """Whether the planner's decision for ``demand`` moves a page: a float
+    it repacks whose pages (bound and reserved, from the public tables)
+    are not all inside their new place already."""
+    plan = S.plan(demand)
+    if not plan.feasible:
+        return False
+    for f, repacked, start in zip(S.chain[1:-1], plan.moves, plan.starts):
+        pages = [p for p, v in enumerate(ints(S.p2v(f))) if p > 0 and v >= 0] + ints(S.reserved(f))
+        if repacked and any(not start <= p < start + len(pages) for p in pages):
+            return True
+    return False
 
 
 def both_short(S, f, demand):
@@ -217,6 +267,11 @@ def both_short(S, f, demand):
 
 class DiffMachine(RuleBasedStateMachine):
     device = "cpu"
+    # Whether the machine starts holds (docs/design.md §13).  ``kvarena fuzz`` and HypoFuzz run
+    # the machine without (``machine_for``'s default): they save a failure as a vector, and
+    # neither its trace (``fuzz.ARENA_RECORDED``) nor the vectors know the host-transfer calls
+    # yet.  Refusals and bad input, which change nothing, run either way.
+    host_transfers = False
 
     @initialize(geo=geometries(), policy=st.sampled_from(spec.POLICIES))
     def boot(self, geo, policy):
@@ -234,6 +289,14 @@ class DiffMachine(RuleBasedStateMachine):
         self.S = S  # after the hooks: a traced machine records what it is handed here
         self.floats = self.S.chain[1:-1]
         self.lender = dict(borrow or {})  # borrower -> lender
+        # Host transfers (docs/design.md §13): the machine's own model of the hold.
+        self.gate = False
+        self.loads = {n: [] for n in S.chain}  # reserved pages in order: (page, owner id, generation)
+        self.eager = [n for n in S.chain if S.pool(n).grow != "float" and not S.is_lazy(n)]
+        self.holds = self.host_transfers and not self.eager
+        self.placed = None  # both twins' placements after a step that left moves held
+        self.freed_now = {n: set() for n in S.chain}  # ids the step freed: they may come back elsewhere
+        self.released_now = {n: set() for n in S.chain}  # reserved pages the step bound or cancelled
 
     # ---------------------------------------------------------- helpers
 
@@ -287,6 +350,7 @@ class DiffMachine(RuleBasedStateMachine):
     def forget(self, name, ids):
         for v in ids:
             del self.expected[name][v]
+        self.freed_now[name].update(ids)
 
     def free_both(self, name, ids, check=True, as_tensor=False):
         self.S.free(name, ids)
@@ -433,6 +497,7 @@ class DiffMachine(RuleBasedStateMachine):
             return
         moved = self.S.flush(name, cap)
         assert self.I.flush(name, cap) == moved
+        self.held_moves(moved, "hold: flush")
         if cap and moved == cap and self.S.is_lazy(name):
             note("lazy flush capped")
 
@@ -454,6 +519,7 @@ class DiffMachine(RuleBasedStateMachine):
         cap = data.draw(st.integers(1, 4))
         moved = self.S.flush(name, cap)
         assert self.I.flush(name, cap) == moved
+        self.held_moves(moved, "hold: flush")
         if moved == cap:
             note("lazy flush capped")
 
@@ -488,6 +554,8 @@ class DiffMachine(RuleBasedStateMachine):
             dev = self.I.device
             writes = {n: v if v is None else torch.tensor(v, dtype=torch.int64, device=dev) for n, v in writes.items()}
         note("launch while in flight" if self.S.in_flight else "launch")
+        if self.held():
+            note("hold: forward in flight")
         before = {n: set(self.S.pinned(n)) for n in self.S.chain}
         self.S.launch(writes)
         self.I.launch(writes)
@@ -537,10 +605,12 @@ class DiffMachine(RuleBasedStateMachine):
         settles, and while a forward is in flight a lazy END moves what a
         walk from the frontier to the first pinned survivor reaches (``walk``)."""
         flying = self.S.in_flight
-        want, stopped = walk(self.S, name, cap) if flying and self.S.is_lazy(name) else (None, False)
+        held_cap = 0 if self.held() else cap  # a held flush only absorbs
+        want, stopped = walk(self.S, name, held_cap) if flying and self.S.is_lazy(name) else (None, False)
         moved = self.S.flush(name, cap, urgent=False)
         assert self.I.flush(name, cap, urgent=False) == moved
         assert self.S.in_flight == self.I.in_flight == flying, "a non-urgent flush settled"
+        self.held_moves(moved, "hold: flush")
         if want is not None:
             assert moved == want, (name, cap, moved, want)
             if stopped:
@@ -575,6 +645,286 @@ class DiffMachine(RuleBasedStateMachine):
                 if ok is True:
                     assert self.alloc_both(name, n, data)[1] is not None
 
+    # ------------------------------------------------- host transfers
+
+    def held(self):
+        """Whether moves are held, by the machine's own model (docs/design.md §13)."""
+        return self.gate or any(self.loads.values())
+
+    def held_moves(self, moved, case):
+        """A moving call returned ``moved``: while moves are held it must be 0.
+        Whether they are held."""
+        if not self.held():
+            return False
+        assert moved == 0, f"{moved} pages moved while moves were held"
+        note(case)
+        return True
+
+    def owners_for(self, name, n):
+        """Up to ``n`` ids that will own a load's pages once it lands: free
+        ids from the back of the pool's FIFO (a borrower: ids its lender
+        lends), none another load has taken.  An allocation may still take
+        one before the bind: that load is then cancelled."""
+        taken = {v for _, v, _ in self.loads[name]}
+        pool = [v for v in self.bindable(name) if v not in taken]
+        return pool[max(0, len(pool) - n) :]
+
+    def bindable_loads(self, name):
+        """The pool's loads whose owner is still free to bind."""
+        free = set(self.bindable(name))
+        return [load for load in self.loads[name] if load[1] in free]
+
+    def record_load(self, name, pages, owners):
+        """A load was queued on reserved ``pages``: the bytes of the ids that
+        will own them land there now, written by physical page (no id owns
+        them yet)."""
+        if not pages:
+            return
+        assert len(owners) >= len(pages), (name, pages, owners)
+        owners = owners[: len(pages)]
+        self.flight.handed_out(name, pages)
+        gen = self.next_gen()
+        self.loads[name] += [(p, v, gen) for p, v in zip(pages, owners)]
+        data = pattern(self.S.chain.index(name), owners, [gen] * len(pages), self.S.geometry(name).epp)
+        rows = torch.tensor(pages, dtype=torch.int64, device=self.I.device)
+        self.I.page_view(name).index_copy_(0, rows, data.to(self.I.device))
+        note("hold: reserved")
+
+    def loaded(self, name, loads):
+        """``loads`` of ``name`` were bound to their owners: from now on the
+        owners' bytes are the loads'."""
+        ids = [v for _, v, _ in loads]
+        self.flight.born(name, ids)
+        self.recent[name] = ids
+        for _, v, gen in loads:
+            self.expected[name][v] = gen
+        self.drop_loads(name, loads)
+        note("hold: bound")
+
+    def drop_loads(self, name, loads):
+        gone = {p for p, _, _ in loads}
+        self.loads[name] = [load for load in self.loads[name] if load[0] not in gone]
+        self.released_now[name] |= gone
+        self.hold_may_end()
+
+    def hold_may_end(self):
+        """Moves may run again once the hold ends, in the middle of a step:
+        check what the hold kept up to here (``kept_since``), then stop."""
+        if not self.held() and self.placed is not None:
+            self.kept_since(self.placed)
+            self.placed = None
+
+    def reserve_both(self, name, n):
+        """``reserve`` on both twins, then the load's bytes; the pages, or None."""
+        owners = self.owners_for(name, n)
+        if name in self.lender:  # a borrower's load binds ids its lender lends
+            n = min(n, len(owners))
+        r_spec = self.S.reserve(name, n)
+        r_impl = self.I.reserve(name, n)
+        assert (r_spec is None) == (r_impl is None), (name, n, r_spec, r_impl)
+        assert self.S.in_flight == self.I.in_flight, "one twin settled, the other did not"
+        if r_spec is None:
+            note("hold: reservation short")
+            return None
+        assert isinstance(r_impl, torch.Tensor) and r_impl.dtype == torch.int64
+        assert r_impl.tolist() == r_spec, (name, r_spec, r_impl)
+        self.record_load(name, r_spec, owners)
+        return r_spec
+
+    def bind_both(self, name, loads, as_tensor=False):
+        ids, pages = [v for _, v, _ in loads], [p for p, _, _ in loads]
+        self.S.bind_reserved(name, ids, pages)
+        if as_tensor:
+            dev = self.I.device
+            self.I.bind_reserved(name, torch.tensor(ids, device=dev), torch.tensor(pages, device=dev))
+        else:
+            self.I.bind_reserved(name, ids, pages)
+        self.loaded(name, loads)
+
+    def cancel_both(self, name, loads):
+        pages = [p for p, _, _ in loads]
+        self.S.cancel(name, pages)
+        self.I.cancel(name, pages)
+        assert self.S.in_flight == self.I.in_flight, "one twin settled, the other did not"
+        self.drop_loads(name, loads)
+        note("hold: cancelled")
+
+    def refused(self, name, call):
+        """``call(arena)`` is a ``ValueError`` naming ``name`` in both twins,
+        with the same words, and changes nothing."""
+        before = (self.S.snapshot(), self.I.snapshot())
+        words = []
+        for a in (self.S, self.I):
+            with raises_value_error(name):
+                try:
+                    call(a)
+                except ValueError as e:
+                    words.append(str(e))
+                    raise
+        assert words[0] == words[1], words
+        assert (self.S.snapshot(), self.I.snapshot()) == before
+
+    @rule(data=st.data())
+    def host_transfer(self, data):
+        """Host transfers (HiCache, docs/design.md §13), one rule so that
+        holds start and end about as often: with moves held, mostly the
+        transfers end (``transfer_ends``), else one starts
+        (``transfer_starts``); now and then bad input instead
+        (``transfer_bad``).  An arena with an eager END refuses to hold."""
+        if data.draw(st.integers(0, 4)) == 0:
+            self.transfer_bad(data)
+        elif self.held() and data.draw(st.integers(0, 3)):
+            self.transfer_ends(data)
+        else:
+            self.transfer_starts(data)
+
+    @precondition(lambda self: self.holds)
+    @rule(data=st.data())
+    def hicache(self, data):
+        """A HiCache load-back while the scheduler runs (docs/design.md §13),
+        so that every kind of step runs under a hold in every run: a
+        transfer starts (the gate, loads or both), the scheduler goes on
+        for a few steps (relief, flushes, plans and slides, allocations,
+        frees, forwards), none of which may move a page placed when it
+        started (``kept_since``, after each), then the transfer ends, or
+        runs on into the next steps."""
+        self.transfer_starts(data)
+        if not self.held():  # a load found no page
+            return
+        ops = [self.relieve, self.flush, self.plan_that_moves, lambda data: self.faulted(data, hold=True)]
+        ops += [self.plan_floats, self.alloc]
+        ops += [self.free, self.launch, self.faulted, self.lazy_backlog_flush, self.populate]
+        ops += [lambda data: self.settle(), lambda data: self.transfer_ends(data)]
+        if self.floats:
+            ops += [self.make_room, self.compact_holes, self.open_short_side]
+        before = self.kept_since(None)
+        for _ in range(data.draw(st.integers(1, 3))):
+            data.draw(st.sampled_from(ops))(data)
+            self.kept_since(before)
+            if not self.held():  # an op ended the transfer: moves are free again
+                break
+        if data.draw(st.integers(0, 3)):
+            self.transfer_ends(data, everything=True)
+
+    def plan_that_moves(self, data):
+        """The planner's rung for the first demand (one pool, some pages
+        past what it has) that it would meet by moving a page: while moves
+        are held it must do nothing at all.  A float with no page gets a
+        few first (allocation runs under a hold), so that there is one to move."""
+        S = self.S
+        empty = [f for f in self.floats if not S.live_pages(f) and S.available_pages(f)]
+        if empty and len(empty) == len(self.floats):
+            f = data.draw(st.sampled_from(empty))
+            self.alloc_both(f, data.draw(st.integers(1, min(4, S.available_pages(f)))), data)
+        for n in S.chain:
+            for k in (1, 2, 4, 8, 16):
+                demand = {n: S.available_pages(n) + k}
+                if plan_moves(S, demand):
+                    moved = S.plan_floats(demand)
+                    assert self.I.plan_floats(demand) == moved
+                    if self.held_moves(moved, "hold: slide or plan"):
+                        note("hold: a plan that moves refused")
+                    return
+
+    def transfer_starts(self, data):
+        """A host transfer starts: the gate closes, or a load reserves pages
+        in a pool (and its bytes land there), or both."""
+        close = data.draw(st.sampled_from(["both", "load", "gate"]))
+        name = self.pick(data)
+        if self.eager:
+            if close == "load":
+                self.refused(self.eager[0], lambda a: a.reserve(name, 1))
+            else:
+                self.refused(self.eager[0], lambda a: a.close_gate())
+            note("hold: refused (eager END)")
+            return
+        if not self.holds:  # kvarena fuzz's machine: see host_transfers
+            return
+        if close != "load":
+            self.S.close_gate()
+            self.I.close_gate()
+            self.gate = True
+            note("hold: gate closed")
+        if close != "gate":
+            avail = self.S.available_pages(name)
+            mode = data.draw(st.sampled_from(["small", "small", "exact", "over", "zero"]))
+            n = {"exact": avail, "over": avail + 1, "zero": 0}.get(mode)
+            if n is None:
+                n = data.draw(st.integers(1, max(1, min(avail, 6))))
+            self.reserve_both(name, n)
+
+    def transfer_ends(self, data, everything=None):
+        """Loads land and are bound to their owners, or are cancelled (a
+        load-back rolled back, or one whose owner an allocation took since),
+        and the transfers end: the gate opens.  Some of it, or all of it."""
+        if everything is None:
+            everything = data.draw(st.booleans())
+        for name in self.S.chain:
+            loads = self.loads[name]
+            if not loads:
+                continue
+            bindable = self.bindable_loads(name)
+            if data.draw(st.integers(0, 3)) == 0:  # rolled back: every load of the pool is cancelled
+                bind = []
+            elif everything:
+                bind = data.draw(st.permutations(bindable))
+            else:
+                bind = data.draw(st.lists(st.sampled_from(bindable), unique=True, max_size=4)) if bindable else []
+            if bind:
+                self.bind_both(name, bind, as_tensor=data.draw(st.booleans()))
+            rest = self.loads[name]
+            orphans = [load for load in rest if load not in bindable]
+            if orphans:
+                note("hold: load orphaned")
+            if everything or not rest:
+                cancel = rest
+            else:  # the orphans, and a few more a rollback gives up
+                cancel = list(dict.fromkeys(orphans + data.draw(st.lists(st.sampled_from(rest), max_size=2))))
+            if cancel:
+                self.cancel_both(name, cancel)
+        if self.gate and (everything or data.draw(st.booleans())):
+            self.S.open_gate()
+            self.I.open_gate()
+            self.gate = False
+            self.hold_may_end()
+            note("hold: gate opened")
+
+    def transfer_bad(self, data):
+        """Bad input to the host-transfer calls is a ``ValueError`` naming
+        the pool in both twins, in the same words, and changes nothing: a
+        bad count, a page not reserved, repeated or not an int, a bad id,
+        not one id per page, an unknown pool."""
+        name = data.draw(st.sampled_from(self.S.chain))
+        b = self.S.bands[name]
+        loads = self.loads[name]
+        stray = next((p for p in range(b.geom.num_pages) if p not in {q for q, _, _ in loads}), 0)
+        owners = [v for v in self.bindable(name) if v not in {v for _, v, _ in loads}]
+        cases = [
+            ("reserve", name, lambda a: a.reserve(name, -1)),
+            ("reserve", name, lambda a: a.reserve(name, "x")),
+            ("reserve", "nowhere", lambda a: a.reserve("nowhere", 1)),
+            ("cancel", name, lambda a: a.cancel(name, [stray])),
+            ("cancel", name, lambda a: a.cancel(name, ["x"])),
+            ("bind", name, lambda a: a.bind_reserved(name, [1], [stray])),
+            ("bind", "nowhere", lambda a: a.bind_reserved("nowhere", [1], [1])),
+        ]
+        if loads:
+            page = loads[0][0]
+            cases += [
+                ("cancel", name, lambda a: a.cancel(name, [page, page])),
+                ("bind", name, lambda a: a.bind_reserved(name, [0], [page])),  # the sink
+                ("bind", name, lambda a: a.bind_reserved(name, [len(b.v2p)], [page])),  # out of range
+                ("bind", name, lambda a: a.bind_reserved(name, [1, 2], [page])),  # not one id per page
+            ]
+            live = self.live_ids(name)
+            if live:
+                cases.append(("bind", name, lambda a: a.bind_reserved(name, [live[0]], [page])))  # allocated
+            if len(owners) >= 2:
+                cases.append(("bind", name, lambda a: a.bind_reserved(name, owners[:2], [page, page])))
+        _, pool, call = data.draw(st.sampled_from(cases))
+        self.refused(pool, call)
+        note("hold: bad input")
+
     @precondition(lambda self: self.floats)
     @rule(data=st.data())
     def make_room(self, data):
@@ -594,6 +944,7 @@ class DiffMachine(RuleBasedStateMachine):
             min_bytes = data.draw(st.integers(0, max(0, reach) + epp))
         moved = S.make_room(f, side, min_bytes)
         assert self.I.make_room(f, side, min_bytes) == moved
+        self.held_moves(moved, "hold: slide or plan")
         if moved:
             note(f"slide {side}")
             if b.live and -(-(min_bytes - band_side) // epp) >= b.live:
@@ -606,6 +957,7 @@ class DiffMachine(RuleBasedStateMachine):
         side = data.draw(st.sampled_from(["low", "high"]))
         moved = self.S.compact_holes(f, side)
         assert self.I.compact_holes(f, side) == moved
+        self.held_moves(moved, "hold: slide or plan")
 
     @precondition(lambda self: self.floats)
     @rule(data=st.data())
@@ -620,6 +972,7 @@ class DiffMachine(RuleBasedStateMachine):
         before = self.I.snapshot()
         moved = S.open_short_side(f, demand)
         assert self.I.open_short_side(f, demand) == moved
+        self.held_moves(moved, "hold: slide or plan")
         if short:
             assert moved == 0 and self.I.snapshot() == before
             note("refusal both short")
@@ -627,15 +980,24 @@ class DiffMachine(RuleBasedStateMachine):
     @rule(data=st.data())
     def plan_floats(self, data):
         """The planner's rung alone, on either policy's arena, for a demand
-        vector near what fits now; a feasible plan must meet it."""
+        vector near what fits now; a feasible plan must meet it.  While
+        moves are held, often one it would meet by moving (``plan_that_moves``)."""
         S = self.S
+        if self.held() and data.draw(st.booleans()):
+            self.plan_that_moves(data)
+            return
         demand = {
             n: max(0, S.available_pages(n) + data.draw(st.integers(-2, 6)))
             for n in data.draw(st.lists(st.sampled_from(S.chain), unique=True, min_size=1, max_size=3))
         }
         feasible = S.plan(demand).feasible
+        moves = self.held() and plan_moves(S, demand)
         moved = S.plan_floats(demand)
         assert self.I.plan_floats(demand) == moved
+        if self.held_moves(moved, "hold: slide or plan"):
+            if moves:
+                note("hold: a plan that moves refused")
+            return  # a plan that would move a page does nothing: the demand may stay unmet
         if feasible:
             assert all(S.available_pages(n) >= d for n, d in demand.items())
             note("plan moved pages" if moved else "plan fits in place")
@@ -644,19 +1006,25 @@ class DiffMachine(RuleBasedStateMachine):
             note("plan infeasible")
 
     @rule(data=st.data())
-    def faulted(self, data):
+    def faulted(self, data, hold=False):
         """A changing call on the implementation with its ``k``-th torch
         operation failing (``impl/journal.py``).  If the fault comes out, the
         spec does not make the call and every comparison must still hold:
-        the call left nothing behind.  Else both make it."""
+        the call left nothing behind.  Else both make it.  ``hold``: a
+        host-transfer call only (docs/design.md §13)."""
         S = self.S
         name = self.pick(data)
-        kinds = ["flush", "relieve", "plan_floats", "free"]
-        if name not in self.lender:
+        kinds = [] if hold else ["flush", "relieve", "plan_floats", "free"]
+        if name not in self.lender and not hold:
             kinds.append("alloc")
-        if name in self.floats:
+        if name in self.floats and not hold:
             kinds += ["make_room", "compact_holes"]
+        if self.holds:  # host transfers (docs/design.md §13)
+            kinds += ["reserve"] + (["cancel", "bind_reserved"] if self.loads[name] else [])
+        if not kinds:
+            return
         kind = data.draw(st.sampled_from(kinds))
+        loads, owners = [], []
         if kind == "alloc":
             args: tuple[Any, ...] = (name, data.draw(st.integers(0, max(0, min(6, S.available_pages(name))))))
         elif kind == "free":
@@ -671,25 +1039,45 @@ class DiffMachine(RuleBasedStateMachine):
             args = (name, side, S.gap_bytes(name) + data.draw(st.integers(1, 3)) * S.geometry(name).epp)
         elif kind == "compact_holes":
             args = (name, data.draw(st.sampled_from(["low", "high"])))
+        elif kind == "reserve":
+            n = data.draw(st.integers(0, max(0, min(6, S.available_pages(name)))))
+            owners = self.owners_for(name, n)
+            args = (name, min(n, len(owners)))
+        elif kind == "cancel":
+            loads = data.draw(st.lists(st.sampled_from(self.loads[name]), unique=True, min_size=1, max_size=4))
+            args = (name, [p for p, _, _ in loads])
+        elif kind == "bind_reserved":
+            loads = self.bindable_loads(name)[: data.draw(st.integers(0, 4))]
+            args = (name, [v for _, v, _ in loads], [p for p, _, _ in loads])
         else:
             args = (name,)
-        k = data.draw(st.one_of(st.integers(0, 30), st.integers(0, 400)))  # most calls make tens of operations
+        # most calls make tens of operations; a host-transfer call, a few
+        k = data.draw(st.integers(0, 5) if hold else st.one_of(st.integers(0, 30), st.integers(0, 400)))
         if S.in_flight:
             note("fault in flight")
         with self.flight.impl_only():
             raised, got = fault_at(k, lambda: getattr(self.I, kind)(*args))
         if raised:
             note("fault undone")
+            if kind in ("reserve", "cancel", "bind_reserved"):
+                note("hold: fault undone")
             return
         note("fault past the call")
         want = getattr(S, kind)(*args)
-        if kind == "alloc":
-            assert (want is None) == (got is None) and (want is None or want == got.tolist())
-            self.stamp(name, want or [])
+        if kind in ("alloc", "reserve"):
+            assert (want is None) == (got is None) and (want is None or want == got.tolist()), (kind, want, got)
+            if kind == "alloc":
+                self.stamp(name, want or [])
+            else:
+                self.record_load(name, want or [], owners)
         else:
             assert want == got, (kind, want, got)
         if kind == "free":
             self.forget(name, args[1])
+        if kind == "cancel":
+            self.drop_loads(name, loads)
+        if kind == "bind_reserved" and loads:
+            self.loaded(name, loads)
 
     def evictor(self, arena, log, script):
         """An ``evict`` callback of one of the kinds a scheduler writes.
@@ -767,6 +1155,8 @@ class DiffMachine(RuleBasedStateMachine):
         name = self.pick(data)
         need = self.S.available_pages(name) + data.draw(st.integers(0, 6))
         script = self.draw_script(data) if data.draw(st.booleans()) else None
+        if self.held():
+            note("hold: relieve")
         ok, _ = self.relieve_both(name, need, script)
         if ok is False and script is None:
             # the ladder did all it could: running it again must not find more
@@ -822,6 +1212,7 @@ class DiffMachine(RuleBasedStateMachine):
             assert S.pending(n) == ints(Im.pending(n)), (n, S.pending(n), Im.pending(n))
         S.verify()
         Im.verify()
+        self._agree_on_holds()
         for n, live in self.expected.items():
             if not live:
                 continue
@@ -832,14 +1223,60 @@ class DiffMachine(RuleBasedStateMachine):
             assert pages.tolist() == S.translate(n, ids)
             assert torch.equal(Im.page_view(n)[pages].cpu(), want), n
 
+    def _agree_on_holds(self):
+        """The hold (docs/design.md §13): both twins agree with the machine's
+        model of it; every queued load's bytes are still on its reserved
+        page; and after a step that began with moves held, no id that
+        stayed bound changed its page and no reserved page was lost, in
+        either twin (``placement``: the public tables, no arena code)."""
+        S, Im = self.S, self.I
+        held = self.held()
+        assert S.gate_closed == Im.gate_closed == self.gate
+        assert S.moves_held() == Im.moves_held() == held
+        for n, loads in self.loads.items():
+            pages = [p for p, _, _ in loads]
+            assert S.reserved(n) == ints(Im.reserved(n)) == pages, (n, S.reserved(n), Im.reserved(n), pages)
+            if loads:
+                want = pattern(S.chain.index(n), [v for _, v, _ in loads], [g for _, _, g in loads], S.geometry(n).epp)
+                got = Im.page_view(n)[torch.tensor(pages, device=Im.device)].cpu()
+                assert torch.equal(got, want), f"pool {n!r}: a queued load's bytes left its reserved page"
+        now = self.kept_since(self.placed)  # None: this step began with moves free
+        self.placed = now if held else None
+        for n in S.chain:
+            self.freed_now[n].clear()
+            self.released_now[n].clear()
 
-def machine_for(device):
-    return type(f"DiffMachine_{device}", (DiffMachine,), {"device": device})
+    def kept_since(self, before):
+        """Both twins' placements now (``placement``), checked against
+        ``before`` (placements taken with moves held, or None): every id
+        still bound that the machine did not free since is on its page,
+        and every reserved page the machine did not bind or cancel since
+        is still reserved.  An oracle on the public tables alone."""
+        now = {"spec": placement(self.S), "impl": placement(self.I)}
+        for twin, pools in (before or {}).items():
+            for n, (ids, loads) in pools.items():
+                ids_now, loads_now = now[twin][n]
+                for v, p in ids.items():
+                    if v not in self.freed_now[n]:
+                        assert ids_now.get(v) == p, f"{twin}: pool {n!r}: id {v} left page {p} under a hold"
+                lost = loads - self.released_now[n] - loads_now
+                assert not lost, f"{twin}: pool {n!r}: reserved pages {sorted(lost)} lost under a hold"
+        return now
+
+
+def machine_for(device, host_transfers=False):
+    """The machine on ``device``; ``host_transfers``: it starts holds too
+    (``DiffMachine.host_transfers``); else the host-transfer rules are not
+    drawn at all, so the other rules draw as they did before there were any."""
+    attrs: dict[str, Any] = {"device": device, "host_transfers": host_transfers}
+    if not host_transfers:
+        attrs.update(host_transfer=None, hicache=None)
+    return type(f"DiffMachine_{device}", (DiffMachine,), attrs)
 
 
 def run_machine(device: str = "cpu", **overrides: Any) -> None:
-    """Run the machine once; raises on the first disagreement."""
-    run_as_test(machine_for(device), profile(PROFILES), **overrides)
+    """Run the machine once, host transfers and all; raises on the first disagreement."""
+    run_as_test(machine_for(device, host_transfers=True), profile(PROFILES), **overrides)
 
 
 def fuzz_rows(label, run, cases, required, examples, steps):

@@ -20,6 +20,12 @@ frontiers, holes, FIFOs), every view (the joint one included), the
 translation of every live token, and the bytes of every live token, each
 page stamped with a pattern when it was allocated and every token's entry
 read back through ``translate`` after whatever relocation relief did.
+
+HiCache's move gate (docs/design.md §13) closes and opens on the
+composite's arena (``host_gate``, before a relief): while it is closed the ladder, the
+flushes between steps and every slide must move nothing, so relief
+finds only what absorbing and the views give; an arena with an eager END
+refuses to close it.
 """
 
 from collections import Counter
@@ -32,7 +38,15 @@ from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, ru
 
 from kvarena import impl, spec
 from kvarena.spec.contracts import unchecked
-from kvarena.verification.differential import NO_SHRINK, fuzz_rows, pattern, profile, raises_value_error, run_as_test
+from kvarena.verification.differential import (
+    NO_SHRINK,
+    fuzz_rows,
+    pattern,
+    placement,
+    profile,
+    raises_value_error,
+    run_as_test,
+)
 from kvarena.verification.faults import fault_at
 from kvarena.verification.inflight import Flight, walk
 
@@ -73,6 +87,8 @@ REQUIRED = (
 # a fixed-seed run and its count moved with Hypothesis's version and the test order (0 to 18);
 # tests/api/test_relief_steps.py and the vectors (composites/relief-*) pin that path on both packages.
 OBSERVED = ("relief stopped before the ENDs were packed",)
+# The move gate's own events (docs/design.md §13), counted by tests/verification/test_differential_composites.py.
+HOLDS = ("composite gate closed", "composite gate opened", "composite gate refused", "composite relief under the gate")
 # The in-flight rules' own events, counted by tests/verification/test_differential_composites.py.
 IN_FLIGHT = (
     "composite launch",
@@ -137,11 +153,13 @@ def setups(draw):
 
 class CompositeMachine(RuleBasedStateMachine):
     device = "cpu"
+    host_transfers = False  # whether it closes the gate: as ``differential.DiffMachine.host_transfers``
 
     @initialize(setup=setups(), policy=st.sampled_from(spec.POLICIES), lent=st.booleans())
     def boot(self, setup, policy, lent):
         kind, total, full, swa, state, ps, lazy, window = setup
-        self.kind, self.ps, self.window = kind, ps, window
+        self.kind, self.ps, self.window, self.lazy = kind, ps, window, lazy
+        self.gate = False  # HiCache's move gate on the arena, by the machine's own model
         S = build(spec, kind, total, full, swa, state, ps, lazy, {}, policy)
         extra = {"device": self.device}
         if lent:  # the implementation over an engine's buffer and page copy
@@ -166,6 +184,7 @@ class CompositeMachine(RuleBasedStateMachine):
         index = {p: i for i, p in enumerate(self.expected)}
         self.flight = Flight(S.arena, self.I.arena, self.expected, index, pattern, self.next_gen, note, events)
         self.S = S  # after the hooks: a traced machine records what it is handed here
+        self.holds = self.host_transfers and lazy
         note(kind)
 
     # ---------------------------------------------------------- helpers
@@ -479,9 +498,10 @@ class CompositeMachine(RuleBasedStateMachine):
         cap = data.draw(st.one_of(st.none(), st.integers(0, 4)))
         flying = a.in_flight
         ends = [n for n in (a.chain[0], a.chain[-1]) if a.is_lazy(n)]
-        walks = [walk(a, n, cap) for n in ends] if flying else []
+        walks = [walk(a, n, 0 if self.gate else cap) for n in ends] if flying else []  # the gate: absorb only
         moved = self.S.flush_opportunistic(cap)
         assert self.I.flush_opportunistic(cap) == moved
+        assert not self.gate or moved == 0, f"{moved} pages moved under the gate"
         assert a.in_flight == self.I.arena.in_flight == flying, "a non-urgent flush settled"
         if flying:
             assert moved == sum(m for m, _ in walks), (moved, walks)
@@ -557,6 +577,30 @@ class CompositeMachine(RuleBasedStateMachine):
             self.next_rid += 1
             self.stamp(tokens)
 
+    def host_gate(self):
+        """HiCache's move gate (docs/design.md §13): a host transfer starts
+        (the gate closes) or every one has ended (it opens).  While it is
+        closed no page may move; an arena with an eager END refuses it in
+        both twins, naming the END, and nothing changes."""
+        a, b = self.S.arena, self.I.arena
+        if not self.lazy:
+            before = a.snapshot()
+            for arena in (a, b):
+                with raises_value_error(a.chain[0]):
+                    arena.close_gate()
+            assert a.snapshot() == before == b.snapshot()
+            note("composite gate refused")
+            return
+        if not self.holds:  # kvarena fuzz's machine: see host_transfers
+            return
+        for arena in (a, b):
+            if self.gate:
+                arena.open_gate()
+            else:
+                arena.close_gate()
+        self.gate = not self.gate
+        note("composite gate closed" if self.gate else "composite gate opened")
+
     @rule(data=st.data())
     def too_long(self, data):
         """A request no arena of this size could ever hold is bad input in
@@ -572,6 +616,11 @@ class CompositeMachine(RuleBasedStateMachine):
 
     @rule(data=st.data())
     def relieve(self, data):
+        """The ladder for a demand around what fits now; now and then a host
+        transfer starts or ends first (``host_gate``), so relief runs under
+        the gate as often as not."""
+        if data.draw(st.integers(0, 5)) == 0:
+            self.host_gate()
         if data.draw(st.booleans()):  # around what fits now
             tokens = self.S.available_size() + data.draw(st.integers(-self.ps, 6 * self.ps + 4))
             slots = data.draw(st.integers(0, 2)) if self.has_state else 0
@@ -649,9 +698,16 @@ class CompositeMachine(RuleBasedStateMachine):
                 note("uneven relief")
             if any(0 < len(self.S.arena.holes(n)) <= own.get(n, pages) for n in ends):
                 note("relief met an END with holes but no surplus")
+        before = {"spec": placement(self.S.arena), "impl": placement(self.I.arena)} if self.gate else {}
         ok = self.S.relieve(tokens, slots, evictor(self.S, "spec") if evicting else None, swa)
         got = self.I.relieve(tokens, slots, evictor(self.I, "impl") if evicting else None, swa)
         assert ok == got and logs.get("spec") == logs.get("impl"), (ok, got, logs)
+        for twin, pools in before.items():  # the gate: relief allocates nothing, so a page that stays bound stays put
+            now = placement((self.S if twin == "spec" else self.I).arena)
+            for n, (ids, _) in pools.items():
+                moved = {v: (p, now[n][0][v]) for v, p in ids.items() if now[n][0].get(v, p) != p}
+                assert not moved, f"{twin}: pool {n!r}: ids moved under the gate: {moved}"
+            note("composite relief under the gate")
         # an oracle sharing no code with either ladder: the verdict is the fit
         # a trial on a copy finds now
         assert ok == self.S.fits(tokens, slots, swa), (ok, tokens, slots, swa)
@@ -675,6 +731,7 @@ class CompositeMachine(RuleBasedStateMachine):
     def _agree(self):
         S, Im = self.S, self.I
         assert S.arena.snapshot() == Im.arena.snapshot()
+        assert S.arena.moves_held() == Im.arena.moves_held() == self.gate
         views = ["available_size", "full_available_size"]
         views += ["swa_available_size"] if self.has_swa else []
         views += ["state_available_size", "state_slot_token_cost"] if self.has_state else []
@@ -716,13 +773,15 @@ class CompositeMachine(RuleBasedStateMachine):
             assert torch.equal(got, want), pool
 
 
-def machine_for(device):
-    return type(f"CompositeMachine_{device}", (CompositeMachine,), {"device": device})
+def machine_for(device, host_transfers=False):
+    """The machine on ``device``; ``host_transfers``: it closes the gate too (``CompositeMachine.host_transfers``)."""
+    attrs = {"device": device, "host_transfers": host_transfers}
+    return type(f"CompositeMachine_{device}", (CompositeMachine,), attrs)
 
 
 def run_machine(device: str = "cpu", **overrides: Any) -> None:
-    """Run the machine once; raises on the first disagreement."""
-    run_as_test(machine_for(device), profile(PROFILES), **overrides)
+    """Run the machine once, host transfers and all; raises on the first disagreement."""
+    run_as_test(machine_for(device, host_transfers=True), profile(PROFILES), **overrides)
 
 
 def run_differential(examples: int = 60, steps: int = 30) -> list[dict[str, Any]]:

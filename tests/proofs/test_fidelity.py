@@ -175,14 +175,16 @@ def test_design_example_float_never_gets_a_page():
 
 
 @st.composite
-def arenas(draw):
+def arenas(draw, laziness=(False, True, "up", "down")):
+    """Arenas of 2 to 4 pools, small grids; ``laziness`` the draws of
+    ``lazy`` (an END's name: that END alone)."""
     n = draw(st.integers(2, 4))
     grows = ["up"] + ["float"] * (n - 2) + ["down"]
     pools = [
         SubPool(f"p{i}", draw(st.integers(1, 6)), draw(st.sampled_from([1, 2, 4])), g) for i, g in enumerate(grows)
     ]
     total = draw(st.integers(60, 600))
-    lazy = draw(st.sampled_from([False, True, "up", "down"]))
+    lazy = draw(st.sampled_from(laziness))
     if isinstance(lazy, str):
         lazy = {pools[0].name if lazy == "up" else pools[-1].name}
     try:

@@ -26,6 +26,7 @@ GROUPS = {
     "integrity",
     "views",
     "inflight",
+    "hold",
 }
 
 

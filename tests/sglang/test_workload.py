@@ -137,7 +137,7 @@ def _check(capsys) -> tuple[int, str]:
     cli.add_arguments(p)
     args = p.parse_args(
         ["check", "--steps", "4", "--overlap-steps", "0", "--extra-buffer-steps", "0", "--retract-steps", "12"]
-        + ["--draft-steps", "8"]
+        + ["--draft-steps", "8", "--hicache-steps", "0"]
         + ["--page-sizes", "4", "--no-install"]
     )
     rc = cli.run(args)

@@ -1,9 +1,11 @@
 """A Hypothesis state machine over the spec alone.
 
 Random geometries (2-5 pools, page sizes 1-64, mixed entry sizes, lazy or
-eager ENDs) and random operations.  After every step: ``verify()``, the
-content model, the caller's view of live ids, and the capacity gate
-(``alloc(name, available)`` succeeds on a copy).
+eager ENDs) and random operations, move holds included (docs/design.md §13:
+the gate, reservations bound or cancelled).  After every step: ``verify()``,
+the content model, the caller's view of live ids and reserved pages, the
+capacity gate (``alloc(name, available)`` succeeds on a copy), and, across a
+step that began with moves held, no surviving id changed its page.
 
 Scale with KVARENA_SPEC_EXAMPLES (default 120 runs of up to 50 steps).
 """
@@ -44,7 +46,7 @@ def geometries(draw):
     given, fi = [], iter(floats)
     for i in order:
         given.append(ends.pop() if i in (0, len(pools) - 1) else next(fi))
-    lazy = draw(st.sampled_from([False, True, "u", "d"]))
+    lazy = draw(st.sampled_from([False, True, True, "u", "d"]))  # all lazy twice as often: holds need it
     return total, given, ({lazy} if isinstance(lazy, str) else lazy)
 
 
@@ -76,7 +78,9 @@ class SpecMachine(RuleBasedStateMachine):
         self.a = Arena(total, pools, lazy=lazy)
         assert self.a.chain[0] == "u" and self.a.chain[-1] == "d"
         self.live = {n: set() for n in self.a.chain}
+        self.reserved = {n: [] for n in self.a.chain}  # pages reserved, in the order reserved
         self.floats = self.a.chain[1:-1]
+        self.held, self.placement = False, self.a._placement()  # as the last step left them
 
     def pick_float(self, data):
         """A float, an opaque one when there is one (that is where moves happen)."""
@@ -135,7 +139,7 @@ class SpecMachine(RuleBasedStateMachine):
         ids = seeded(data).sample(live, k)
         self.a.free(name, ids)
         self.live[name] -= set(ids)
-        if not self.live[name] and name in self.floats:
+        if not self.live[name] and not self.reserved[name] and name in self.floats:
             g = self.a.geometry(name)
             assert self.a.frontiers(name) == (g.num_pages * g.epp,) * 2
 
@@ -156,11 +160,17 @@ class SpecMachine(RuleBasedStateMachine):
 
     @rule(data=st.data())
     def flush(self, data):
-        name = data.draw(st.sampled_from(self.a.chain), "pool")
+        holey = [n for n in self.a.chain if self.a.holes(n)]  # half the time a band with holes: something to do
+        pools = st.sampled_from(self.a.chain)
+        name = data.draw(st.one_of(st.sampled_from(holey), pools) if holey else pools, "pool")
         cap = data.draw(st.one_of(st.none(), st.integers(0, 5)), "max_moves")
+        held = self.a.moves_held()
         moved = self.a.flush(name, cap)
         assert moved == 0 or (self.a.is_lazy(name) and (cap is None or moved <= cap))
-        if self.a.is_lazy(name) and cap is None:
+        if held:
+            assert moved == 0  # absorb only
+            event("flush: held")
+        elif self.a.is_lazy(name) and cap is None:
             assert self.a.holes(name) == []
 
     @precondition(lambda self: self.floats)
@@ -179,7 +189,12 @@ class SpecMachine(RuleBasedStateMachine):
             choices += [st.integers(band + 1, reach), st.integers(band + 1, min(reach, band + 3 * epp))]
         min_bytes = data.draw(st.one_of(*choices), "min_bytes")
         before, v2p = a.snapshot(), a.v2p(f)
+        held = a.moves_held()
         moved = a.make_room(f, side, min_bytes)
+        if held:  # a slide that would move a page does nothing; one that moves none may act
+            assert moved == 0 and (side_band(a, f, side) >= min_bytes or a.snapshot() == before)
+            event("make_room: held")
+            return
         if not opaque or band >= min_bytes or reach < min_bytes:
             assert moved == 0 and a.snapshot() == before  # the three no-op cases
             event("make_room: no-op")
@@ -204,8 +219,9 @@ class SpecMachine(RuleBasedStateMachine):
     def compact_holes(self, data):
         f = self.pick_float(data)
         side = data.draw(st.sampled_from(["low", "high"]), "side")
-        self.a.compact_holes(f, side)
-        assert self.a.holes(f) == []
+        held = self.a.moves_held()
+        moved = self.a.compact_holes(f, side)
+        assert moved == 0 if held else self.a.holes(f) == []
 
     @precondition(lambda self: self.floats)
     @rule(data=st.data())
@@ -221,7 +237,9 @@ class SpecMachine(RuleBasedStateMachine):
             st.one_of(st.just(short), st.dictionaries(st.sampled_from(a.chain), st.integers(0, 40), max_size=3)),
             "demand",
         )
+        held = a.moves_held()
         moved = a.open_short_side(f, demand)
+        assert not (held and moved)
         if moved and demand is short:
             event("open_short_side: moved")
             # An END's demand, on the float next to it, is met (policy.short_side_fits_after.n3).
@@ -259,7 +277,95 @@ class SpecMachine(RuleBasedStateMachine):
         assert len(calls) <= 4
         event(f"relieve: {'ok' if ok else 'short'}{' after eviction' if calls else ''}")
 
+    # ------------------------------------------- holds (docs/design.md §13)
+
+    def eager_end(self):
+        return next((n for n in (self.a.chain[0], self.a.chain[-1]) if not self.a.is_lazy(n)), None)
+
+    @rule()
+    def close_gate(self):
+        eager, before = self.eager_end(), self.a.snapshot()
+        if eager:
+            with pytest.raises(ValueError, match=f"pool {eager!r}: close_gate holds moves"):
+                self.a.close_gate()
+            assert self.a.snapshot() == before
+            return
+        self.a.close_gate()
+        assert self.a.gate_closed and self.a.moves_held()
+        event("hold: gate closed")
+
+    @rule()
+    def open_gate(self):
+        self.a.open_gate()
+        assert not self.a.gate_closed
+        assert self.a.moves_held() == any(self.reserved.values())
+
+    @rule(data=st.data())
+    def reserve(self, data):
+        a = self.a
+        name = data.draw(st.sampled_from(a.chain), "pool")
+        avail = a.available_pages(name)
+        some = st.integers(min(1, avail), min(avail, 4))
+        n = data.draw(st.one_of(some, some, st.just(0), st.just(avail + 1)), "n")
+        eager, before = self.eager_end(), a.snapshot()
+        if eager:
+            with pytest.raises(ValueError, match=f"pool {eager!r}: reserve"):
+                a.reserve(name, n)
+            assert a.snapshot() == before
+            return
+        pages = a.reserve(name, n)
+        if n > avail:
+            assert pages is None and a.snapshot() == before
+            return
+        assert len(pages) == n and not set(pages) & set(self.reserved[name])
+        self.reserved[name] += pages
+        event("hold: reserved" if n else "hold: reserved none")
+
+    def pick_reserved(self, data):
+        name = data.draw(st.sampled_from([n for n in self.a.chain if self.reserved[n]]), "pool")
+        pages = data.draw(st.lists(st.sampled_from(self.reserved[name]), min_size=1, unique=True), "pages")
+        return name, pages
+
+    @precondition(lambda self: any(self.reserved.values()))
+    @rule(data=st.data())
+    def bind_reserved(self, data):
+        a = self.a
+        name, pages = self.pick_reserved(data)
+        ids = seeded(data).sample(a.snapshot()["pools"][name]["free_ids"], len(pages))
+        a.bind_reserved(name, ids, pages)
+        assert a.translate(name, ids) == pages and all(a.content(name)[p] == v for v, p in zip(ids, pages))
+        self.live[name] |= set(ids)
+        self.reserved[name] = [p for p in self.reserved[name] if p not in pages]
+        event("hold: bound")
+
+    @precondition(lambda self: any(self.reserved.values()))
+    @rule(data=st.data())
+    def cancel(self, data):
+        name, pages = self.pick_reserved(data)
+        self.a.cancel(name, pages)
+        self.reserved[name] = [p for p in self.reserved[name] if p not in pages]
+        if name in self.floats and not self.live[name] and not self.reserved[name]:
+            g = self.a.geometry(name)
+            assert self.a.frontiers(name) == (g.num_pages * g.epp,) * 2  # its last pages: it parks
+        event("hold: cancelled")
+
     # -------------------------------------------------------- invariants
+
+    @invariant()
+    def holds_keep_placements(self):
+        """Across a step that began with moves held, every id bound before
+        and after is on the same page, and every page still reserved is too."""
+        now = self.a._placement()
+        if self.held:
+            for name, before in self.placement.items():
+                ids = {v: p for v, p in now[name].items() if v > 0}
+                assert all(ids[v] == p for v, p in before.items() if v > 0 and v in ids), name
+        for name in self.a.chain:
+            assert self.a.reserved(name) == self.reserved[name]
+            if self.a.moves_held():
+                assert self.a.schedulable_available_size(name) == self.a.available_size(name)
+        assert self.a.moves_held() == (self.a.gate_closed or any(self.reserved.values()))
+        self.held, self.placement = self.a.moves_held(), now
 
     @invariant()
     def accounting(self):
@@ -270,12 +376,11 @@ class SpecMachine(RuleBasedStateMachine):
     def ids_are_stable(self):
         for name in self.a.chain:
             assert set(live_ids(self.a, name)) == self.live[name]
-            assert self.a.live_pages(name) == len(self.live[name])
+            live = len(self.live[name]) + len(self.reserved[name])  # a reserved page is live, owned by no id
+            assert self.a.live_pages(name) == live
             p = self.a.pool(name)
             g = self.a.geometry(name)
-            assert (
-                self.a.conserved_available_size(name) == (g.num_pages - g.min_page - len(self.live[name])) * p.page_size
-            )
+            assert self.a.conserved_available_size(name) == (g.num_pages - g.min_page - live) * p.page_size
 
     @invariant()
     def gate_is_honest(self):

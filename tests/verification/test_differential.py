@@ -11,7 +11,7 @@ import sys
 
 import pytest
 
-from kvarena.verification.differential import CASES, IN_FLIGHT, REQUIRED, run_differential, run_machine
+from kvarena.verification.differential import CASES, HOLDS, IN_FLIGHT, REQUIRED, run_differential, run_machine
 
 # The CI profile runs seeded (the same examples every run; ``kvarena verify``
 # and ``kvarena fuzz`` draw fresh ones); the long profile draws its own.
@@ -22,11 +22,14 @@ def test_differential(device):  # conftest: cpu, and cuda where present
     """The machine agrees with the spec on every step, and the run reaches
     every interesting case at least once, and every in-flight rule (a
     launch, one while in flight, a refused one, a settle, a non-urgent flush
-    that moves pages while a forward runs)."""
+    that moves pages while a forward runs), and every host-transfer rule
+    (the gate closed and opened, loads reserved, bound and cancelled, a
+    hold refused, bad input, and flushes, relief, slides and plans, and a
+    forward, while moves are held)."""
     CASES.clear()
     run_machine(device, **SEEDED)
     print("differential cases:", dict(CASES))
-    missing = [c for c in REQUIRED + IN_FLIGHT if CASES[c] == 0]
+    missing = [c for c in REQUIRED + IN_FLIGHT + HOLDS if CASES[c] == 0]
     assert not missing, f"cases never reached: {missing}; counts {dict(CASES)}"
 
 

@@ -6,7 +6,7 @@ import os
 
 import pytest
 
-from kvarena.verification.differential_composites import CASES, IN_FLIGHT, REQUIRED, run_machine
+from kvarena.verification.differential_composites import CASES, HOLDS, IN_FLIGHT, REQUIRED, run_machine
 
 # Seeded in the CI profile, as tests/verification/test_differential.py.
 SEEDED = {"derandomize": True, "database": None} if os.environ.get("KVARENA_PROFILE", "ci") == "ci" else {}
@@ -17,11 +17,12 @@ def test_composites_differential(device):  # conftest: cpu, and cuda where prese
     issue names: window-slide frees, joint-view exhaustion, state starvation
     relieved without eviction, and each composite; and every in-flight rule
     (launches, a refused one, settles, ``flush_opportunistic`` moving pages
-    while a forward runs)."""
+    while a forward runs); and HiCache's move gate closed, opened and
+    refused, with relief run under it."""
     CASES.clear()
     run_machine(device, **SEEDED)
     print("composite cases:", dict(CASES))
-    missing = [c for c in REQUIRED + IN_FLIGHT if CASES[c] == 0]
+    missing = [c for c in REQUIRED + IN_FLIGHT + HOLDS if CASES[c] == 0]
     assert not missing, f"cases never reached: {missing}; counts {dict(CASES)}"
 
 

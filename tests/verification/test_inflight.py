@@ -44,14 +44,14 @@ HANDS_OUT_PENDING = {
         "taken = [h for h in b.holes if not b.is_guarded(h)][:k]",
         "taken = ([h for h in b.holes if b.is_guarded(h)] + [h for h in b.holes if not b.is_guarded(h)])[:k]",
         "Arena",
-        "alloc",
+        "_hand_out",  # what alloc (and reserve) hand out
     ),
     "impl": (
         "kvarena.impl.arena",
         "if self.in_flight and b.g_hi > 0 and self._skips_guards(b, n):",
         "if self.in_flight and b.g_hi < 0 and self._skips_guards(b, n):",
         "Arena",
-        "_bind",
+        "_hand_out",  # what alloc (and reserve) hand out
     ),
 }
 

@@ -78,3 +78,38 @@ def test_a_suite_that_fails_unmutated_stops_the_run(tmp_path):
     vectors.case_path(tmp_path / "v", case["name"]).write_text(vectors.dump(case))
     with pytest.raises(ValueError, match="fail without any mutation"):
         planted.check_baseline(suites=("vectors",), vectors_dir=tmp_path / "v")
+
+
+# Host transfers (docs/design.md §13): each hold plant, applied in this process to the one
+# member of the implementation's Arena it edits, is caught by the differential machine in a
+# few examples.  The memo plant needs a gate flip while a neighbour's holes are credited,
+# which the CI profile meets (100 examples in): tests/impl/test_hold.py meets it at once.
+HOLD_SITES = {
+    "hold-flush-moves": "flush",
+    "hold-plan-moves": "plan_floats",
+    "hold-reserve-uncounted": "reserve",
+    "hold-schedulable-credits": "_FRESH",  # the views' table holds the function itself
+}
+
+
+def test_every_hold_plant_but_the_memo_one_has_a_site():
+    assert set(HOLD_SITES) | {"hold-gate-around-the-memo"} == {m.name for m in planted.HOLD_PLANTS}
+
+
+@pytest.mark.parametrize("name", sorted(HOLD_SITES))
+def test_the_differential_machine_catches_each_hold_plant(monkeypatch, name):
+    import kvarena.impl.arena as real
+    from kvarena.verification import differential
+    from tests.support import mutant_module
+
+    ((old, new),) = planted.by_name(name).edits
+    mutant = mutant_module(real, old, new)
+    monkeypatch.setattr(real.Arena, HOLD_SITES[name], getattr(mutant.Arena, HOLD_SITES[name]))
+    with pytest.raises(AssertionError):
+        differential.run_machine("cpu", derandomize=True, database=None, max_examples=20)
+
+
+@pytest.mark.parametrize("name", ["hold-flush-moves", "hold-reserve-uncounted"])
+def test_the_unit_tests_catch_a_flush_that_ignores_the_hold_and_an_uncounted_reservation(name):
+    o = planted.run_mutation(planted.by_name(name), suites=("unit",))
+    assert o.caught and o.caught_by == ["unit"], o
