@@ -7,7 +7,9 @@ fields and the capacity memo), ``band`` (one pool's device tables),
 ``journal`` (the undo log that makes every changing call all or nothing),
 ``arena`` (chain walks, operations, relieve, verify, bytes), ``composites``
 (the token-level HybridSWA, MambaHybrid, TriPool; docs/design.md §6; they
-use only ``Arena``'s public methods).
+use only ``Arena``'s public methods), ``kernels`` (which kernels run the
+step, and the launches of the Triton ones) and ``triton_kernels`` (the
+step's fused Triton kernels; docs/design.md §14).
 
 May import: ``kvarena.spec``.
 

@@ -62,7 +62,8 @@ from kvarena.spec.geometry import AccountingError, Geometry, SubPool, borrowing,
 from kvarena.spec.planner import End, Float, move_order, plan_chain
 
 from . import capacity as cap
-from .band import FREED, I64, Band, BandCounts
+from . import kernels as launches
+from .band import FREED, I64, Band, BandCounts, live_once
 from .journal import Journal
 from .memo import CapField, Clock, Memo
 
@@ -214,6 +215,9 @@ def _swap_back(rows: torch.Tensor, dst: torch.Tensor, src: torch.Tensor) -> None
     rows.index_copy_(0, src, rows.index_select(0, dst))
 
 
+_choose_kernels = launches.choose
+
+
 def _check_buffer(buffer: object, total_bytes: int, device: str | torch.device) -> None:
     """An external buffer must be the arena's whole byte range on its device."""
     if not isinstance(buffer, torch.Tensor):
@@ -247,6 +251,8 @@ class Arena:
         device: where the tables and the buffer live.
         buffer: an engine's contiguous 1-D uint8 tensor of ``total_bytes`` on ``device``, or None.
         mover: ``mover(pool, dst_pages, src_pages)``, the engine's page copy, or None.
+        kernels: ``"torch"`` or ``"triton"``: what runs the step calls' device work
+            (docs/design.md §14); None for ``KVARENA_KERNELS``, else the device's default.
 
     Raises:
         ValueError: a bad configuration (docs/design.md §3), naming the pool, a
@@ -268,6 +274,7 @@ class Arena:
         device: str | torch.device = "cpu",
         buffer: torch.Tensor | None = None,
         mover: Mover | None = None,
+        kernels: str | None = None,
     ) -> None:
         # Boot-time validation is the spec's (docs/design.md §2): configuration, not an operation.
         layout = make_layout(total_bytes, pools)
@@ -288,6 +295,8 @@ class Arena:
         # An external buffer is used as it is: its bytes belong to whoever lent it.
         self.buffer = torch.zeros(total_bytes, dtype=torch.uint8, device=self.device) if buffer is None else buffer
         self.mover = mover
+        self._kernels = _choose_kernels(kernels, self.device)
+        self._zero = torch.zeros((), dtype=I64, device=self.device)  # where()'s 0, made once
         self.bands = {
             n: Band(
                 layout.pools[n],
@@ -309,6 +318,30 @@ class Arena:
         self.in_flight = False  # a forward launched and not yet settled (docs/design.md §12)
         self.on_settle: Callable[[], None] | None = None  # the engine's wait on that forward, or None
         self.verify()
+
+    @property
+    def kernels(self) -> str:
+        """What runs the step calls' device work: ``"torch"`` or ``"triton"``
+        (docs/design.md §14).  Settable at any time between calls; the two
+        leave the same state, results and bytes.
+
+        Raises:
+            ValueError: (on setting) an unknown choice, or ``"triton"`` where
+                it cannot run, saying why (``impl/kernels.py``).
+        """
+        return self._kernels
+
+    @kernels.setter
+    def kernels(self, kernels: str) -> None:
+        """Set the kernels, checked (docs/design.md §14).
+
+        Args:
+            kernels: ``"torch"`` or ``"triton"``.
+
+        Raises:
+            ValueError: an unknown choice, or ``"triton"`` where it cannot run.
+        """
+        self._kernels = _choose_kernels(kernels, self.device)
 
     # ------------------------------------------------------------ access
 
@@ -1138,7 +1171,7 @@ class Arena:
         return self._bind(b, n, ids).clone()  # the caller's ids: never hand them back aliased
 
     @_all_or_nothing
-    def bind_with_borrowers(self, name: str, n: int) -> torch.Tensor:
+    def bind_with_borrowers(self, name: str, n: int, slots: launches.Slots | None = None) -> torch.Tensor:
         """Bind ``n > 0`` fresh ids of lender ``name`` (its queue's oldest),
         then the same ids in each of its borrowers; the ids (a new tensor).
 
@@ -1147,9 +1180,15 @@ class Arena:
         what the lender left): no gate here, no check, no host sync.  A
         bind that does not fit is undefined behaviour (docs/design.md §3, §6, §8).
 
+        ``slots`` (Triton kernels only, docs/design.md §14) is a composite's
+        token work on the bound ids, fused into the bind's one launch: it
+        writes ``slots.slots``.  With it ``n`` may be 0 (the launch then
+        only writes the slots).
+
         Args:
             name: the lender.
-            n: pages to bind, at least 1.
+            n: pages to bind, at least 1 (0 with ``slots``).
+            slots: the composite's slot work, or None.
 
         Returns:
             The ids, int64.
@@ -1157,7 +1196,10 @@ class Arena:
         Raises:
             ValueError: an unknown pool, naming it.
         """
-        ids = self._bind(self._band(name), n)
+        b = self._band(name)
+        if self._kernels == "triton":
+            return self._bind_fused(b, n, None, [self.bands[o] for o in self.borrowers(name)], slots)
+        ids = self._bind(b, n)
         for borrower in self.borrowers(name):
             self._bind(self.bands[borrower], n, ids)
         return ids
@@ -1166,6 +1208,8 @@ class Arena:
         """Bind ``n`` pages, ``0 < n <= available_pages``, to ``ids`` (valid
         unbound ids, or None: the queue's oldest).  No check, no sync: the
         tail of ``alloc`` and of ``bind_with_borrowers``.  Returns the ids."""
+        if self._kernels == "triton" and (ids is None or b.free_ids is None):
+            return self._bind_fused(b, n, ids, [])
         pages = self._hand_out(b, n)
         journal = self._open()
         if ids is None:
@@ -1180,26 +1224,56 @@ class Arena:
         b.live = b.live + n
         return ids
 
+    def _bind_fused(
+        self, b: Band, n: int, ids: torch.Tensor | None, borrowers: list[Band], slots: launches.Slots | None = None
+    ) -> torch.Tensor:
+        """``_bind`` of ``b`` and then of its first borrower (if any, the
+        others after it), the device work in one Triton launch (with the
+        composite's ``slots`` work, when given); returns the ids.  The host
+        moves its counters first; the journal records the undo once the
+        kernel has written what it undoes (``impl/kernels.py``, docs/design.md §14)."""
+        journal = self._open()
+        if ids is None:
+            assert b.free_ids is not None  # only a band that mints its ids binds without them
+            journal.took(b.free_ids)
+            ring = launches.Ring(b.free_ids.buf, b.free_ids.advance(n), b.free_ids.cap)
+        else:
+            ids = ids.contiguous()  # the kernel reads it as a ring of n
+            ring = launches.Ring(ids, 0, n)
+        out = torch.empty(n, dtype=I64, device=self.device) if ids is None else ids
+        sides = []
+        for band in [b, *borrowers[:1]]:
+            first, ext = self._take(band, n) if n else (band.holes[:0], 0)
+            sides.append((band, launches.Side(band.v2p, band.p2v, first, ext, torch.empty_like(out))))
+        launches.bind(n, ring, out, sides[0][1], sides[1][1] if len(sides) > 1 else None, slots)
+        for band, side in sides:
+            journal.on_undo(_unbind, band, out, side.pages)
+            band.live = band.live + n
+        for band in borrowers[1:]:
+            self._bind_fused(band, n, out, [])
+        return out
+
     def _hand_out(self, b: Band, n: int) -> torch.Tensor:
         """Take ``0 < n <= available_pages`` pages of ``b`` as ``alloc`` does:
         the oldest unguarded holes, then the extension (settling first when
         it needs a guarded hole).  The caller binds or reserves them."""
-        if self.in_flight and b.g_hi > 0 and self._skips_guards(b, n):
-            return self._take_unguarded(b, n)
-        return self._pages_for(b, n)
+        first, ext = self._take(b, n)
+        k = first.numel()
+        if k == 0:  # no hole: the extension alone (no slice, no cat)
+            return b.pages(ext, ext + n)
+        return first if n == k else torch.cat([first, b.pages(ext, ext + n - k)])
 
-    def _pages_for(self, b: Band, n: int) -> torch.Tensor:
-        """The pages of a bind with no guarded hole in the way: the oldest
-        holes, then the extension."""
+    def _take(self, b: Band, n: int) -> tuple[torch.Tensor, int]:
+        """``_hand_out``'s choice, on the host: the pages are ``first``'s
+        (holes), then ``ext, ext + 1, ...`` (the extension), ``n`` in all;
+        a fused bind reads them so (``impl/kernels.py``)."""
+        if self.in_flight and b.g_hi > 0 and self._skips_guards(b, n):
+            return self._take_unguarded(b, n), 0
         k = min(n, b.n_holes)
-        if k == 0:  # no hole: the extension alone (no slice, no rebind)
-            pages = self._extend(b, n)
-        else:
-            pages = b.holes[:k]
+        first = b.holes[:k]
+        if k:
             b.holes = b.holes[k:]
-            if n > k:  # holes first, then the extension
-                pages = torch.cat([pages, self._extend(b, n - k)])
-        return pages
+        return first, (self._extend(b, n - k) if n > k else 0)
 
     def _skips_guards(self, b: Band, n: int) -> bool:
         """Whether a bind of ``n`` pages in ``b``, with a forward in flight
@@ -1232,24 +1306,25 @@ class Arena:
         b.g_hi = min(b.g_hi, b.n_holes)  # only unguarded holes left the list
         return h.index_select(0, order[:n])
 
-    def _extend(self, b: Band, m: int) -> torch.Tensor:
-        """Grow ``b``'s span by ``m`` pages (the gate checked they fit)."""
+    def _extend(self, b: Band, m: int) -> int:
+        """Grow ``b``'s span by ``m > 0`` pages (the gate checked they fit);
+        the first new page (they run ascending from it)."""
         if b.grow == "up":
             b.hi = b.hi + m
-            return b.pages(b.hi - m, b.hi)
+            return b.hi - m
         if b.grow == "down":
             b.lo = b.lo - m
-            return b.pages(b.lo, b.lo + m)
+            return b.lo
         region_lo, region_hi = self.region(b.name)
         if not b.opaque:
             start = cap.park_start(region_lo, region_hi, m)
             b.lo, b.hi = start, start + m
-            return b.pages(start, start + m)
+            return start
         if region_hi - b.hi >= b.lo - region_lo:  # toward the larger gap, high wins ties: the
             b.hi = b.hi + m  # side the gate priced, so it fits
-            return b.pages(b.hi - m, b.hi)
+            return b.hi - m
         b.lo = b.lo - m
-        return b.pages(b.lo, b.lo + m)
+        return b.lo
 
     @_all_or_nothing
     def free(self, name: str, ids: Ids, check: bool = True) -> None:
@@ -1286,6 +1361,9 @@ class Arena:
         k = ids.numel()
         if k == 0:
             return None
+        if self._fuses_free(b, k):
+            self._free_fused(b, k, check, lambda drop: launches.free(ids.contiguous(), b.v2p, b.p2v, drop))
+            return None
         pages = b.v2p.index_select(0, ids)
         freed_pins = self._free_in_flight(b, pages, k, check) if self.in_flight else None
         journal = self._open()
@@ -1307,6 +1385,78 @@ class Arena:
                 lo, hi = freed_pins
                 b.g_lo, b.g_hi = b.g_lo + lo, min(b.g_hi + hi, b.n_holes)
         return None
+
+    @_all_or_nothing
+    def free_live(self, name: str, tokens: torch.Tensor, page_size: int, count: int) -> None:
+        """Free the distinct live ids among ``tokens // page_size``, ascending:
+        a window's free (docs/anchor.md §1, ``free_segment``; docs/design.md §14).
+
+        ``-1`` (padding), the sink's id and ids whose pages are already
+        free are skipped, a repeat freed once.  ``count`` is how many ids
+        that is, as the engine knows it (a host int, so nothing is read
+        back): when it equals ``len(tokens)`` every token is taken to name
+        a live id of its own.  The trusted decode path: ``tokens`` is a 1-D
+        int64 tensor on the arena's device, each in ``[-1, id_end *
+        page_size)``, and a wrong ``count`` is undefined behaviour; the
+        free is ``free(check=False)`` of those ids.  With Triton kernels,
+        selection and free are one launch.
+
+        Args:
+            name: the pool.
+            tokens: token ids (ids, for ``page_size`` 1), any stride.
+            page_size: tokens a page.
+            count: how many distinct live ids they name.
+        """
+        b = self._band(name)
+        if not count:
+            return None
+        if self._fuses_free(b, count) and tokens.numel() <= launches.SORT_WIDTH:
+            end = b.id_end
+            self._free_fused(
+                b, count, False, lambda drop: launches.free_live(tokens, page_size, end, count, b.v2p, b.p2v, drop)
+            )
+            return None
+        ids = torch.div(tokens, page_size, rounding_mode="floor")
+        if count == ids.numel():  # every token a live id of its own
+            key = torch.sort(ids).values
+        else:
+            key = live_once(ids, b.v2p.index_select(0, torch.clamp(ids, min=0)) > 0, b.id_end)[0]
+        self.free(name, key if count == key.numel() else key[:count], check=False)
+        return None
+
+    def _fuses_free(self, b: Band, k: int) -> bool:
+        """Whether a free of ``k`` ids of ``b`` runs as one Triton launch: not
+        an eager END (its compaction moves pages), nor a float freeing its
+        last page while something of it is guarded (it may settle)."""
+        if self._kernels != "triton" or (b.is_end and not b.lazy):
+            return False
+        return not (self.in_flight and not b.is_end and b.live == k and b.guard is not None)
+
+    def _free_fused(self, b: Band, k: int, check: bool, run: Callable[[launches.Drop], torch.Tensor]) -> None:
+        """``free``'s tail with the device work in one launch (``run`` launches
+        it and returns the ids it freed).  As the torch path: the same
+        tables, ring, holes, guards and host counts."""
+        journal = self._open()
+        journal.freed = True
+        guard = b.guard if self.in_flight else None
+        if guard is not None:
+            self._keep_flight()
+        ring = None
+        if b.free_ids is not None:
+            journal.appending(b.free_ids, k)
+            ring = launches.Ring(b.free_ids.buf, b.free_ids.claim(k), b.free_ids.cap)
+        b.live = b.live - k
+        pages = torch.empty(k, dtype=I64, device=self.device)
+        old = None if guard is None else torch.empty(k, dtype=I64, device=self.device)
+        holes = b.hole_run(k)
+        ids = run(launches.Drop(pages, ring, holes, guard, old))
+        journal.on_undo(_rebind, b, ids, pages)
+        if guard is not None and old is not None:
+            journal.on_undo(guard.index_copy_, 0, pages, old)
+            pins = self._pins_among(old) if check else 0
+            b.g_lo, b.g_hi = b.g_lo + pins, min(b.g_hi + (pins if check else k), b.n_holes)
+        if not b.is_end and b.live == 0:
+            b.park()
 
     def _free_in_flight(self, b: Band, pages: torch.Tensor, k: int, check: bool) -> tuple[int, int] | None:
         """A free of ``k`` pages while a forward is in flight, before the
@@ -1616,12 +1766,44 @@ class Arena:
                 if not -1 <= v < n:
                     raise ValueError(f"pool {name!r}: id {v} out of range [-1, {n})")
             ids = torch.tensor(host, dtype=I64, device=self.device)
+        if self._kernels == "triton":
+            flat = ids.reshape(-1).contiguous()
+            dst = out if out is not None and out.is_contiguous() else torch.empty_like(flat, dtype=I64)
+            launches.translate(flat, dst, b.v2p, n, 1)
+            if out is None:
+                return dst.reshape(ids.shape)
+            if dst is not out:
+                out.copy_(dst.reshape(ids.shape))
+            return out
         idx = torch.where((ids >= 0) & (ids < n), ids, n)
         pages = b.v2p.index_select(0, idx.reshape(-1)).clamp_min(0).reshape(ids.shape)
         if out is None:
             return pages
         out.copy_(pages)
         return out
+
+    def slots(self, name: str, tokens: torch.Tensor, page_size: int) -> torch.Tensor:
+        """Slots of token ids: ``v2p[t // page_size] * page_size + t %
+        page_size``, int64 (docs/design.md §6, §14).  A dead row, the sink's,
+        ``-1`` and any id out of range give slot 0.  Sync-free.
+
+        Args:
+            name: the pool.
+            tokens: a 1-D int64 tensor of token ids on the arena's device.
+            page_size: tokens a page (1: ``tokens`` are ids, the slots pages).
+
+        Returns:
+            The slots, a new tensor.
+        """
+        b = self._band(name)
+        n = b.id_end
+        if self._kernels == "triton":
+            out = torch.empty_like(tokens, dtype=I64)
+            launches.translate(tokens.contiguous(), out, b.v2p, n, page_size)
+            return out
+        # below 0 reads the sink's row, past the ids the sentinel's: both give slot 0
+        phys = b.v2p.index_select(0, torch.clamp(torch.div(tokens, page_size, rounding_mode="floor"), 0, n))
+        return torch.where(phys > 0, torch.add(torch.remainder(tokens, page_size), phys, alpha=page_size), self._zero)
 
     # ------------------------------------------------ in-flight forwards
 

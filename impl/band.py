@@ -44,6 +44,28 @@ I64 = torch.int64
 FREED = 0  # a pin whose launch id has been freed: the late write still lands there
 
 
+def live_once(ids: torch.Tensor, live: torch.Tensor, end: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """The ``live`` ids of ``ids`` ascending and once each (docs/design.md §6, ``free_swa``).
+
+    Sync-free: sort with dead ids keyed ``end`` (past every id), key a
+    repeat past the end too, sort again.
+
+    Args:
+        ids: int64 ids.
+        live: which of them are live (bool, their shape).
+        end: one past the last id.
+
+    Returns:
+        The keys (the live ids, then ``end`` keys) and their count (a
+        one-entry tensor, ready to read).
+    """
+    key = torch.sort(torch.where(live, ids, end)).values
+    rest = key[1:]
+    rest.masked_fill_(rest == key[:-1], end)  # a repeat keyed past the end (sort's own tensor)
+    key = torch.sort(key).values
+    return key, (key < end).sum(0, keepdim=True)
+
+
 class BandCounts(NamedTuple):
     """A band's counts on the host, as ``Arena.counts`` hands them out: a
     copy, so whoever reads it cannot write the band.  In pages of the
@@ -102,6 +124,34 @@ class FreeIds:
             state: what ``state()`` returned.
         """
         self.buf, self.head, self.count = state
+
+    def advance(self, n: int) -> int:
+        """Pop the ``n`` oldest ids without reading them: a fused bind reads
+        them from the ring itself (``impl/kernels.py``; docs/design.md §14).
+
+        Args:
+            n: how many ids; at most ``count``.
+
+        Returns:
+            The ring index of the first.
+        """
+        head = self.head
+        self.head, self.count = (self.head + n) % self.cap, self.count - n
+        return head
+
+    def claim(self, k: int) -> int:
+        """Count ``k`` ids in at the back, which a fused free writes into the
+        ring itself (docs/design.md §14); as ``put`` but for the writes.
+
+        Args:
+            k: how many ids.
+
+        Returns:
+            The ring index of the first slot.
+        """
+        tail = (self.head + self.count) % self.cap
+        self.count += k
+        return tail
 
     def take(self, n: int) -> torch.Tensor:
         """Pop the ``n`` oldest ids: ids go out FIFO (docs/design.md §3).
@@ -314,16 +364,29 @@ class Band:
         Args:
             pages: int64 physical pages, not holes.
         """
-        h, m, res = self.holes, pages.numel(), self._reserve
+        self.hole_run(pages.numel()).copy_(pages)
+
+    def hole_run(self, m: int) -> torch.Tensor:
+        """Make room for ``m`` holes behind the others and count them in: the
+        reserve's run they go to, for the caller to write at once
+        (``append_holes``; a fused free writes it itself, docs/design.md §14).
+
+        Args:
+            m: how many pages.
+
+        Returns:
+            A view of the ``m`` reserve slots now at the end of ``holes``.
+        """
+        h, res = self.holes, self._reserve
         n = h.numel()
         start = cast(int, h.storage_offset())  # a shape, never a SymInt here
         if h._base is not res or start + n != self._mark or self._mark + m > res.numel():
             res = torch.empty(max(2 * (n + m), self.geom.num_pages), dtype=I64, device=self.device)
             res[:n].copy_(h)
             self._reserve, start = res, 0
-        res[start + n : start + n + m].copy_(pages)
         self._mark = start + n + m
         self.holes = res[start : self._mark]
+        return res[start + n : self._mark]
 
     def park(self) -> None:
         """Park a float: empty span at ``num_pages``, no holes (docs/design.md §3, §4)."""

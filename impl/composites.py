@@ -77,8 +77,9 @@ from kvarena.spec.evict import MAX_EVICT_ROUNDS, evicted
 from kvarena.spec.geometry import AccountingError, SubPool
 
 from . import capacity as cap
+from . import kernels as launches
 from .arena import Arena, Mover
-from .band import I64
+from .band import I64, live_once
 
 # What a batch argument may be: a tensor, or an ordered sequence of ints.
 IntsLike = torch.Tensor | Sequence[int]
@@ -285,6 +286,7 @@ class _Composite:
         device: str | torch.device,
         buffer: torch.Tensor | None = None,
         mover: Mover | None = None,
+        kernels: str | None = None,
     ) -> None:
         self.arena = Arena(
             total_bytes,
@@ -295,12 +297,12 @@ class _Composite:
             device=device,
             buffer=buffer,
             mover=mover,
+            kernels=kernels,
         )
         self.page_size = page_size
         self.device = self.arena.device
         self._memo = self.arena.new_memo()  # the arena's clock: any band's change empties it
         self._joint_key = ("joint_pages", type(self).__name__)
-        self._zero = torch.zeros((), dtype=I64, device=self.device)  # where()'s 0, made once, not per call
         self._owner: torch.Tensor | None = None  # the checked decode's scratch (_owner_table)
         self._rows: tuple[torch.Tensor, torch.Tensor] | None = None  # its request rows (_request_rows)
         self._id_end = {name: self.arena.id_end(name) for name in self.CHAIN}  # fixed at boot: read per step
@@ -467,18 +469,26 @@ class _Composite:
 
     # ------------------------------------------------------ the coupled bind
 
-    def _take_pages(self, n: int) -> torch.Tensor | None:
+    def _take_pages(self, n: int, slots: launches.Slots | None = None) -> torch.Tensor | None:
         """Gate and bind ``n`` new pages: an int64 id tensor, or None with no
         id allocated on any side (relief moves may have happened).  The
         joint gate is the one gate: it priced every band the bind touches,
-        so the bind itself checks nothing again."""
-        if n == 0:
+        so the bind itself checks nothing again.  ``slots``: the call's
+        slot work, fused into the bind's launch (Triton kernels)."""
+        if n == 0 and slots is None:
             return torch.empty(0, dtype=I64, device=self.device)
         if n > self.joint_pages():
             self.relieve(tokens=n * self.page_size)
             if n > self.joint_pages():
                 return None
-        return self.arena.bind_with_borrowers(FULL, n)
+        return self.arena.bind_with_borrowers(FULL, n, slots)
+
+    def _fused(self) -> bool:
+        return self.arena.kernels == "triton"
+
+    def _bind_slots(self, n: int, slots: launches.Slots) -> torch.Tensor | None:
+        """The bind and its slot work in one launch (Triton kernels): the slots, or None."""
+        return None if self._take_pages(n, slots) is None else slots.slots
 
     # ----------------------------------------------------- allocation
 
@@ -613,6 +623,8 @@ class _Composite:
                 # SYNC: the one documented read without host copies: pages to bind, tokens out.
                 n, total = _host_read(torch.stack([new.sum(), lens.sum()]))
             with self.arena.atomic():  # relief, bind and slots: all or nothing
+                if self._fused():
+                    return self._bind_slots(n, self._extend_slots(prefix, seq, loc, total))
                 ids = self._take_pages(n)
                 return None if ids is None else self._slots(prefix, seq, loc, new, lens, ids, total)
         prefix = self._vec(f"{what}: prefix_lens", prefix_lens)
@@ -631,8 +643,18 @@ class _Composite:
             self._explain_copies(what, {"prefix_lens": (prefix, prefix_lens_cpu), "seq_lens": (seq, seq_lens_cpu)})
             raise ValueError(f"{what}: extend_num_tokens {extend_num_tokens} != {total} tokens asked")
         with self.arena.atomic():
+            if self._fused():
+                return self._bind_slots(n, self._extend_slots(prefix, seq, loc, total))
             ids = self._take_pages(n)
             return None if ids is None else self._slots(prefix, seq, loc, new, lens, ids, total)
+
+    def _extend_slots(self, prefix: torch.Tensor, seq: torch.Tensor, loc: torch.Tensor, total: int) -> launches.Slots:
+        out = torch.empty(total, dtype=I64, device=self.device)
+        return launches.ExtendSlots(prefix.contiguous(), seq.contiguous(), loc.contiguous(), self.page_size, out)
+
+    def _decode_slots_fused(self, seq: torch.Tensor, loc: torch.Tensor) -> launches.Slots:
+        out = torch.empty(seq.numel(), dtype=I64, device=self.device)
+        return launches.DecodeSlots(seq.contiguous(), loc.contiguous(), self.page_size, out)
 
     def _copy_flags(self, what: str, pairs: dict[str, tuple[torch.Tensor, IntsLike | None]]) -> torch.Tensor:
         """How many entries of the given host copies disagree with their
@@ -737,6 +759,8 @@ class _Composite:
             self._explain_copies(what, {"seq_lens": (seq, seq_lens_cpu)})
             self._explain(what, seq - 1, seq, loc)
         with self.arena.atomic():
+            if self._fused():
+                return self._bind_slots(n, self._decode_slots_fused(seq, loc))
             ids = self._take_pages(n)
             return None if ids is None else self._decode_slots(opens, ids, loc)
 
@@ -789,13 +813,18 @@ class _Composite:
     ) -> torch.Tensor | None:
         """``alloc_decode(check=False)``: the checked call's page rule and
         slots, without its validation."""
-        opens = self._opens_page(seq)
         if seq_lens_cpu is not None:
             n = _host_decode_pages(seq_lens_cpu, self.page_size, (seq.numel(), loc.numel()), self._max_tokens)
+            opens = None
         else:
+            opens = self._opens_page(seq)
             # SYNC: the one documented read without the host copy: pages to bind.
             (n,) = _host_read(opens.sum(0, keepdim=True))
         with self.arena.atomic():
+            if self._fused():
+                return self._bind_slots(n, self._decode_slots_fused(seq, loc))
+            if opens is None:
+                opens = self._opens_page(seq)
             ids = self._take_pages(n)
             return None if ids is None else self._decode_slots(opens, ids, loc)
 
@@ -1007,7 +1036,7 @@ class _Composite:
                 of range.
         """
         if not check:
-            return self._translate(cast(torch.Tensor, token_ids), pool, 1 if pool == STATE else self.page_size)
+            return self.arena.slots(pool, cast(torch.Tensor, token_ids), 1 if pool == STATE else self.page_size)
         if not isinstance(pool, str) or not self._has(pool):
             raise ValueError(f"translate: pool {pool!r}: {type(self).__name__} has pools {', '.join(self.CHAIN)}")
         ps = 1 if pool == STATE else self.page_size
@@ -1017,20 +1046,7 @@ class _Composite:
             for t in token_ids:
                 if t < -1 or t // ps >= n_ids:
                     raise ValueError(f"translate: pool {pool!r}: token {t} out of range [-1, {n_ids * ps})")
-        # -1 and below read the sink's row, past the ids the sentinel's: both give slot 0.
-        return self._slots_of(toks, torch.clamp(torch.div(toks, ps, rounding_mode="floor"), 0, n_ids), pool, ps)
-
-    def _translate(self, toks: torch.Tensor, pool: str, ps: int) -> torch.Tensor:
-        """``translate(check=False)``: every id is in ``[-1, id end)``, so a
-        page is in ``[-1, id end)``: only ``-1`` needs the clamp onto the sink's row."""
-        return self._slots_of(toks, torch.clamp(torch.div(toks, ps, rounding_mode="floor"), min=0), pool, ps)
-
-    def _slots_of(self, toks: torch.Tensor, rows: torch.Tensor, pool: str, ps: int) -> torch.Tensor:
-        """Slots of ``toks`` whose pages are read at ``rows`` of the table,
-        in ``[0, id end]``: a dead row, the sink's (0) and the sentinel's
-        (-1) give slot 0."""
-        phys = self.arena.v2p_at(pool, rows)
-        return torch.where(phys > 0, torch.add(torch.remainder(toks, ps), phys, alpha=ps), self._zero)
+        return self.arena.slots(pool, toks, ps)
 
     # ------------------------------------------------ in-flight forwards
 
@@ -1197,19 +1213,16 @@ class _WithSWA(_Composite):
         count: int | None  # entries to free (None: not known yet)
         if not check:
             reps = cast(torch.Tensor, token_ids)[::ps]
-            page = torch.div(reps, ps, rounding_mode="floor")
-            if num_live is None:
-                inside = torch.clamp(reps, -1, end * ps - 1)  # an out-of-range representative changes
-                key, count_t = self._live_pages(torch.div(inside, ps, rounding_mode="floor"), end)
-                bad = (inside != reps).sum(0, keepdim=True) > 0
-                # SYNC: the one read without the host copy: entries to free, or -1 for a bad representative.
-                (count,) = _host_read(torch.where(bad, -1, count_t))
-                if count < 0:
-                    self._explain_reps(reps, end)
-            elif num_live == page.numel():  # every representative a live page of its own
-                key, count = torch.sort(page).values, num_live
-            else:
-                key, count = self._live_pages(page, end)[0], num_live
+            if num_live is not None:  # the pages chosen and freed on the device, nothing read
+                self.arena.free_live(SWA, reps, ps, num_live)
+                return None
+            inside = torch.clamp(reps, -1, end * ps - 1)  # an out-of-range representative changes
+            key, count_t = self._live_pages(torch.div(inside, ps, rounding_mode="floor"), end)
+            bad = (inside != reps).sum(0, keepdim=True) > 0
+            # SYNC: the one read without the host copy: entries to free, or -1 for a bad representative.
+            (count,) = _host_read(torch.where(bad, -1, count_t))
+            if count < 0:
+                self._explain_reps(reps, end)
         else:
             start = _int("free_swa: start_pos", start_pos)
             if start < 0 or start % ps:
@@ -1246,17 +1259,7 @@ class _WithSWA(_Composite):
         live: page ``-1`` reads the sink's row (clamped to 0), and ``v2p >
         0`` skips the sink (row 0 holds 0) and freed entries."""
         live = self.arena.v2p_at(SWA, torch.clamp(page, min=0)) > 0
-        return self._live_once(page, live, end)
-
-    @staticmethod
-    def _live_once(page: torch.Tensor, live: torch.Tensor, end: int) -> tuple[torch.Tensor, torch.Tensor]:
-        """The ``live`` pages ascending and once each, then ``end`` keys, and
-        their count (a one-entry tensor, ready to read).  Sync-free; both paths' selection."""
-        key = torch.sort(torch.where(live, page, end)).values
-        rest = key[1:]
-        rest.masked_fill_(rest == key[:-1], end)  # a repeat keyed past the end (sort's own tensor)
-        key = torch.sort(key).values
-        return key, (key < end).sum(0, keepdim=True)
+        return live_once(page, live, end)
 
     def _explain_reps(self, reps: torch.Tensor, end: int) -> NoReturn:
         """Error path only: name the first out-of-range representative."""
@@ -1363,6 +1366,8 @@ class HybridSWA(_WithSWA):
         device: where the tables and the buffer live.
         buffer: an engine's byte buffer to use instead of a new one (``Arena``'s ``buffer``).
         mover: an engine's page copy that every relocation goes through (``Arena``'s ``mover``).
+        kernels: ``"torch"`` or ``"triton"`` for the step's device work (``Arena``'s
+            ``kernels``; docs/design.md §14); None for the device's default.
 
     Raises:
         ValueError: a bad configuration, naming the pool (raised by ``Arena``).
@@ -1383,9 +1388,10 @@ class HybridSWA(_WithSWA):
         *,
         buffer: torch.Tensor | None = None,
         mover: Mover | None = None,
+        kernels: str | None = None,
     ) -> None:
         pools = [SubPool(SWA, swa_entry_bytes, page_size, "up"), SubPool(FULL, full_entry_bytes, page_size, "down")]
-        super().__init__(total_bytes, pools, page_size, lazy, policy, device, buffer, mover)
+        super().__init__(total_bytes, pools, page_size, lazy, policy, device, buffer, mover, kernels)
 
     def _joint_pages(self, state_ext: int = 0) -> int:
         """Closed form for two ENDs sharing one gap.
@@ -1437,6 +1443,8 @@ class MambaHybrid(_WithState):
         device: where the tables and the buffer live.
         buffer: an engine's byte buffer to use instead of a new one (``Arena``'s ``buffer``).
         mover: an engine's page copy that every relocation goes through (``Arena``'s ``mover``).
+        kernels: ``"torch"`` or ``"triton"`` for the step's device work (``Arena``'s
+            ``kernels``; docs/design.md §14); None for the device's default.
 
     Raises:
         ValueError: a bad configuration, naming the pool (raised by ``Arena``).
@@ -1456,9 +1464,10 @@ class MambaHybrid(_WithState):
         *,
         buffer: torch.Tensor | None = None,
         mover: Mover | None = None,
+        kernels: str | None = None,
     ) -> None:
         pools = [SubPool(STATE, state_bytes, 1, "up", "state"), SubPool(FULL, full_entry_bytes, page_size, "down")]
-        super().__init__(total_bytes, pools, page_size, lazy, policy, device, buffer, mover)
+        super().__init__(total_bytes, pools, page_size, lazy, policy, device, buffer, mover, kernels)
         self.state_bytes = state_bytes
         self._token_entry_bytes = full_entry_bytes
 
@@ -1488,6 +1497,8 @@ class TriPool(_WithSWA, _WithState):
         device: where the tables and the buffer live.
         buffer: an engine's byte buffer to use instead of a new one (``Arena``'s ``buffer``).
         mover: an engine's page copy that every relocation goes through (``Arena``'s ``mover``).
+        kernels: ``"torch"`` or ``"triton"`` for the step's device work (``Arena``'s
+            ``kernels``; docs/design.md §14); None for the device's default.
 
     Raises:
         ValueError: a bad configuration, naming the pool (raised by ``Arena``).
@@ -1509,13 +1520,14 @@ class TriPool(_WithSWA, _WithState):
         *,
         buffer: torch.Tensor | None = None,
         mover: Mover | None = None,
+        kernels: str | None = None,
     ) -> None:
         pools = [
             SubPool(STATE, state_bytes, 1, "up", "state"),
             SubPool(SWA, swa_entry_bytes, page_size, "float"),
             SubPool(FULL, full_entry_bytes, page_size, "down"),
         ]
-        super().__init__(total_bytes, pools, page_size, lazy, policy, device, buffer, mover)
+        super().__init__(total_bytes, pools, page_size, lazy, policy, device, buffer, mover, kernels)
         self.state_bytes = state_bytes
         self._token_entry_bytes = full_entry_bytes + swa_entry_bytes
 

@@ -29,6 +29,9 @@ class Command:
     help: str  # the one line ``kvarena --help`` shows, repeated in this module's docstring
     module: str
     value_error_is_usage: bool = False  # run raises ValueError on a bad argument: printed, exit code 2
+    # it runs the Triton kernels, on the CPU under Triton's interpreter where no CUDA device is
+    # visible (``kvarena.impl.kernels.interpret_without_cuda``; docs/design.md §14)
+    triton: bool = False
 
 
 COMMANDS = (
@@ -36,12 +39,13 @@ COMMANDS = (
         "verify",
         "self-checks, proofs, vectors and differential fuzz, every check run to the end",
         "kvarena.verification.verify",
+        triton=True,
     ),
     Command("prove", "z3 obligations and CrossHair runs", "kvarena.proofs.cli"),
     Command(
         "vectors", "conformance vectors: generate from the spec, replay on a target", "kvarena.verification.vectors"
     ),
-    Command("fuzz", "the differential machines as a campaign over processes", "kvarena.verification.fuzz"),
+    Command("fuzz", "the differential machines as a campaign over processes", "kvarena.verification.fuzz", triton=True),
     Command(
         "planted", "apply each named planted bug and report which suite catches it", "kvarena.verification.planted"
     ),
@@ -51,7 +55,13 @@ COMMANDS = (
         "kvarena.sim.simulate",
         value_error_is_usage=True,
     ),
-    Command("bench", "side-by-side benchmarks (ratios, one run)", "kvarena.sim.bench", value_error_is_usage=True),
+    Command(
+        "bench",
+        "side-by-side benchmarks (ratios, one run)",
+        "kvarena.sim.bench",
+        value_error_is_usage=True,
+        triton=True,
+    ),
     Command("policies", "anchor policy vs chain planner on the same random traces", "kvarena.sim.policies"),
     Command("conform", "differential campaign against the anchor's allocator (sglang 0.5.23)", "kvarena.anchor.cli"),
     Command(
@@ -80,6 +90,10 @@ def main(argv: list[str] | None = None) -> int:
     # the command is the first word that is not an option (``kvarena`` itself takes only -h)
     name = next((a for a in argv if not a.startswith("-")), None)
     chosen = next((c for c in COMMANDS if c.name == name), None)
+    if chosen is not None and chosen.triton:  # before anything imports triton
+        from kvarena.impl.kernels import interpret_without_cuda
+
+        interpret_without_cuda()
     args = parser(chosen).parse_args(argv)
     assert chosen is not None and args.cmd == chosen.name  # argparse exits on any other command line
     try:

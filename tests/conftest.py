@@ -4,6 +4,13 @@
 import pytest
 from hypothesis import HealthCheck, settings
 
+from kvarena.impl.kernels import interpret_without_cuda
+
+# Triton's kernels run on CPU tensors under its interpreter, which Triton reads
+# when it is first imported: before any test imports it (docs/design.md §14).
+# A machine with CUDA compiles them.
+interpret_without_cuda()
+
 # CI runs on a loaded 2-core machine: a slow example is not a failure.  Every
 # property still fails on a wrong answer; only wall-clock limits are lifted.
 settings.register_profile("kvarena", deadline=None, print_blob=True, suppress_health_check=[HealthCheck.too_slow])

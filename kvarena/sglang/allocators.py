@@ -54,6 +54,14 @@ pool's ``zero_physical_pages``), an eager free waits on ``forward_stream``
 as SGLang's does, and ``swa_attn_allocator.bind`` rebinds tables as
 SGLang's does (docs/guides/integrating.md, "The rest of SGLang's default
 path").
+
+The composite runs its step calls on Triton kernels or on torch
+(docs/design.md §14): the device's default (Triton on CUDA, torch
+elsewhere) unless the environment variable ``KVARENA_KERNELS`` says
+``torch`` or ``triton`` (read when an allocator is built; another value is
+a ``ValueError`` naming the variable), or ``install(kernels=...)`` chose
+(``factories.kernels_choice``).  On Triton the translations SGLang's
+attention calls are one kernel launch each too.
 """
 
 import operator
@@ -63,7 +71,10 @@ import torch
 
 from kvarena.anchor.loader import import_sglang
 from kvarena.impl import HybridSWA, MambaHybrid, TriPool
+from kvarena.impl import kernels as launches
 from kvarena.spec.geometry import AccountingError
+
+from . import factories
 
 _hs: Any = import_sglang("sglang.srt.mem_cache.allocator.unified_hybrid_swa")
 _um: Any = import_sglang("sglang.srt.mem_cache.allocator.unified_mamba")
@@ -177,11 +188,26 @@ def _unsupported_property(name: str, feature: str):
     return property(get, doc=f"Unsupported: {feature}.")
 
 
-def _translate(v2p: torch.Tensor, ps: int, loc: torch.Tensor, out: torch.Tensor | None) -> torch.Tensor:
+def _translate(
+    v2p: torch.Tensor, ps: int, loc: torch.Tensor, out: torch.Tensor | None, fused: bool = False
+) -> torch.Tensor:
     """SGLang's translation: ``v2p[t // ps] * ps + t % ps``, and ``0`` (the
     sink every kernel skips) for an unbound, negative or out-of-range id.
-    Any shape; int64; sync-free."""
+    Any shape; int64; sync-free.  ``fused``: one Triton launch (the arena's
+    ``translate`` kernel, the same rule), written straight into ``out`` when
+    it is a contiguous int64 tensor of ``loc``'s size."""
     t = loc.to(I64)
+    if fused:
+        flat = t.reshape(-1).contiguous()
+        direct = out is not None and out.dtype == I64 and out.is_contiguous() and out.numel() == flat.numel()
+        dst = out.view(-1) if out is not None and direct else torch.empty_like(flat)
+        if flat.numel():  # numel: a shape
+            launches.translate(flat, dst, v2p, v2p.numel() - 1, ps)  # the last row: the -1 sentinel
+        if out is None:
+            return dst.view(t.shape)
+        if not direct:
+            out.copy_(dst.reshape(out.shape))
+        return out
     last = v2p.numel() - 1  # the -1 sentinel row
     page = torch.div(t, ps, rounding_mode="floor")
     row = torch.where((t >= 0) & (page < last), page, last)
@@ -236,17 +262,18 @@ class BandView:
         return c.hi if self.grow_direction == "up" else c.lo - 1
 
     def translate_kv_loc(self, loc: torch.Tensor, *, out: torch.Tensor | None = None) -> torch.Tensor:
-        return _translate(self._v2p, self.page_size, loc, out)
+        return _translate(self._v2p, self.page_size, loc, out, self._arena.kernels == "triton")
 
     def translate_write_loc(
         self, loc: torch.Tensor, *, out: torch.Tensor | None = None, out_width: int | None = None
     ) -> torch.Tensor:
         """The write translation: the read one (no context parallelism here).
         ``out_width`` pads ``out``'s tail with the sink, as SGLang's does."""
+        fused = self._arena.kernels == "triton"
         if out is None or out_width is None:
-            return _translate(self._v2p, self.page_size, loc, out)
+            return _translate(self._v2p, self.page_size, loc, out, fused)
         n = loc.shape[0]
-        _translate(self._v2p, self.page_size, loc, out[:n])
+        _translate(self._v2p, self.page_size, loc, out[:n], fused)
         out[n:out_width].zero_()
         return out
 
@@ -447,8 +474,8 @@ def _zeroing(kind: type) -> type:
     class Zeroing(kind):  # type: ignore[misc, valid-type]
         on_fresh: Any = None
 
-        def _take_pages(self, n: int) -> torch.Tensor | None:
-            ids = super()._take_pages(n)
+        def _take_pages(self, n: int, slots: Any = None) -> torch.Tensor | None:
+            ids = super()._take_pages(n, slots)
             if ids is not None and ids.numel() and self.on_fresh is not None:  # numel: a shape
                 self.on_fresh(ids)
             return ids
@@ -478,6 +505,7 @@ class _Dropin:
     free_pages: torch.Tensor | None
     release_pages: torch.Tensor | None
     DEFAULT_POLICY = "planner"  # install(policy) builds a subclass with its own
+    DEFAULT_KERNELS: str | None = None  # install(kernels=...) likewise; None: KVARENA_KERNELS, else the device's
     # Overlap scheduling (docs/design.md §12): SGLang's in-flight forward, as its two hooks left it.
     _forward_due: list[Any] | None = None  # (done event, out_cache_loc or None) or _IDLE, not yet handed over
     _flight_event: Any = None  # the done event of the last forward the composite was handed
@@ -538,6 +566,7 @@ class _Dropin:
             self._pools[STATE] = state_pool
         args = self._composite_args(unified_buffer.total_bytes, entry)
         kw = {"page_size": page_size, "lazy": bool(lazy_compaction), "policy": policy, "device": raw.device}
+        kw["kernels"] = factories.kernels_choice(self.DEFAULT_KERNELS)  # KVARENA_KERNELS, else the device's default
         self.pages_moved = dict.fromkeys(self.CHAIN, 0)  # pages relocated per pool, self-copies included
         self.composite = _ZEROING[self.KIND](*args, **kw, buffer=raw, mover=self._move_pages)
         self._zeroed = [n for n in (FULL, SWA) if n in self._pools and isinstance(self._pools[n], ZEROED_ON_HAND_OUT)]

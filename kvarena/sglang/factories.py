@@ -7,6 +7,12 @@ runs.  ``install`` replaces the three factories in that module by wrappers
 that, for the duration of the call only, put kvarena's class where the
 factory looks for SGLang's; nothing else of SGLang changes, and
 ``uninstall`` puts the original factories back.
+
+Which kernels run the composites' step calls (``"torch"`` or ``"triton"``,
+docs/design.md §14): ``install(kernels=...)`` when given; else the
+environment variable ``KVARENA_KERNELS`` (``torch`` or ``triton``; another
+value is a ``ValueError`` naming it), read when an allocator is built; else
+the device's default (Triton on CUDA, torch elsewhere).
 """
 
 import functools
@@ -16,6 +22,7 @@ import os
 from kvarena.anchor.loader import import_sglang
 
 ENV = "KVARENA_SGLANG"  # "1" or "planner", or "anchor": the policy; read by the startup hook
+KERNELS_ENV = "KVARENA_KERNELS"  # "torch" or "triton": the composites' kernels (kvarena.impl.kernels.ENV)
 POOL_MODULE = "sglang.srt.mem_cache.unified_memory_pool"
 FACTORIES = {
     "init_unified_swa_pools": ("sglang.srt.mem_cache.allocator.unified_hybrid_swa", "UnifiedSWATokenToKVPoolAllocator"),
@@ -40,18 +47,38 @@ def policy_from_env(value: str | None) -> str | None:
     raise ValueError(f"{ENV}={value!r}: use 1 (the planner), planner or anchor; 0 or unset for SGLang's allocator")
 
 
-def install(policy: str = "planner") -> None:
+def kernels_from_env(value: str | None) -> str | None:
+    """The kernels ``KVARENA_KERNELS`` asks for, or None when it is unset or
+    empty (the device's default): ``kvarena.impl.kernels.from_env``."""
+    from kvarena.impl.kernels import from_env
+
+    return from_env(value)
+
+
+def kernels_choice(kernels: str | None = None) -> str | None:
+    """The kernels an allocator is built with: ``kernels`` when given, else
+    what ``KVARENA_KERNELS`` asks for, else None (the device's default)."""
+    return kernels if kernels is not None else kernels_from_env(os.environ.get(KERNELS_ENV))
+
+
+def install(policy: str = "planner", kernels: str | None = None) -> None:
     """From now on SGLang's three factories build kvarena's allocators
-    (``policy``: ``"planner"`` or ``"anchor"``).  Installing again changes
-    the policy."""
+    (``policy``: ``"planner"`` or ``"anchor"``; ``kernels``: ``"torch"`` or
+    ``"triton"`` for the composites' step calls, None for ``KVARENA_KERNELS``
+    or else the device's default).  Installing again changes both."""
+    from kvarena.impl.kernels import KERNELS
+
     from . import allocators
 
     if policy not in allocators.POLICIES:
         raise ValueError(f"policy must be one of {allocators.POLICIES}, got {policy!r}")
+    if kernels is not None and kernels not in KERNELS:
+        raise ValueError(f"kernels must be one of {KERNELS}, got {kernels!r}")
     pool_module = import_sglang(POOL_MODULE)
     for name, (module_name, class_name) in FACTORIES.items():
         original = _ORIGINAL.get(name, getattr(pool_module, name))
-        ours = type(class_name, (getattr(allocators, class_name),), {"DEFAULT_POLICY": policy, "__module__": __name__})
+        members = {"DEFAULT_POLICY": policy, "DEFAULT_KERNELS": kernels, "__module__": __name__}
+        ours = type(class_name, (getattr(allocators, class_name),), members)
         setattr(pool_module, name, _building(original, import_sglang(module_name), class_name, ours))
         _ORIGINAL[name] = original
 

@@ -17,11 +17,14 @@ Sections (``--only``):
   (``check=False``), lazy on the checked default path, and eager on the
   trusted path; eager also reports the bytes it moves (compaction on every
   free, by design);
-- ``ops``: the torch operations and host reads one decode step makes, at
-  every batch of ``--ops-batches``, with and without the host copy, on
-  both composite paths and the static twin: the CPU stand-in for kernel
-  launches (flat in the batch is the goal; the anchor's design fuses one
-  kernel a call);
+- ``ops``: the kernel launches and host reads one decode step makes, at
+  every batch of ``--ops-batches``, with and without the host copy: the
+  trusted path on torch and on Triton (under its interpreter on the CPU;
+  left out, saying why, where Triton cannot run), the checked path and the
+  static twin, counted the same way (``kvarena.sglang.bench.LaunchCounter``:
+  one per torch operation that launches device work, one per Triton
+  kernel, work on the engine's host copies on the host); the most in a
+  page's worth of steps (flat in the batch is the goal);
 - ``memo``: memoised capacity reads against fresh recomputation, 2 to 5
   pools, and the memoised read's cost per pool count (flat is the goal);
   only the reads are timed, not the step that invalidates the memo between
@@ -35,10 +38,17 @@ Sections (``--only``):
   (4, 64 and 1024 KiB by default) in one run (targets: 0.5 on CPU, 0.8 on
   CUDA);
 - ``sglang``: one decode step on SGLang's own SWA stack (sglang 0.5.23,
-  installed on first use) with kvarena's allocator against SGLang's
-  (``kvarena.sglang.bench``), batch 1, 64 and ``--batch``: the time ratio,
-  and the kernel launches a step, counted the same way on both (each torch
-  operation that launches device work, each SGLang Triton kernel as one).
+  installed on first use) with kvarena's allocator, on torch and on Triton,
+  against SGLang's (``kvarena.sglang.bench``), at every batch of
+  ``--sglang-batches`` (default 1, 64 and ``--batch``): the time ratios
+  (CUDA events on a CUDA device), and the kernel launches a step, counted
+  the same way on every side (each torch operation that launches device
+  work, each Triton kernel, kvarena's or SGLang's, as one).
+
+``--kernels`` picks the decode section's kernels (default: the device's,
+Triton on CUDA); the ops and sglang sections run both.  Triton runs on the
+CPU under its interpreter (``run`` turns it on before anything imports
+Triton): there, its launch counts are meaningful and its times are not.
 """
 
 import argparse
@@ -294,9 +304,10 @@ DECODE_ROWS = (("lazy", True, True), ("lazy_checked", True, False), ("eager", Fa
 DECODE_LABELS = {"lazy": "lazy (check=False)", "lazy_checked": "lazy (checked)", "eager": "eager (check=False)"}
 
 
-def _decode_pair(mode, args, device, batch=None):
+def _decode_pair(mode, args, device, batch=None, kernels=None):
     """Makers of the two sides of one decode row at ``batch`` (default
-    ``args.batch``), on buffers sized for the loop's steps."""
+    ``args.batch``), on buffers sized for the loop's steps; the composite
+    runs ``kernels`` (default ``args.kernels``, else the device's default)."""
     from kvarena.impl import HybridSWA
 
     _, lazy, trusted = next(r for r in DECODE_ROWS if r[0] == mode)
@@ -307,8 +318,11 @@ def _decode_pair(mode, args, device, batch=None):
     pages = batch * (-(-(args.start + span + steps_total) // ps) + 1) + 8
     total = pages * ps * e * 2 + (1 << 16)
 
+    if kernels is None:
+        kernels = getattr(args, "kernels", None)
+
     def ours():
-        c = HybridSWA(total, e, e, ps, lazy=lazy, device=device)
+        c = HybridSWA(total, e, e, ps, lazy=lazy, device=device, kernels=kernels)
         return Trusted(c) if trusted else c
 
     def static():
@@ -407,41 +421,45 @@ def _eager_moves(ours_mk, args, ps, device, batch=None):
 
 # --------------------------------------------------------------------- ops
 
-OPS_SIDES = ("trusted", "checked", "static")
-OPS_LABELS = {"trusted": "ours (check=False)", "checked": "ours (checked)", "static": "static free list"}
+# side -> (decode row, kernels): the trusted step on each kernel choice, the checked one, the static twin
+OPS_SIDES = {
+    "trusted": ("lazy", "torch"),
+    "triton": ("lazy", "triton"),
+    "checked": ("lazy_checked", "torch"),
+    "static": ("lazy", None),
+}
+OPS_LABELS = {
+    "trusted": "ours (check=False, torch)",
+    "triton": "ours (check=False, triton)",
+    "checked": "ours (checked, torch)",
+    "static": "static free list",
+}
 
 
 class _OpCounter:
-    """Counts the torch operations an allocator's calls dispatch (a
-    ``TorchDispatchMode`` around each call, so the loop's own tensor work
-    is not counted) and its host reads: calls of the composites' one read
-    (``impl.composites._host_read``; ``tests/impl/test_host_sync.py`` shows
-    the decode path reads nothing else) and of the static twin's."""
+    """Counts the kernel launches an allocator's calls make (each call
+    counted by a ``LaunchCounter``, so the loop's own tensor work is not
+    counted: one per torch operation that launches device work, one per
+    Triton kernel, the engine's host copies on the host) and its host
+    reads: calls of the composites' one read (``impl.composites._host_read``;
+    ``tests/impl/test_host_sync.py`` shows the decode path reads nothing
+    else) and of the static twin's."""
 
-    def __init__(self, alloc):
-        from torch.utils._python_dispatch import TorchDispatchMode
+    def __init__(self, alloc, device="cpu"):
+        from kvarena.sglang.bench import LaunchCounter
 
-        counter = self
+        self.a, self.counter, self.reads = alloc, LaunchCounter(device), 0
 
-        class Mode(TorchDispatchMode):
-            def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-                counter.ops += 1
-                return func(*args, **(kwargs or {}))
-
-        self.a, self.mode, self.ops, self.reads = alloc, Mode, 0, 0
+    @property
+    def launches(self):
+        return self.counter.count
 
     def __getattr__(self, name):
-        fn = getattr(self.a, name)
-
-        def call(*args, **kwargs):
-            with self.mode():
-                return fn(*args, **kwargs)
-
-        return call
+        return self.counter.counted(getattr(self.a, name))
 
 
 def _count_step(loop, counter):
-    """One decode step's operations and host reads."""
+    """One decode step's launches and host reads."""
     from kvarena.impl import composites
 
     real = composites._host_read
@@ -450,43 +468,66 @@ def _count_step(loop, counter):
         counter.reads += 1
         return real(t)
 
-    counter.ops = counter.reads = 0
+    counter.counter.count = counter.reads = 0
     composites._host_read = read
     try:
-        loop.step()
+        with counter.counter.triton():
+            loop.step()
     finally:
         composites._host_read = real
-    return counter.ops, counter.reads
+    return counter.launches, counter.reads
+
+
+def ops_sides(device):
+    """The ops sides that run on ``device``, and why each other one does not."""
+    import torch
+
+    from kvarena.impl.kernels import unavailable
+
+    why = unavailable(torch.device(device))
+    sides = [s for s in OPS_SIDES if s != "triton" or why is None]
+    return sides, ({} if why is None else {"triton": why})
 
 
 def bench_ops(args, device):
-    """Torch operations and host reads of one decode step (``alloc_decode``
+    """Kernel launches and host reads of one decode step (``alloc_decode``
     + ``free_swa`` + ``translate`` of both pools) at every batch of
     ``--ops-batches``, with and without the engine's host copies (the
-    lengths, the window free's count): the worst step of a page's worth (every step frees
-    some window pages once the batch reaches the page size)."""
+    lengths, the window free's count): the worst step of a page's worth
+    (every step frees some window pages once the batch reaches the page
+    size).  The trusted step on both kernel choices (Triton where it runs:
+    on the CPU under its interpreter), the checked one, the static twin,
+    all counted the same way (``_OpCounter``)."""
+    sides, missing = ops_sides(device)
     out = {}
     for copies in ("with host copies", "without"):
         by_batch = {}
         for batch in _batches(args.ops_batches):
             row = {}
-            for side, mode in (("trusted", "lazy"), ("checked", "lazy_checked"), ("static", "lazy")):
-                ours_mk, static_mk, ps = _decode_pair(mode, args, device, batch)
+            for side in sides:
+                mode, kernels = OPS_SIDES[side]
+                ours_mk, static_mk, ps = _decode_pair(mode, args, device, batch, kernels)
                 alloc = static_mk() if side == "static" else ours_mk()
+                if side != "static":  # the loop's setup on torch: Triton's interpreter is slow at 4,096 prefills
+                    alloc.arena.kernels = "torch"
                 loop = DecodeLoop(alloc, batch, ps, 127, args.start, 3 * ps, device, host_copies=copies != "without")
+                if side != "static":  # the steps on the side's kernels (the two leave the same state)
+                    alloc.arena.kernels = kernels
                 loop.step()  # warm
-                counter = _OpCounter(alloc)
+                counter = _OpCounter(alloc, device)
                 if side == "static":
                     alloc.counter = counter  # the twin counts its own reads into it
                 loop.a = counter
                 steps = [_count_step(loop, counter) for _ in range(ps)]
                 row[side] = {
-                    "ops_max": max(o for o, _ in steps),
-                    "ops_min": min(o for o, _ in steps),
+                    "launches_max": max(n for n, _ in steps),
+                    "launches_min": min(n for n, _ in steps),
                     "reads_max": max(r for _, r in steps),
                 }
             by_batch[str(batch)] = row
         out[copies] = by_batch
+    if missing:
+        out["unavailable"] = missing
     return out
 
 
@@ -680,23 +721,37 @@ def bench_copy(args, device):
     return out
 
 
+def sglang_batches(args):
+    """The sglang section's batches: ``--sglang-batches``, else 1, 64 and ``--batch``."""
+    spec = getattr(args, "sglang_batches", None)
+    return _batches(spec) if spec else sorted({1, 64, args.batch})
+
+
 def bench_sglang(args, device):
-    """kvarena's allocator against SGLang's own in SGLang's stack, one decode step."""
+    """kvarena's allocator (on each kernel choice) against SGLang's own in
+    SGLang's stack, one decode step: seconds a step (CUDA events on a CUDA
+    device), and kernel launches a step counted the same way on every side."""
     from kvarena.anchor.loader import ensure_installed
-    from kvarena.sglang.bench import decode_step, decode_step_launches
+    from kvarena.sglang.bench import SIDES, decode_step, decode_step_launches, unavailable
 
     ensure_installed(allow_install=True)
+    missing = {side: why for side in SIDES if (why := unavailable(side, device)) is not None}
+    sides = tuple(side for side in SIDES if side not in missing)
     out = {}
-    for batch in sorted({1, 64, args.batch}):
-        t = decode_step(batch, args.steps, args.warmup, args.repeats, device, _sync)
-        ratios = [a / b for a, b in zip(t["kvarena"], t["sglang"])]
-        launches = {side: decode_step_launches(batch, side == "kvarena") for side in ("kvarena", "sglang")}
-        out[f"batch {batch}"] = {
-            "ratio": _summary(ratios),
-            "kvarena_us": _summary([x * 1e6 for x in t["kvarena"]]),
-            "sglang_us": _summary([x * 1e6 for x in t["sglang"]]),
-            "launches": {side: {"min": min(n), "max": max(n)} for side, n in launches.items()},
-        }
+    for batch in sglang_batches(args):
+        t = decode_step(batch, args.steps, args.warmup, args.repeats, device, _sync, sides)
+        row = {"timer": "cuda events" if str(device).startswith("cuda") else "host clock"}
+        for side in sides:
+            row[f"{side}_us"] = _summary([x * 1e6 for x in t[side]])
+            if side != "sglang":
+                row[f"{side}_ratio"] = _summary([a / b for a, b in zip(t[side], t["sglang"])])
+        row["launches"] = {}
+        for side in sides:
+            n = decode_step_launches(batch, side, device)
+            row["launches"][side] = {"min": min(n), "max": max(n), "steps": n}
+        out[f"batch {batch}"] = row
+    if missing:
+        out["unavailable"] = missing
     return out
 
 
@@ -709,6 +764,15 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--only", default=",".join(SECTIONS), help="sections, comma-separated")
     p.add_argument("--repeats", type=int, default=7)
     p.add_argument("--batch", type=int, default=256, help="sglang: requests a step (with 1 and 64)")
+    p.add_argument(
+        "--sglang-batches", default=None, help="sglang: requests a step, comma-separated (instead of 1, 64, --batch)"
+    )
+    p.add_argument(
+        "--kernels",
+        choices=("torch", "triton"),
+        default=None,
+        help="decode: the composite's kernels (default: the device's, triton on CUDA); ops and sglang run both",
+    )
     p.add_argument("--decode-batches", default="16,256,1024,4096", help="decode: requests a step, comma-separated")
     p.add_argument("--ops-batches", default="1,64,256,4096", help="ops: requests a step, comma-separated")
     p.add_argument("--steps", type=int, default=128, help="decode: timed steps a repeat, each side")
@@ -737,18 +801,38 @@ def _print_decode_row(batch, mode, r):
 
 
 def _print_ops(res):
-    for copies, by_batch in res.items():
-        for side in OPS_SIDES:
-            ops = ", ".join(f"{by_batch[b][side]['ops_max']}" for b in by_batch)
+    for side, why in res.get("unavailable", {}).items():
+        print(f"ops a decode step, {OPS_LABELS[side]}: not run: {why}")
+    for copies in ("with host copies", "without"):
+        by_batch = res[copies]
+        for side in OPS_LABELS:
+            if side not in next(iter(by_batch.values())):
+                continue
+            n = ", ".join(f"{by_batch[b][side]['launches_max']}" for b in by_batch)
             reads = ", ".join(f"{by_batch[b][side]['reads_max']}" for b in by_batch)
             print(
                 f"ops a decode step, {copies}, {OPS_LABELS[side]}, batch {', '.join(by_batch)}: "
-                f"torch operations {ops}; host reads {reads}"
+                f"launches {n} (the most in a page's worth of steps); host reads {reads}"
             )
-    print(
-        "ops a decode step: the anchor's design is one fused kernel a call, "
-        "4 a step (alloc_decode, free_swa, 2 translate)"
-    )
+
+
+def _print_sglang(res):
+    from kvarena.sglang.bench import LABELS
+
+    for side, why in res.get("unavailable", {}).items():
+        print(f"sglang decode step, {LABELS[side]}: not run: {why}")
+    for k, r in res.items():
+        if k == "unavailable":
+            continue
+        for side in r["launches"]:
+            if side != "sglang":
+                print(
+                    f"sglang decode step, {k}: {LABELS[side]} / SGLang's allocator {_fmt_ratio(r[f'{side}_ratio'])}; "
+                    f"{r[f'{side}_us']['median']:,.0f} us against {r['sglang_us']['median']:,.0f} us a step "
+                    f"({r['timer']})"
+                )
+        cells = ", ".join(f"{LABELS[side]} {n['min']} to {n['max']}" for side, n in r["launches"].items())
+        print(f"sglang decode step, {k}: launches a step (a page's worth of steps, min to max), {cells}")
 
 
 def _print(section, res):
@@ -775,17 +859,7 @@ def _print(section, res):
             ]
             print(f"churn, {name}: bytes moved per byte allocated: " + ", ".join(cells))
     elif section == "sglang":
-        for k, r in res.items():
-            print(
-                f"sglang decode step, {k}: kvarena / SGLang's allocator {_fmt_ratio(r['ratio'])}; "
-                f"{r['kvarena_us']['median']:,.0f} us against {r['sglang_us']['median']:,.0f} us a step"
-            )
-            n = r["launches"]
-            print(
-                f"sglang decode step, {k}: launches a step (a page's worth of steps, min to max), "
-                f"kvarena {n['kvarena']['min']} to {n['kvarena']['max']}, "
-                f"SGLang's allocator {n['sglang']['min']} to {n['sglang']['max']}"
-            )
+        _print_sglang(res)
     elif section == "copy":
         for r in res["envelopes"].values():
             print(
@@ -797,6 +871,9 @@ def _print(section, res):
 
 def run(args: argparse.Namespace) -> int:
     """``kvarena bench``; a bad argument raises ``ValueError`` (the CLI prints it, exit code 2)."""
+    from kvarena.impl import kernels
+
+    kernels.interpret_without_cuda()  # before anything imports triton: its kernels run on the CPU, interpreted
     import torch
 
     sections = [s.strip() for s in args.only.split(",") if s.strip()]
@@ -805,11 +882,17 @@ def run(args: argparse.Namespace) -> int:
             raise ValueError(f"bench: unknown section {s!r}; sections: {', '.join(SECTIONS)}")
     if "copy" in sections:
         copy_envelopes(args.copy_page_kib)  # a bad list fails before any section runs
+    if "sglang" in sections:
+        sglang_batches(args)  # likewise
     if args.device.startswith("cuda") and not torch.cuda.is_available():
         raise ValueError("bench: --device cuda, but torch sees no CUDA device")
+    decode_kernels = kernels.choose(args.kernels, torch.device(args.device))  # Triton where it cannot run: why
     torch.set_num_threads(args.threads)
     where = torch.cuda.get_device_name(0) if args.device.startswith("cuda") else f"cpu, {args.threads} thread(s)"
-    print(f"kvarena bench on {where}, torch {torch.__version__}, {args.repeats} repeats")
+    triton = kernels.unavailable(torch.device(args.device))
+    triton = "interpreted (its times are not a GPU's)" if triton is None and kernels.interpreting() else triton
+    triton = triton or "compiled"
+    print(f"kvarena bench on {where}, torch {torch.__version__}, {args.repeats} repeats; Triton: {triton}")
     runners = {
         "decode": bench_decode,
         "ops": bench_ops,
@@ -819,7 +902,9 @@ def run(args: argparse.Namespace) -> int:
         "copy": bench_copy,
         "sglang": bench_sglang,
     }
-    out = {"device": where, "repeats": args.repeats}
+    out = {"device": where, "torch": torch.__version__, "repeats": args.repeats, "triton": triton}
+    if "decode" in sections:
+        out["decode_kernels"] = decode_kernels
     for s in sections:
         out[s] = runners[s](args, args.device)
         _print(s, out[s])

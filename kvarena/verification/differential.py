@@ -40,9 +40,11 @@ runs it under pytest; ``kvarena verify`` runs it through ``run_differential``.
 
 import contextlib
 import os
+import random
 import re
 import time
 from collections import Counter
+from collections.abc import Callable
 from typing import Any
 
 import torch
@@ -58,6 +60,7 @@ from hypothesis.stateful import (
 )
 
 from kvarena import impl, spec
+from kvarena.impl import kernels
 from kvarena.spec import SubPool
 from kvarena.spec.contracts import checking, unchecked
 from kvarena.verification.draws import same_draws
@@ -89,6 +92,28 @@ def run_as_test(machine_cls, profile_settings, **overrides):
 
 # Every interesting case the machine must reach; test_differential fails on a zero.
 CASES: Counter[str] = Counter()
+
+
+def kernel_choices(device: str) -> tuple[str, ...]:
+    """The kernels an implementation on ``device`` can run (docs/design.md §14)."""
+    return ("torch",) + (("triton",) if kernels.unavailable(torch.device(device)) is None else ())
+
+
+def kernel_draws(device: str, *seed: object) -> Callable[[], str]:
+    """A draw of the kernels for each call (docs/design.md §14): among
+    those that run on ``device``, from a generator seeded by ``seed`` (an
+    example's boot draws).  Not Hypothesis's stream: drawing there would
+    change every example a seed draws, and the planted-bug tests count on
+    those."""
+    rng, choices = random.Random(repr(seed)), kernel_choices(device)
+    return lambda: rng.choice(choices)
+
+
+def kernel_events(device: str) -> tuple[str, ...]:
+    """A step on each kernel choice that runs on ``device``: events a run there must reach."""
+    return tuple(f"kernels {k}" for k in kernel_choices(device))
+
+
 REQUIRED = (
     "exhaustion",
     "exact fit",
@@ -278,6 +303,7 @@ class DiffMachine(RuleBasedStateMachine):
         total, pools, lazy, borrow = geo
         S = spec.Arena(total, pools, lazy=lazy, borrow=borrow, policy=policy)
         self.I = impl.Arena(total, pools, lazy=lazy, borrow=borrow, device=self.device, policy=policy)
+        self.kernels = kernel_draws(self.device, geo, policy)
         self.policy = policy
         assert S.chain == self.I.chain
         self.gen = 0
@@ -352,7 +378,17 @@ class DiffMachine(RuleBasedStateMachine):
             del self.expected[name][v]
         self.freed_now[name].update(ids)
 
+    def next_kernels(self):
+        """Put the implementation's device work, before each of its
+        allocations and frees, on kernels drawn for the call (torch's
+        operations or Triton's fused launches where they run here;
+        ``kernel_draws``, docs/design.md §14)."""
+        choice = self.kernels()
+        self.I.kernels = choice
+        note(f"kernels {choice}")
+
     def free_both(self, name, ids, check=True, as_tensor=False):
+        self.next_kernels()
         self.S.free(name, ids)
         arg = torch.tensor(ids, dtype=torch.int64, device=self.I.device) if as_tensor else ids
         self.I.free(name, arg, check=check)
@@ -367,6 +403,7 @@ class DiffMachine(RuleBasedStateMachine):
             n = min(n, len(pool))
             ids = data.draw(st.permutations(pool))[:n] if data is not None else pool[:n]
         r_spec = self.S.alloc(name, n, ids=ids)
+        self.next_kernels()
         r_impl = self.I.alloc(name, n, ids=ids)
         assert (r_spec is None) == (r_impl is None), (name, n, r_spec, r_impl)
         assert self.S.in_flight == self.I.in_flight, "one twin settled, the other did not"
@@ -420,6 +457,7 @@ class DiffMachine(RuleBasedStateMachine):
         as_tensor = data.draw(st.booleans())
         check = data.draw(st.booleans()) if as_tensor else True
         r_spec = self.S.alloc(name, len(ids), ids=ids)
+        self.next_kernels()
         arg = torch.tensor(ids, dtype=torch.int64, device=self.I.device) if as_tensor else ids
         r_impl = self.I.alloc(name, len(ids), ids=arg, check=check)
         assert r_spec == ids and r_impl.tolist() == ids

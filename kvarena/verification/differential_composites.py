@@ -21,6 +21,14 @@ translation of every live token, and the bytes of every live token, each
 page stamped with a pattern when it was allocated and every token's entry
 read back through ``translate`` after whatever relocation relief did.
 
+Every call made on both twins draws which kernels run the
+implementation's device work (docs/design.md §14): torch's operations, or
+Triton's fused kernels where they run here (on the CPU under Triton's
+interpreter).  A Triton step must leave what the spec leaves, as a torch
+step must.  The draws come from a generator seeded by the example's own
+boot draws (``kernel_draws``), not from Hypothesis's stream, so the
+examples a seed draws are those it drew before the kernels existed.
+
 HiCache's move gate (docs/design.md §13) closes and opens on the
 composite's arena (``host_gate``, before a relief): while it is closed the ladder, the
 flushes between steps and every slide must move nothing, so relief
@@ -41,6 +49,8 @@ from kvarena.spec.contracts import unchecked
 from kvarena.verification.differential import (
     NO_SHRINK,
     fuzz_rows,
+    kernel_draws,
+    kernel_events,
     pattern,
     placement,
     profile,
@@ -101,6 +111,12 @@ IN_FLIGHT = (
 KINDS = ("hybrid", "mamba", "tri")
 
 
+def required(device: str) -> tuple[str, ...]:
+    """The events a run on ``device`` must reach: ``REQUIRED``, and a step on
+    each kernel choice that runs there."""
+    return REQUIRED + kernel_events(device)
+
+
 def note(case):
     CASES[case] += 1
     event(case)
@@ -158,6 +174,7 @@ class CompositeMachine(RuleBasedStateMachine):
     @initialize(setup=setups(), policy=st.sampled_from(spec.POLICIES), lent=st.booleans())
     def boot(self, setup, policy, lent):
         kind, total, full, swa, state, ps, lazy, window = setup
+        self.kernels = kernel_draws(self.device, setup, policy, lent)
         self.kind, self.ps, self.window, self.lazy = kind, ps, window, lazy
         self.gate = False  # HiCache's move gate on the arena, by the machine's own model
         S = build(spec, kind, total, full, swa, state, ps, lazy, {}, policy)
@@ -232,8 +249,12 @@ class CompositeMachine(RuleBasedStateMachine):
 
     def both(self, call, impl_call=None):
         """``call(composite)`` on both twins (``impl_call`` on the impl when
-        given); the results must agree."""
-        a, b = call(self.S), (impl_call or call)(self.I)
+        given), the impl on the kernels drawn for the call; the results must agree."""
+        a = call(self.S)
+        choice = self.kernels()
+        self.I.arena.kernels = choice
+        note(f"kernels {choice}")
+        b = (impl_call or call)(self.I)
         assert host(a) == host(b), (a, b)
         return host(a)
 
@@ -786,4 +807,4 @@ def run_machine(device: str = "cpu", **overrides: Any) -> None:
 
 def run_differential(examples: int = 60, steps: int = 30) -> list[dict[str, Any]]:
     """``kvarena verify``'s composite fuzz rows (``differential.fuzz_rows``)."""
-    return fuzz_rows("composites impl vs spec", run_machine, CASES, REQUIRED, examples, steps)
+    return fuzz_rows("composites impl vs spec", run_machine, CASES, required("cpu"), examples, steps)

@@ -1,9 +1,10 @@
 """Fault injection: make the k-th torch operation of a call raise.
 
 ``FaultAt(k)`` is a ``TorchDispatchMode``: inside it every torch operation
-(each kernel, view, factory and copy that reaches the dispatcher) is
-counted, and the ``k``-th (from 0) raises ``InjectedFault`` instead of
-running, once; the operations after it run.  That is the fault model of
+(each kernel, view, factory and copy that reaches the dispatcher) and
+every Triton launch (``kvarena.impl.kernels.wrapped``) is counted, and
+the ``k``-th (from 0) raises ``InjectedFault`` instead of running, once;
+the operations after it run.  That is the fault model of
 ``impl/journal.py``: one operation fails, before it runs, and the undo
 after it works.  ``FaultAt(None)`` only counts.
 
@@ -19,6 +20,8 @@ from collections.abc import Callable, Iterator
 from typing import Any
 
 from torch.utils._python_dispatch import TorchDispatchMode
+
+from kvarena.impl import kernels
 
 
 class InjectedFault(RuntimeError):
@@ -48,6 +51,29 @@ class FaultAt(TorchDispatchMode):
         self.k = k
         self.ops = 0
         self.fired = False
+
+    def __enter__(self) -> "FaultAt":
+        # A Triton launch is one operation too: it fails before it runs, or
+        # runs whole (the interpreter's own torch work inside it is not ours).
+        self._launches = kernels.wrapped(self._at_launch)
+        self._launches.__enter__()
+        return super().__enter__()
+
+    def __exit__(self, *exc: Any) -> None:
+        try:
+            super().__exit__(*exc)
+        finally:
+            self._launches.__exit__(*exc)
+
+    def _at_launch(self, kernel: Any, go: Callable[[], None]) -> None:
+        if not _EXEMPT[0]:
+            n = self.ops
+            self.ops += 1
+            if n == self.k:
+                self.fired = True
+                raise InjectedFault(f"injected fault at operation {n} (Triton kernel {kernel})")
+        with unfaulted():
+            go()
 
     def __torch_dispatch__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
         if _EXEMPT[0]:

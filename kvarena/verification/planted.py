@@ -175,7 +175,7 @@ MUTATIONS = [
                 "            if n > self.arena.available_pages(FULL):",
             ),
             (
-                "        return self.arena.bind_with_borrowers(FULL, n)\n",
+                "        return self.arena.bind_with_borrowers(FULL, n, slots)\n",
                 "        ids = self.arena.alloc(FULL, n)\n"
                 "        if self._has(SWA) and self.arena.alloc(SWA, n, ids=ids, check=False) is None:\n"
                 "            return None\n"
@@ -280,7 +280,7 @@ MUTATIONS = [
     Mutation(
         "window-free-repeats-a-page",
         "free_swa keeps a page named by two representatives twice: it frees it twice",
-        "impl/composites.py",
+        "impl/band.py",
         [("rest.masked_fill_(rest == key[:-1], end)  # a repeat", "rest  # a repeat")],
         unit=("tests/api/test_composites.py",),
     ),

@@ -258,10 +258,11 @@ def machine_rows(label, device="cpu", seed=0, deadline=None, shrink=True, out_di
     """Machine ``label`` in seeded rounds (the module docstring's step 5):
     its row, the events seen, its stats, its failure (or None) and what was cut."""
     from kvarena.verification import fuzz
+    from kvarena.verification.differential import kernel_events
 
     mod = fuzz.MACHINES[label]
     targets = [(label, p) for p in fuzz.policies_for(mod)]
-    required = tuple(getattr(mod, "REQUIRED", ()))
+    required = tuple(getattr(mod, "REQUIRED", ())) + kernel_events(device)  # a step on each kernel choice
     seen, stats = Counter(), Counter()  # events seen; examples and steps
     failure, rounds, t = None, 0, time.perf_counter()
     whole = 0  # rounds of ROUND_EXAMPLES examples: only these count towards MIN_ROUNDS (a budget's are shorter)

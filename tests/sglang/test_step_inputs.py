@@ -95,7 +95,8 @@ def test_a_negative_extend_used_to_crash_in_torch(build, monkeypatch):
     r = Req()
     assert extend(s.a, [r], [9]) is not None
     call = bad_calls(s, r)[0][1]
-    with pytest.raises(RuntimeError, match="negative dimension"):  # not the ValueError the test above wants
+    # torch's own error, not the ValueError the test above wants (its words depend on which op meets the count first)
+    with pytest.raises(RuntimeError, match=r"negative dimension|inconsistent with step sign"):
         call()
 
 

@@ -70,14 +70,17 @@ def test_decode_loop_gives_both_the_same_page_work(lazy):
 def test_each_decode_row_drives_the_path_it_names(monkeypatch, mode, trusted):
     """The target's row runs the trusted path (``check=False``) and the
     checked row the default path, in all three calls; seen by spying on
-    the trusted path's own helpers."""
+    the trusted path's own helpers (``_decode_trusted``; the window free
+    given its count, ``free_live``) and on the checked calls' validation
+    (``_vec``, which no trusted call makes)."""
     from kvarena.impl import arena as impl_arena
     from kvarena.impl import composites
 
     seen = []
     for owner, name in (
         (composites._Composite, "_decode_trusted"),
-        (composites._Composite, "_translate"),
+        (composites._Composite, "_vec"),
+        (impl_arena.Arena, "free_live"),
         (impl_arena.Arena, "free"),
     ):
         raw = vars(owner)[name]
@@ -95,9 +98,9 @@ def test_each_decode_row_drives_the_path_it_names(monkeypatch, mode, trusted):
     for _ in range(args.steps):
         loop.step()
     if trusted:
-        assert {"_decode_trusted", "_translate"} <= set(seen)
+        assert {"_decode_trusted", "free_live"} <= set(seen) and "_vec" not in seen
     else:
-        assert "_decode_trusted" not in seen and "_translate" not in seen
+        assert "_decode_trusted" not in seen and "free_live" not in seen and "_vec" in seen
     assert "free" in seen  # window pages were freed
 
 
@@ -128,23 +131,70 @@ def test_count_moves_counts_live_pages_moved_only():
 # ------------------------------------------------------------------- ops
 
 
+def ops_args(batches):
+    return types.SimpleNamespace(start=200, warmup=0, steps=0, ops_batches=batches, batch=16)
+
+
 def test_ops_per_decode_step_do_not_grow_with_the_batch():
-    """The operation count of a decode step is the same at 16 and 512
-    requests on every side; with the host copies the trusted step reads
-    nothing back (the static twin neither), the checked one reads once in
-    each of its two validating calls; without them free_swa and
-    alloc_decode read once each."""
-    args = types.SimpleNamespace(start=200, warmup=0, steps=0, ops_batches="16,512", batch=16)
-    res = bench.bench_ops(args, "cpu")
+    """The launches of a decode step are the same at 16 and 512 requests on
+    every side; with the host copies the trusted step reads nothing back
+    (the static twin neither), the checked one reads once in each of its
+    two validating calls; without them free_swa and alloc_decode read once
+    each, on either kernel choice."""
+    res = bench.bench_ops(ops_args("16,512"), "cpu")
+    assert "unavailable" not in res  # the suite runs Triton under its interpreter (tests/conftest.py)
     for copies in ("with host copies", "without"):
         for side in bench.OPS_SIDES:
             small, large = (res[copies][b][side] for b in ("16", "512"))
-            assert small["ops_max"] == large["ops_max"] > 0, (copies, side)
+            assert small["launches_max"] == large["launches_max"] > 0, (copies, side)
     assert res["with host copies"]["512"]["trusted"]["reads_max"] == 0
+    assert res["with host copies"]["512"]["triton"]["reads_max"] == 0
     assert res["with host copies"]["512"]["static"]["reads_max"] == 0
     assert res["with host copies"]["512"]["checked"]["reads_max"] == 2
     assert res["without"]["512"]["trusted"]["reads_max"] == 2
+    assert res["without"]["512"]["triton"]["reads_max"] == 2
     assert res["without"]["512"]["static"]["reads_max"] == 2
+
+
+def test_the_triton_step_is_at_most_six_launches_and_no_more_than_torch():
+    """Issue 44's target, counted through ``kernels.launch``: the trusted
+    step on Triton launches at most 6 kernels (one a call: alloc_decode,
+    free_swa, two translations) and no more than on torch, whose count
+    includes every torch operation."""
+    res = bench.bench_ops(ops_args("1,64"), "cpu")["with host copies"]
+    for batch in ("1", "64"):
+        triton, torch_ = res[batch]["triton"]["launches_max"], res[batch]["trusted"]["launches_max"]
+        assert 0 < triton <= 6 and triton <= torch_, (batch, triton, torch_)
+
+
+def test_the_launch_counter_sees_a_planted_kernel_launch(monkeypatch):
+    """Planted: every Triton launch goes twice through ``kernels.launch``
+    (a second launch of the same kernel): the count goes up by the
+    launches a step makes, so the counter reads the wrapped launch."""
+    from kvarena.impl import kernels
+
+    base = bench.bench_ops(ops_args("64"), "cpu")["with host copies"]["64"]["triton"]["launches_max"]
+    real = kernels.launch
+
+    def twice(kernel, grid, *args, **consts):
+        real(kernel, grid, *args, **consts)
+        if kernel is kernels._triton().translate_kernel:  # idempotent: run again, the same slots
+            real(kernel, grid, *args, **consts)
+
+    monkeypatch.setattr(kernels, "launch", twice)
+    planted = bench.bench_ops(ops_args("64"), "cpu")["with host copies"]["64"]["triton"]["launches_max"]
+    assert planted == base + 2  # two translations a step
+
+
+def test_the_triton_side_is_left_out_saying_why_where_it_cannot_run(monkeypatch, capsys):
+    from kvarena.impl import kernels
+
+    monkeypatch.setattr(kernels, "unavailable", lambda device: "no Triton here (planted)")
+    res = bench.bench_ops(ops_args("16"), "cpu")
+    assert res["unavailable"] == {"triton": "no Triton here (planted)"}
+    assert "triton" not in res["with host copies"]["16"] and "trusted" in res["with host copies"]["16"]
+    bench._print_ops(res)
+    assert "ours (check=False, triton): not run: no Triton here (planted)" in capsys.readouterr().out
 
 
 def test_op_count_sees_a_per_request_loop(monkeypatch):
@@ -159,9 +209,8 @@ def test_op_count_sees_a_per_request_loop(monkeypatch):
         return torch.stack([x + 0 for x in out])  # one operation a request
 
     monkeypatch.setattr(composites._Composite, "_decode_slots", looping)
-    args = types.SimpleNamespace(start=200, warmup=0, steps=0, ops_batches="16,64", batch=16)
-    res = bench.bench_ops(args, "cpu")["with host copies"]
-    assert res["64"]["trusted"]["ops_max"] > res["16"]["trusted"]["ops_max"]
+    res = bench.bench_ops(ops_args("16,64"), "cpu")["with host copies"]
+    assert res["64"]["trusted"]["launches_max"] > res["16"]["trusted"]["launches_max"]
 
 
 def test_op_counter_counts_the_allocator_only():
@@ -170,9 +219,9 @@ def test_op_counter_counts_the_allocator_only():
     s = bench.StaticFreeList(64, 64, 4, "cpu")
     counter = bench._OpCounter(s)
     counter.translate(torch.tensor([4]), "full")  # one clone
-    assert counter.ops == 1
+    assert counter.launches == 1
     torch.arange(5) + 1  # outside the allocator: not counted
-    assert counter.ops == 1
+    assert counter.launches == 1
 
 
 # ------------------------------------------------------------------ memo
@@ -262,7 +311,8 @@ def test_bench_command_writes_every_section(tmp_path, capsys):
         "decode step, batch 8, lazy (check=False)",
         "decode step, batch 32, lazy (checked)",
         "decode step, batch 32, eager",
-        "ops a decode step, with host copies, ours (check=False), batch 1, 32",
+        "ops a decode step, with host copies, ours (check=False, torch), batch 1, 32: launches",
+        "ops a decode step, with host copies, ours (check=False, triton), batch 1, 32: launches",
         "memo, 2 pools",
         "memo, 5 pools",
         "spec oracle",
@@ -272,6 +322,7 @@ def test_bench_command_writes_every_section(tmp_path, capsys):
         "sglang decode step, batch 1:",
         "sglang decode step, batch 32:",
         "sglang decode step, batch 32: launches a step",
+        "sglang decode step, batch 32: kvarena (triton) / SGLang's allocator",
     ):
         assert word in text
     data = json.loads(out.read_text())
@@ -283,16 +334,18 @@ def test_bench_command_writes_every_section(tmp_path, capsys):
             assert r["ratio"]["min"] <= r["ratio"]["median"] <= r["ratio"]["max"]
             assert r["ours_us"]["median"] > 0 and r["static_us"]["median"] > 0
         assert data["decode"][batch]["eager"]["bytes_moved_per_step"] > 0
-    assert list(data["ops"]) == ["with host copies", "without"]
+    assert list(data["ops"]) == ["with host copies", "without"]  # every side ran: Triton interpreted
+    assert data["triton"].startswith("interpreted")
     assert data["ops"]["with host copies"]["32"]["static"]["reads_max"] == 0  # the window free's count given
     assert set(data["memo"]) == {"2 pools", "3 pools", "4 pools", "5 pools"}
     assert data["copy"]["bytes"] == 1 << 20
     assert list(data["copy"]["envelopes"]) == ["4 KiB", "16 KiB"]
     assert set(data["sglang"]) == {"batch 1", "batch 32", "batch 64"}
-    assert all(r["kvarena_us"]["median"] > 0 and r["sglang_us"]["median"] > 0 for r in data["sglang"].values())
-    assert all(
-        0 < r["launches"][s]["min"] <= r["launches"][s]["max"] for r in data["sglang"].values() for s in r["launches"]
-    )
+    for r in data["sglang"].values():
+        assert set(r["launches"]) == {"kvarena_torch", "kvarena_triton", "sglang"}
+        assert all(r[f"{side}_us"]["median"] > 0 for side in r["launches"])
+        assert all(0 < n["min"] <= n["max"] for n in r["launches"].values())
+        assert r["launches"]["kvarena_triton"]["max"] <= r["launches"]["sglang"]["max"]  # issue 44's target
     churn = data["churn"]["gpt-oss-120b"]["anchor"]
     assert churn["moved_per_allocated"] == pytest.approx(churn["bytes_moved"] / churn["bytes_allocated"])
     assert cli.main(["bench", "--only", "nope"]) == 2

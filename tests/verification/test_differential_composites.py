@@ -6,7 +6,7 @@ import os
 
 import pytest
 
-from kvarena.verification.differential_composites import CASES, HOLDS, IN_FLIGHT, REQUIRED, run_machine
+from kvarena.verification.differential_composites import CASES, HOLDS, IN_FLIGHT, required, run_machine
 
 # Seeded in the CI profile, as tests/verification/test_differential.py.
 SEEDED = {"derandomize": True, "database": None} if os.environ.get("KVARENA_PROFILE", "ci") == "ci" else {}
@@ -22,7 +22,7 @@ def test_composites_differential(device):  # conftest: cpu, and cuda where prese
     CASES.clear()
     run_machine(device, **SEEDED)
     print("composite cases:", dict(CASES))
-    missing = [c for c in REQUIRED + IN_FLIGHT + HOLDS if CASES[c] == 0]
+    missing = [c for c in required(device) + IN_FLIGHT + HOLDS if CASES[c] == 0]
     assert not missing, f"cases never reached: {missing}; counts {dict(CASES)}"
 
 

@@ -51,7 +51,7 @@ HANDS_OUT_PENDING = {
         "if self.in_flight and b.g_hi > 0 and self._skips_guards(b, n):",
         "if self.in_flight and b.g_hi < 0 and self._skips_guards(b, n):",
         "Arena",
-        "_hand_out",  # what alloc (and reserve) hand out
+        "_take",  # what alloc (and reserve) hand out, either kernels
     ),
 }
 

@@ -8,9 +8,11 @@ import json
 import time
 
 import pytest
+import torch
 from rich.console import Console
 
 from kvarena import cli, impl
+from kvarena.impl import kernels
 from kvarena.verification import command_line, differential, fuzz, verify
 
 
@@ -184,6 +186,24 @@ def small_rounds(monkeypatch, required):
     monkeypatch.setattr(verify, "MIN_ROUNDS", 1)
     monkeypatch.setattr(verify, "MAX_EXAMPLES", 9)
     monkeypatch.setattr(differential, "REQUIRED", required)
+    monkeypatch.setattr(differential, "kernel_events", lambda device: ())  # only ``required``
+
+
+def test_a_machine_requires_a_call_on_each_kernel_choice_that_runs_here(monkeypatch, tmp_path):
+    """verify's machine rows also wait for a call on each kernel choice
+    (docs/design.md §14): on the CPU, Triton's under its interpreter."""
+    monkeypatch.setattr(verify, "ROUND_EXAMPLES", 3)
+    monkeypatch.setattr(verify, "MIN_ROUNDS", 1)
+    monkeypatch.setattr(verify, "MAX_EXAMPLES", 9)
+    monkeypatch.setattr(differential, "REQUIRED", ())
+    row, seen, _, failure, _ = verify.machine_rows("core", out_dir=tmp_path)
+    want = differential.kernel_events("cpu")
+    assert "kernels torch" in want and row["required"] == len(want) and failure is None
+    assert ("kernels triton" in want) == (kernels.unavailable(torch.device("cpu")) is None)
+    assert row["ok"] and all(seen[e] > 0 for e in want), seen
+    monkeypatch.setattr(differential, "kernel_events", lambda device: ("kernels nobody runs",))
+    row, *_ = verify.machine_rows("core", out_dir=tmp_path)
+    assert not row["ok"] and "kernels nobody runs" in row["detail"]
 
 
 def test_a_machine_runs_seeded_rounds_until_its_required_events(monkeypatch, tmp_path):
