@@ -1406,8 +1406,16 @@ class Arena:
             tokens: token ids (ids, for ``page_size`` 1), any stride.
             page_size: tokens a page.
             count: how many distinct live ids they name.
+
+        Raises:
+            ValueError: an unknown pool, a ``page_size`` below 1, or a
+                ``count`` that is not an int in ``[0, len(tokens)]``, naming
+                the pool; nothing changed (host ints: no read).
         """
         b = self._band(name)
+        count = self._count(name, count, "count")
+        if self._count(name, page_size, "page_size") < 1 or count > tokens.numel():  # numel: a shape
+            raise ValueError(f"pool {name!r}: {tokens.numel()} tokens, count {count}, page size {page_size}")
         if not count:
             return None
         if self._fuses_free(b, count) and tokens.numel() <= launches.SORT_WIDTH:

@@ -27,6 +27,7 @@ from kvarena import impl
 from kvarena.impl import Arena, HybridSWA, MambaHybrid, SubPool, TriPool, composites
 from kvarena.impl import arena as arena_mod
 from kvarena.impl import band as band_mod
+from kvarena.verification.differential import kernel_choices
 from tests.api.test_composites import PAGE_SIZES, SWA_KINDS, check, make
 
 # Entry points of the sync-free path.
@@ -458,13 +459,16 @@ def test_trusted_decode_step_makes_only_its_documented_reads(monkeypatch, kind, 
     assert live_swa is None or 0 < live_swa < c.arena.live_pages("full")  # window pages were freed
 
 
+@pytest.mark.parametrize("choice", kernel_choices("cpu"))
 @pytest.mark.parametrize("kind", ["hybrid", "mamba", "tri"])
-def test_host_copies_take_every_read_out_of_the_decode_step(monkeypatch, kind):
+def test_host_copies_take_every_read_out_of_the_decode_step(monkeypatch, kind, choice):
     """With the engine's host copies (``seq_lens_cpu``, and ``free_swa``'s
     ``num_live``), the trusted step reads nothing back (syncs poisoned), and
-    the slots, the states and the bytes are the read-sized step's."""
+    the slots, the states and the bytes are the read-sized step's (on
+    torch), on either kernels (docs/design.md §14)."""
     twin, twin_step = trusted_run(kind, True)
     c, step = trusted_run(kind, True, host_copies=True)
+    c.arena.kernels = choice
     reads = []
     counted_read(monkeypatch, reads)
     _poison(monkeypatch)
@@ -504,9 +508,10 @@ def counting(monkeypatch, owner, name, calls):
     monkeypatch.setattr(owner, name, call)
 
 
+@pytest.mark.parametrize("choice", kernel_choices("cpu"))
 @pytest.mark.parametrize("lazy", [False, True])
 @pytest.mark.parametrize("kind", ["hybrid", "mamba", "tri"])
-def test_launch_and_the_trusted_step_with_a_forward_in_flight_read_nothing(monkeypatch, kind, lazy):
+def test_launch_and_the_trusted_step_with_a_forward_in_flight_read_nothing(monkeypatch, kind, lazy, choice):
     """Settle, launch, then the trusted step with the host copies, every
     step: nothing is read back (syncs poisoned), the in-flight paths ran
     (pins scattered, window frees marking freed pins), and the slots, and
@@ -514,16 +519,20 @@ def test_launch_and_the_trusted_step_with_a_forward_in_flight_read_nothing(monke
     forward at all."""
     twin, twin_step = trusted_run(kind, lazy, host_copies=True)
     c, step = trusted_run(kind, lazy, host_copies=True)
+    c.arena.kernels = choice  # the twin stays on torch
     calls, reads = [], []
     counting(monkeypatch, Arena, "_pin", calls)
     counting(monkeypatch, Arena, "_free_in_flight", calls)
+    counting(monkeypatch, Arena, "_free_fused", calls)
     counted_read(monkeypatch, reads)
     _poison(monkeypatch)
     got = overlap_steps(c, step, 12, settle_each=True)
     assert reads == []
     monkeypatch.undo()
     assert calls.count("_pin") == 11 * (3 if kind == "tri" else 2)  # every pool, every launch but the first
-    assert kind == "mamba" or "_free_in_flight" in calls
+    # a window free while in flight: the torch path's guard marking, or the fused free's (swa lazy, or a float)
+    fused = choice == "triton" and (lazy or kind == "tri")
+    assert kind == "mamba" or ("_free_fused" if fused else "_free_in_flight") in calls
     assert all(torch.equal(g, twin_step()) for g in got)
     c.verify()
     c.settle()

@@ -1230,3 +1230,17 @@ def test_a_planted_type_error_does_not_compile(compiled):
     assert results["tiny"] == "ok"
     assert results["tiny_typo"].startswith("CompilationError"), results["tiny_typo"]
     assert results["typo"].startswith("CompilationError"), results["typo"]
+
+
+@needs_triton
+@pytest.mark.parametrize("choice", kernels.KERNELS)
+def test_free_live_refuses_a_bad_count_or_page_size_and_changes_nothing(choice):
+    a = small_arena(kernels=choice)
+    ids = a.alloc("U", 4)
+    before = a.snapshot()
+    for count, ps in ((5, 1), (-1, 1), (2, 0), (True, 1)):
+        with pytest.raises(ValueError, match="pool 'U'"):
+            a.free_live("U", ids, ps, count)
+        assert a.snapshot() == before
+    a.free_live("U", ids, 1, 4)  # the good call still frees them all
+    assert a.live_pages("U") == 0
