@@ -28,6 +28,8 @@ from typing import Any, NamedTuple
 
 import torch
 
+from .band import FREED
+
 KERNELS = ("torch", "triton")
 ENV = "KVARENA_KERNELS"  # "torch" or "triton": the default where an arena is built without a choice
 BLOCK = 128  # lanes a program: requests (decode), pages (bind, free), tokens (extend, translate)
@@ -268,8 +270,6 @@ class Drop(NamedTuple):
 
 
 def _drop_args(v2p: torch.Tensor, p2v: torch.Tensor, d: Drop) -> tuple[tuple[Any, ...], dict[str, Any]]:
-    from .band import FREED
-
     ring = d.ring or Ring(v2p, 0, 1)
     args: tuple[Any, ...] = (v2p, p2v, d.pages, ring.buf, ring.head, max(ring.cap, 1))
     args += (v2p if d.holes is None else d.holes, v2p if d.guard is None else d.guard)

@@ -35,13 +35,24 @@ def launched(monkeypatch, kind, **kw):
 
 
 @pytest.mark.parametrize(
-    "kind, ps, lazy", [("swa", 1, True), ("swa", 4, True), ("swa", 4, False), ("mamba_swa", 4, True)]
+    "kind, ps, lazy, overlap",
+    [
+        ("swa", 1, True, False),
+        ("swa", 4, True, False),
+        ("swa", 4, False, False),
+        ("mamba_swa", 4, True, False),
+        # SGLang's default flags: overlap scheduling, a forward in flight while the next batch is prepared
+        ("swa", 4, True, True),
+        ("mamba_swa", 4, True, True),
+    ],
 )
-def test_the_dropins_triton_path_keeps_every_byte(monkeypatch, kind, ps, lazy):
-    r, seen = launched(monkeypatch, kind, steps=50, page_size=ps, lazy=lazy)
+def test_the_dropins_triton_path_keeps_every_byte(monkeypatch, kind, ps, lazy, overlap):
+    r, seen = launched(monkeypatch, kind, steps=50, page_size=ps, lazy=lazy, overlap=overlap)
     assert r.ok, r.errors[:3]
     assert r.tokens_checked > 1000 and r.swa_pages_freed > 0 and r.refused > 0
     assert all(moved > 0 for moved in r.pages_moved.values()), r.pages_moved  # relief moved pages
+    if overlap:  # forwards were in flight, and their late writes landed where their tokens live now
+        assert r.forwards > 0 and r.inflight_writes > 0 and r.inflight_lost == 0, r
     assert {"extend_kernel", "translate_kernel"} <= set(seen), seen
     if ps > 1:
         assert seen["decode_kernel"] > 0
