@@ -15,7 +15,12 @@ forward does it:
   late write lands: new bytes at the launch-time pages, which become those
   ids' expected bytes.  A pinned page moved before completion leaves its id
   with the old bytes, which the machine's read-back through the tables
-  then finds.
+  then finds.  An id the settling call itself unbound (a free that waits
+  before its eager compaction) keeps the write as its bytes: if the call
+  completes the id is gone anyway, and if it faults, its undo binds the id
+  again at the very page the write landed on (issue 52: deciding by the
+  table at landing left the machine expecting the bytes from before the
+  forward).
 
 The same completion writes the spec's content model at the launch-time
 pages (the late write holds the written id's bytes), so a page the spec
@@ -116,10 +121,16 @@ class Flight:
             self.note(self.events["reused"])
             seen -= reused
 
+    def _same_life(self, pool: str, v: int, life: int) -> bool:
+        """Is id ``v`` in the life it had at launch, by the machine's books?
+        Its table is not asked: inside a faulted call an id the call has
+        unbound is bound again by the undo, with the bytes written meanwhile."""
+        return self.lives.get(pool, {}).get(v) == life and v in self.expected.get(pool, {})
+
     def _alive(self, pool: str, v: int, life: int, v2p: list[int]) -> bool:
         """Is id ``v`` still in the life it had at launch, by the machine's
         books and the implementation's table?"""
-        return self.lives.get(pool, {}).get(v) == life and v in self.expected.get(pool, {}) and v2p[v] > 0
+        return self._same_life(pool, v, life) and v2p[v] > 0
 
     def _v2p(self, pool: str) -> list[int]:
         t = self.twin.v2p(pool)
@@ -212,8 +223,11 @@ class Flight:
                 data = self.pattern(self.index[pool], ids, [gen] * len(ids), g.epp).to(self.twin.buffer.device)
                 pages = torch.tensor([p for _, p, _ in rows], device=self.twin.buffer.device)
                 page_rows(self.twin.buffer, g.num_pages, g.epp).index_copy_(0, pages, data)
+                # The write is the id's bytes for the rest of its life, though the call that
+                # settles may have unbound it: a faulted call's undo binds it again at that page
+                # (issue 52), and a call that completes drops it (``forget``, ``forget_dead``).
                 for v, _, life in rows:
-                    if self._alive(pool, v, life, tables[pool]):
+                    if self._same_life(pool, v, life):
                         self.expected[pool][v] = gen
             f.impl_done = True
         self._drop_done()

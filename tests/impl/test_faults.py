@@ -23,7 +23,7 @@ import torch
 from kvarena import impl
 from kvarena.impl import Arena, SubPool
 from kvarena.impl import arena as arena_mod
-from kvarena.verification.faults import FaultAt, InjectedFault, count_ops, fault_at
+from kvarena.verification.faults import FaultAt, InjectedFault, count_ops, fault_at, unfaulted
 from tests.api.test_composites import make as make_composite
 from tests.api.test_composites import random_walk
 
@@ -419,3 +419,77 @@ def test_composite_relieve_with_an_evictor_stops_at_an_attempt_boundary(kind):
 
     assert len(boundaries(copy.deepcopy(c))) >= 1
     sweep(c, call, lambda x: x.arena, boundaries)
+
+
+# ------------------------------------- a composite's free that waits for the forward
+
+
+def forward_lands(x, launch_pages, marks):
+    """``x``'s engine wait (``on_settle``): the forward in flight writes new
+    bytes for the ids it writes, at the pages they had at launch, and those
+    become the ids' bytes (``marks``): as a real forward's late write does."""
+
+    def land():
+        with unfaulted():  # the forward's work, not the call's: never the faulted operation
+            write()
+
+    def write():
+        for name, pages in launch_pages.items():
+            view = x.arena.page_view(name)
+            for v, p in pages.items():
+                view[p] = 255 - view[p]
+                marks[name][v] = view[p].clone()
+
+    x.arena.on_settle = land
+
+
+def waiting_free(kind):
+    """An eager composite with requests, a forward in flight that writes the
+    last request's tokens, and that request's free: its SWA pages go first,
+    then full's eager END waits for the forward before its compaction."""
+    c = make_composite(impl, kind, 1, pages=24, lazy=False)
+    reqs = [c.alloc_extend([0], [n], [-1]) for n in (3, 2, 4, 1)]
+    c.free(reqs[1])  # a hole below the last request: the free's compaction moves
+    c.launch(reqs[-1], None)
+    assert c.arena.in_flight
+    return c, reqs[-1]
+
+
+@pytest.mark.parametrize("kind", ["hybrid", "tri"])
+def test_a_fault_after_the_free_waits_keeps_the_forwards_write(kind):
+    """Issue 52 on the implementation alone: a fault anywhere in the free
+    leaves it as it was, and an id the forward wrote, unbound by the free
+    before the wait and bound again by the undo, holds the forward's bytes
+    when the fault came after the wait, its own before.  Both happen."""
+    base, tokens = waiting_free(kind)
+    tokens = tokens.tolist()  # page size 1: a token is its page's id
+    marks = stamp(base.arena)
+    before = base.arena.snapshot()
+    pools = ["full", "swa"]
+    launch_pages = {n: {v: int(base.arena.v2p(n)[v]) for v in tokens} for n in pools}
+    x = copy.deepcopy(base)
+    forward_lands(x, launch_pages, copy.deepcopy(marks))
+    _, n = count_ops(lambda: x.free(tokens))
+    landed = []
+    for k in range(n):
+        x, mk = copy.deepcopy(base), copy.deepcopy(marks)
+        forward_lands(x, launch_pages, mk)
+        raised, _ = fault_at(k, lambda x=x: x.free(tokens))
+        assert raised, f"operation {k} of {n}: the fault was swallowed"
+        assert x.arena.snapshot() == before, f"operation {k} of {n}: the state is not the one before"
+        x.verify()
+        bytes_kept(x.arena, mk)
+        landed.append(any(not torch.equal(mk[p][v], marks[p][v]) for p in pools for v in tokens))
+    assert any(landed) and not all(landed), "every fault fell on one side of the wait"
+
+
+def test_the_sweep_catches_an_undo_that_loses_the_forwards_write(monkeypatch):
+    """Planted: a free that keeps its pages' bytes when it frees them (not
+    when they are overwritten) puts back, on undo, the bytes from before
+    the forward's write."""
+    from tests.support import mutant_module
+    from tests.verification.test_fault_in_flight import KEEPS_AT_FREE
+
+    monkeypatch.setattr(Arena, "free", mutant_module(arena_mod, *KEEPS_AT_FREE).Arena.free)
+    with pytest.raises(AssertionError, match="lost its bytes"):
+        test_a_fault_after_the_free_waits_keeps_the_forwards_write("tri")
