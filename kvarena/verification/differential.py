@@ -64,7 +64,7 @@ from kvarena.impl import kernels
 from kvarena.spec import SubPool
 from kvarena.spec.contracts import checking, unchecked
 from kvarena.verification.draws import same_draws
-from kvarena.verification.faults import fault_at
+from kvarena.verification.faults import fault_at, record_fault
 from kvarena.verification.inflight import Flight, walk
 
 # CI skips shrinking: a failure still prints its full step list, and
@@ -1097,6 +1097,7 @@ class DiffMachine(RuleBasedStateMachine):
             raised, got = fault_at(k, lambda: getattr(self.I, kind)(*args))
         if raised:
             note("fault undone")
+            record_fault(S, kind, k, self.I.kernels, *args)
             if kind in ("reserve", "cancel", "bind_reserved"):
                 note("hold: fault undone")
             return

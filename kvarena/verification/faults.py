@@ -86,6 +86,15 @@ class FaultAt(TorchDispatchMode):
         return func(*args, **(kwargs or {}))
 
 
+def record_fault(spec_obj: Any, call: str, at: int, kernels: str, *args: Any) -> None:
+    """A machine's faulted ``call`` came out of the implementation: tell the
+    recorder wrapping its spec object, if one does (``kvarena fuzz``'s traced
+    machines: the step goes into the failure's vector), else nothing."""
+    record = getattr(spec_obj, "record_fault", None)
+    if record is not None:
+        record(call, at, kernels, *args)
+
+
 def count_ops(call: Callable[[], object]) -> tuple[object, int]:
     """``call()``'s result and how many torch operations it ran."""
     with FaultAt() as mode:

@@ -170,6 +170,7 @@ class CallTrace:
 
     def __init__(self):
         self.config = None
+        self.lent = False  # the implementation ran over an engine's buffer (a vector's ``pre.lent``)
         self.spec = None  # the object recorded: its final state checks the trace
         self.steps = []
         self._stack = [self.steps]  # where the next call goes
@@ -178,6 +179,10 @@ class CallTrace:
         step = {"call": call, "args": args}
         self._stack[-1].append(step)
         return step
+
+
+class FaultRefused(Exception):
+    """A faulted step the spec refuses as bad input: no vector reaches that call."""
 
 
 class Recording:
@@ -207,6 +212,14 @@ class Recording:
             return attr(**named)
 
         return call
+
+    def record_fault(self, call, at, kernels, *args, **kwargs):
+        """The machine made ``call`` on the implementation alone, with its
+        ``at``-th operation failing on ``kernels``, and the fault came out:
+        a faulted step (``vectors.Recorder.fault``), which the spec does not make."""
+        named = dict(inspect.signature(getattr(self._obj, call)).bind(*args, **kwargs).arguments)
+        step = self._trace.record(call, {k: vectors.jsonable(v) for k, v in named.items()})
+        step["fault"] = {"at": int(at), "kernels": kernels}
 
     def _evict(self, evict, step):
         trace = self._trace
@@ -288,6 +301,7 @@ def traced(machine_cls, sink):
         def S(self, obj):
             trace = CallTrace()
             trace.config = config_of(obj)
+            trace.lent = bool(getattr(self, "lent", False))
             sink["trace"] = trace
             names = ARENA_RECORDED if isinstance(obj, spec.Arena) else COMPOSITE_RECORDED
             self.__dict__["_recorded_S"] = Recording(obj, trace, names)
@@ -311,17 +325,23 @@ def observe_spec(obj):
 def trace_to_case(trace, name):
     """Replay a recorded trace on the spec and write it as a vector, with the
     observation after every step."""
-    return steps_to_case(trace.config, trace.steps, name)
+    return steps_to_case(trace.config, trace.steps, name, trace.lent)
 
 
-def steps_to_case(pre, steps, name):
+def steps_to_case(pre, steps, name, lent=False):
     """``trace_to_case`` for recorded ``steps`` on the allocator ``pre``
-    (``config_of``'s pair)."""
+    (``config_of``'s pair); ``lent``: the vector's ``pre.lent``."""
     allocator, config = pre
-    r = vectors.Recorder(allocator, config, states=True)
+    r = vectors.Recorder(allocator, config, states=True, lent=lent)
     r.start()
 
     def run(step):
+        if "fault" in step:
+            try:
+                r.fault(step["call"], step["fault"]["at"], step["fault"].get("kernels"), **step["args"])
+            except ValueError as e:  # a shrink removed what made the call good input
+                raise FaultRefused(f"the faulted {step['call']} is bad input here: {e}") from None
+            return
         script = None
         if "evict" in step:
             script = [
@@ -352,20 +372,21 @@ def calls_in(steps):
     return sum(1 + sum(len(rnd["ops"]) for rnd in s.get("evict") or []) for s in steps)
 
 
-def outcome(pre, steps, device="cpu"):
+def outcome(pre, steps, device="cpu", lent=False):
     """How the vector of recorded ``steps`` fails, and the vector: ``"impl"``
     when it replays wrong on the implementation on ``device``; ``"spec:
     NAME"`` when the spec itself raises ``NAME`` writing it (its ``verify()``
     after a step: what ``save_failure`` reports as the spec failing), with
     no vector; None when it passes, or no vector can replay its calls."""
     try:
-        case = steps_to_case(pre, steps, "fuzz/shrinking")
-    except vectors.Unsupported:
+        case = steps_to_case(pre, steps, "fuzz/shrinking", lent)
+    except (vectors.Unsupported, FaultRefused):
         return None, None
     except Exception as e:
         return f"spec: {type(e).__name__}", None
     res = vectors.replay_case(case, vectors.get_target("impl", device=device))
-    return ("impl" if res.status == "fail" else None), case
+    # a fault that no longer comes out (its call makes fewer operations now) reproduces nothing
+    return ("impl" if res.status == "fail" and not res.fault_missed else None), case
 
 
 class _Spent(Exception):
@@ -375,8 +396,8 @@ class _Spent(Exception):
 class _Shrinker:
     """``shrink_trace``'s state: the smallest failing steps so far and the replays left."""
 
-    def __init__(self, pre, steps, want, device, replays):
-        self.pre, self.steps, self.want, self.device, self.left = pre, steps, want, device, replays
+    def __init__(self, pre, steps, want, device, replays, lent=False):
+        self.pre, self.steps, self.want, self.device, self.left, self.lent = pre, steps, want, device, replays, lent
 
     def fails(self, steps):
         """Does the vector of ``steps`` fail as the whole trace's did?  If so
@@ -384,7 +405,7 @@ class _Shrinker:
         if self.left <= 0:
             raise _Spent
         self.left -= 1
-        if outcome(self.pre, steps, self.device)[0] != self.want:
+        if outcome(self.pre, steps, self.device, self.lent)[0] != self.want:
             return False
         self.steps = steps
         return True
@@ -467,7 +488,7 @@ def shrink_trace(trace, device="cpu", max_replays=SHRINK_REPLAYS):
     before = calls_in(trace.steps)
     if max_replays < 1:
         return trace, {"calls": [before, before], "replays": 0, "skipped": "no replay allowed (--shrink-replays 0)"}
-    want, case = outcome(trace.config, trace.steps, device)
+    want, case = outcome(trace.config, trace.steps, device, trace.lent)
     if case is not None and trace.spec is not None and not _rebuilds(trace.spec, case):
         return trace, {"calls": [before, before], "replays": 1, "skipped": "the recorded calls do not rebuild the spec"}
     if want is None:
@@ -476,7 +497,7 @@ def shrink_trace(trace, device="cpu", max_replays=SHRINK_REPLAYS):
             "replays": 1,
             "skipped": "the recorded calls' vector passes: only the machine's own checks see this failure",
         }
-    s = _Shrinker(trace.config, copy.deepcopy(trace.steps), want, device, max_replays - 1)
+    s = _Shrinker(trace.config, copy.deepcopy(trace.steps), want, device, max_replays - 1, trace.lent)
     complete = False
     try:
         while True:  # each pass that changes the steps makes them shorter: it ends
@@ -489,7 +510,7 @@ def shrink_trace(trace, device="cpu", max_replays=SHRINK_REPLAYS):
     except _Spent:
         pass
     small = CallTrace()
-    small.config, small.steps = trace.config, s.steps
+    small.config, small.steps, small.lent = trace.config, s.steps, trace.lent
     info = {"calls": [before, calls_in(s.steps)], "replays": max_replays - s.left, "complete": complete}
     return small, info
 
@@ -698,6 +719,7 @@ def _worker(args):
     index, deadline, db, device, examples, out_dir, shrink, min_rounds, seed, shrink_replays = args
     todo = targets()
     database = open_database(db)
+    started = time.time()
     summary = {
         "worker": index,
         "rounds": 0,
@@ -729,7 +751,7 @@ def _worker(args):
         summary["per_target"][f"{label}/{r['policy']}"] += r["examples"]
         if r["failure"]:
             f = save_failure(r["failure"], label, out_dir, device)
-            f.update(machine=label, policy=r["policy"], device=device)
+            f.update(machine=label, policy=r["policy"], device=device, found_after_s=round(time.time() - started))
             summary["failures"].append(f)
             break
     summary["cases"] = dict(summary["cases"])
@@ -919,7 +941,10 @@ def run(args: argparse.Namespace) -> int:
         tab.add_row("never reached", ", ".join(missing))
     console.print(tab)
     for f in s["failures"]:
-        console.print(f"[red]FAILURE in {f['machine']} ({f['policy']}):[/red] {f['error']}")
+        console.print(
+            f"[red]FAILURE in {f['machine']} ({f['policy']}), found after {f.get('found_after_s', '?')} s:[/red] "
+            f"{f['error']}"
+        )
         console.print(f.get("hypothesis", ""), markup=False, highlight=False)
         if f.get("shrink"):
             console.print(shrink_line(f["shrink"]), markup=False, highlight=False)

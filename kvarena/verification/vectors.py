@@ -17,10 +17,15 @@ One JSON object per file::
      "tags": ["call:alloc", "policy:anchor", "anchor-bug:5", ...],
      "pre":  {"allocator": "arena" | "HybridSWA" | "MambaHybrid" | "TriPool",
               "config": {...},                          # constructor arguments (below)
+              "lent": true,                             # optional: the buffer is an engine's (below)
               "ops": [step, ...],                       # the operations that build the pre state
               "state": observation},                    # the state they build
      "ops":  [step, ...],                               # the operations under test
      "post": observation}                               # the state after them
+
+``lent`` (the implementation's setting, ignored elsewhere): the buffer
+and page copy are an engine's (``Arena(buffer=, mover=)``), as the machine
+that found the case had them; a fault step's operation count depends on it.
 
 ``config`` holds the constructor's keyword arguments as docs/design.md §10
 names them: for ``"arena"`` ``total_bytes``, ``pools`` (a list of
@@ -53,6 +58,21 @@ A **step** calls one method with keyword arguments named as in docs/design.md
   arguments the callback must have received.
 - A step may carry ``state``: the observation expected right after it
   (cases saved by ``kvarena fuzz`` do, so the first diverging step shows).
+- ``fault: {"at": k, "kernels": "torch"}`` with ``raises: "Fault"``: the
+  call runs with its ``k``-th device operation failing
+  (``kvarena.verification.faults``), on those kernels when given, and the
+  fault must come out of it; the state is then exactly as before (docs/design.md
+  §9c).  The spec has no operations to fail, so it does not make the call;
+  a target that cannot inject faults reports the case unsupported.
+
+**Forwards in flight.**  Between a ``launch`` and the ``settle`` that ends
+it (the machine's own, or one inside an urgent call), the forward writes
+late: at its settle every page it pinned at launch gets new bytes for the
+id that page held then, and those are that id's bytes from then on, if the
+id is still in the life it had (as a real forward's write does, and as
+``kvarena.verification.inflight`` models it for the machines).  The spec's
+content model takes the same writes, so ``data_follows`` asks of both where
+each live id's last bytes are, the late write's included.
 
 An **observation** is::
 
@@ -266,10 +286,16 @@ class _Target:
         self.device = device
         self.obj = None
 
+    lent = False  # the buffer is an engine's: the case's ``pre.lent``, set before ``boot``
+
     def boot(self, allocator, config):
+        from kvarena.verification.inflight import hook_settle
+
         self.allocator = allocator
         self.obj = build(self.pkg, allocator, config, **self.extra())
         self.arena = self.obj if allocator == "arena" else self.obj.arena
+        self.writes = {}  # pool -> {page: id}: what the forwards in flight write late
+        hook_settle(self.arena, self._forward_done)
         self.after_call()
 
     def extra(self):
@@ -282,7 +308,35 @@ class _Target:
         try:
             return getattr(self.obj, call)(**args)
         finally:
+            if call == "launch":
+                self._launched()
             self.after_call()
+
+    def fault(self, call, args, at, kernels=None):
+        """``call`` with its ``at``-th operation failing; True if the fault
+        came out of it.  Only a target with operations to fail has this."""
+        raise Unsupported(f"{type(self).__name__} cannot inject a fault")
+
+    def _launched(self):
+        """A forward was launched: the pages it pinned, and the id each holds
+        now, are what it writes late (a page pinned before keeps its first owner)."""
+        a = self.arena
+        for n in a.chain:
+            p2v = jsonable(a.p2v(n))
+            rows = self.writes.setdefault(n, {})
+            for p in jsonable(a.pinned(n)):
+                rows.setdefault(p, p2v[p])
+
+    def _forward_done(self):
+        """The arena settles: the forwards' late writes land (``late_write``)."""
+        writes, self.writes = self.writes, {}
+        for n, rows in writes.items():
+            rows = {p: v for p, v in rows.items() if v > 0}
+            if rows:
+                self.late_write(n, rows)
+
+    def late_write(self, name, rows):
+        """Land a forward's write: ``rows`` maps page to the id it writes."""
 
     def after_call(self):
         """Hook run after every call, nested ones included."""
@@ -325,6 +379,23 @@ class SpecTarget(_Target):
         """The content model: every live id's bytes sit where ``v2p`` says."""
         return all(self.arena.content(n).get(p) == v for n in self.arena.chain for v, p in self.live(n))
 
+    def fault(self, call, args, at, kernels=None):
+        """The spec has no operations to fail: a faulted call is not made,
+        and leaves the state as it was.  It is made on a copy, so that a
+        call the spec refuses (bad input, which changes nothing either way)
+        is no faulted step: ``ValueError``."""
+        dry = copy.deepcopy(self.obj)
+        arena = dry if self.allocator == "arena" else dry.arena
+        arena.__dict__.pop("settle", None)  # the copy's own settle, not the hook on this target
+        getattr(dry, call)(**args)
+        return True
+
+    def late_write(self, name, rows):
+        """The content model takes the write: each page holds the id written there."""
+        content = self.arena.bands[name].content
+        for p, v in rows.items():
+            content[p] = v
+
 
 class ImplTarget(_Target):
     """The torch implementation on ``device``: every page is stamped with a
@@ -338,8 +409,55 @@ class ImplTarget(_Target):
         self.gen = 0
         return {"device": self.device}
 
+    def boot(self, allocator, config):
+        if not self.lent:
+            return super().boot(allocator, config)
+        from kvarena.verification.differential_composites import LentBuffer
+
+        mover = LentBuffer(config["total_bytes"], self.device)
+        self.extra = lambda: {**ImplTarget.extra(self), "buffer": mover.buffer, "mover": mover}
+        try:
+            super().boot(allocator, config)
+        finally:
+            del self.extra
+        mover.arena = self.arena
+
     def free_ids(self, name):
         return jsonable(self.arena.free_ids(name))
+
+    def fault(self, call, args, at, kernels=None):
+        """``call`` on the implementation with its ``at``-th torch operation
+        (or Triton launch) failing, on ``kernels`` when given."""
+        from kvarena.verification.faults import fault_at
+
+        a, old = self.arena, self.arena.kernels
+        try:
+            if kernels is not None:
+                a.kernels = kernels
+            raised, _ = fault_at(at, lambda: getattr(self.obj, call)(**args))
+        finally:
+            a.kernels = old
+            self.after_call()
+        return raised
+
+    def late_write(self, name, rows):
+        """New bytes (a fresh generation) at each page, straight into the
+        buffer as a forward writes them; an id still stamped (alive in the
+        life it had at launch) takes them as its bytes.  Uncounted by a fault
+        injected into the call that settles: it is the forward's work."""
+        from kvarena.verification.differential import pattern
+        from kvarena.verification.faults import unfaulted
+
+        a = self.arena
+        i, ids = a.chain.index(name), list(rows.values())
+        with unfaulted():
+            self.gen += 1
+            data = pattern(i, ids, [self.gen] * len(ids), a.geometry(name).epp).to(a.device)
+            a.page_view(name).index_copy_(0, torch.tensor(list(rows), device=a.device), data)
+        stamped = self.stamps.setdefault(name, {})
+        for v in ids:
+            if v in stamped:
+                stamped[v] = self.gen
 
     def after_call(self):
         from kvarena.verification.differential import pattern
@@ -388,8 +506,8 @@ class Recorder:
     "returns": k}, ...]`` scripts a ``relieve``'s callback.
     """
 
-    def __init__(self, allocator, config, states=False):
-        self.allocator, self.config = allocator, copy.deepcopy(config)
+    def __init__(self, allocator, config, states=False, lent=False):
+        self.allocator, self.config, self.lent = allocator, copy.deepcopy(config), lent
         self.target = SpecTarget()
         self.target.boot(allocator, config)
         self.pre, self.ops = [], []
@@ -440,6 +558,17 @@ class Recorder:
             step["state"] = self.target.observe()
         return step
 
+    def fault(self, call, at, kernels=None, **args):
+        """Record ``call`` made with its ``at``-th operation failing (on
+        ``kernels``): the spec does not make it, so the state stays."""
+        step = {"call": call, "args": jsonable(args), "fault": {"at": int(at)}, "raises": "Fault"}
+        if kernels is not None:
+            step["fault"]["kernels"] = kernels
+        self.target.fault(call, args, at, kernels)
+        if self.states:
+            step["state"] = self.target.observe()
+        self.phase.append(step)
+
     @staticmethod
     def _clean(step):
         return {k: v for k, v in step.items() if not k.startswith("_")}
@@ -463,6 +592,7 @@ class Recorder:
             "pre": {
                 "allocator": self.allocator,
                 "config": self.config,
+                **({"lent": True} if self.lent else {}),
                 "ops": [self._clean(s) for s in self.pre],
                 "state": self.pre_state,
             },
@@ -481,6 +611,7 @@ class Result:
     detail: str = ""
     compared: int = 0  # steps' results and observed fields compared
     unobserved: set = field(default_factory=set)  # expected fields the target did not report
+    fault_missed: bool = False  # a fault step's fault did not come out: the case no longer reaches its state
 
     @property
     def ok(self):
@@ -528,7 +659,23 @@ def _short(v, n=160):
     return s if len(s) <= n else s[:n] + "..."
 
 
+def _replay_fault(target, where, step, res):
+    """A faulted step: the fault must come out of the call (see the module docstring)."""
+    fault = step["fault"]
+    if not target.fault(step["call"], dict(step.get("args", {})), fault["at"], fault.get("kernels")):
+        res.fault_missed = True
+        raise Mismatch(
+            f"{where} {step['call']}: the fault at operation {fault['at']} did not come out "
+            "(the call made fewer operations, or swallowed it)"
+        )
+    res.compared += 1
+    if "state" in step:
+        _compare_state(f"{where} (after the faulted {step['call']})", step["state"], target.observe(), res)
+
+
 def _replay_step(target, where, step, res):
+    if "fault" in step:
+        return _replay_fault(target, where, step, res)
     args = dict(step.get("args", {}))
     shortfalls = []
     if step.get("evict") is not None:
@@ -582,6 +729,7 @@ def replay_case(case, target):
         if case.get("format") != FORMAT:
             raise Mismatch(f"format {case.get('format')!r}, this replayer reads {FORMAT!r}")
         pre = case["pre"]
+        target.lent = pre.get("lent", False)
         target.boot(pre["allocator"], pre["config"])
         for i, s in enumerate(pre["ops"]):
             _replay_step(target, f"pre op {i}", s, res)
