@@ -292,10 +292,10 @@ def both_short(S, f, demand):
 
 class DiffMachine(RuleBasedStateMachine):
     device = "cpu"
-    # Whether the machine starts holds (docs/design.md §13).  ``kvarena fuzz`` and HypoFuzz run
-    # the machine without (``machine_for``'s default): they save a failure as a vector, and
-    # neither its trace (``fuzz.ARENA_RECORDED``) nor the vectors know the host-transfer calls
-    # yet.  Refusals and bad input, which change nothing, run either way.
+    # Whether the machine starts holds (docs/design.md §13).  The tests, ``kvarena fuzz`` and
+    # HypoFuzz run it with (their traces record the host-transfer calls, ``fuzz.ARENA_RECORDED``);
+    # ``machine_for``'s default is without, for the planted-bug tests whose seeded examples
+    # were drawn before holds existed.  Refusals and bad input, which change nothing, run either way.
     host_transfers = False
 
     @initialize(geo=geometries(), policy=st.sampled_from(spec.POLICIES))
@@ -876,7 +876,7 @@ class DiffMachine(RuleBasedStateMachine):
                 self.refused(self.eager[0], lambda a: a.close_gate())
             note("hold: refused (eager END)")
             return
-        if not self.holds:  # kvarena fuzz's machine: see host_transfers
+        if not self.holds:  # host_transfers off, or an eager END
             return
         if close != "load":
             self.S.close_gate()

@@ -630,13 +630,14 @@ class CompositeMachine(RuleBasedStateMachine):
             assert a.snapshot() == before == b.snapshot()
             note("composite gate refused")
             return
-        if not self.holds:  # kvarena fuzz's machine: see host_transfers
+        if not self.holds:  # host_transfers off
             return
+        call = "open_gate" if self.gate else "close_gate"
         for arena in (a, b):
-            if self.gate:
-                arena.open_gate()
-            else:
-                arena.close_gate()
+            getattr(arena, call)()
+        record = getattr(self.S, "record_arena_call", None)  # kvarena fuzz's traced machine: a vector step
+        if record is not None:
+            record(call)
         self.gate = not self.gate
         note("composite gate closed" if self.gate else "composite gate opened")
 

@@ -69,6 +69,11 @@ ARENA_RECORDED = (
     "relieve",
     "launch",
     "settle",
+    "close_gate",
+    "open_gate",
+    "reserve",
+    "bind_reserved",
+    "cancel",
 )
 COMPOSITE_RECORDED = (
     "alloc_extend",
@@ -91,6 +96,8 @@ SHRINK_REPLAYS = 300
 
 
 # ------------------------------------------------------------- databases
+
+LOCAL_REDIS = "redis:local"  # ``kvarena fuzz --db``: a server of its own (``redis_server``) for the campaign
 
 
 def open_database(db):
@@ -212,6 +219,12 @@ class Recording:
             return attr(**named)
 
         return call
+
+    def record_arena_call(self, call):
+        """The machine made ``call`` (no arguments: the move gate's) on the
+        composite's arena, on both twins: a step of the composite's vector
+        (``vectors.ARENA_OF_COMPOSITE``)."""
+        self._trace.record(call, {})
 
     def record_fault(self, call, at, kernels, *args, **kwargs):
         """The machine made ``call`` on the implementation alone, with its
@@ -561,7 +574,8 @@ def run_round(
     ``database`` is the one it found."""
     mod = MACHINES[label]
     sink = {"examples": 0, "checks": 0, "trace": None}
-    machine = mod.machine_for(device, policy) if policy is not None else mod.machine_for(device)
+    # every rule the tests draw, host transfers included: the vectors record holds too
+    machine = mod.machine_for(device, host_transfers=True)
     cls = traced(machine, sink)
     if seed is not None:
         # What hypothesis.seed sets; the decorator would also turn the example
@@ -574,6 +588,7 @@ def run_round(
         "database": database,
         "derandomize": derandomize,
         "phases": differential.NO_SHRINK,
+        "print_blob": True,  # the failure's notes carry its @reproduce_failure blob
     }
     if steps:
         opts["stateful_step_count"] = steps
@@ -641,7 +656,7 @@ def hypofuzz_target(module, test_settings):
     Hypothesis nor ``kvarena fuzz`` reads: what it shrank was never handed
     over (docs/guides/verifying.md "Beyond one machine").
     """
-    case = module.machine_for("cpu").TestCase
+    case = module.machine_for("cpu", host_transfers=True).TestCase
     case.settings = test_settings
     return case
 
@@ -844,7 +859,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
     parser.add_argument("--minutes", type=float, default=10.0)
     parser.add_argument("--workers", type=int, default=max(1, (os.cpu_count() or 2)), help="processes (default: cores)")
-    parser.add_argument("--db", metavar="PATH", help="shared Hypothesis example database: a directory or redis://...")
+    parser.add_argument(
+        "--db",
+        metavar="PATH",
+        help=f"shared Hypothesis example database: a directory, redis://..., or {LOCAL_REDIS} (a Redis server "
+        "of its own on the loopback address for the campaign's life, the one the tests start)",
+    )
     cl.add_device(parser)
     parser.add_argument("--examples", type=int, default=20, help="examples per round (default 20)")
     parser.add_argument(
@@ -914,6 +934,12 @@ def run(args: argparse.Namespace) -> int:
         return 2
     if args.soak:
         return run_soak(args)
+    if args.db == LOCAL_REDIS:
+        import tempfile
+
+        with tempfile.TemporaryDirectory() as folder, redis_server(folder) as url:
+            args.db = url
+            return run(args)
     names = ", ".join(f"{m}/{p or 'every policy'}" for m, p in targets())
     console.print(
         f"kvarena fuzz: {args.workers} worker(s) for {args.minutes:g} min on {args.device}; "

@@ -8,7 +8,8 @@ implementation accept, so the planner's cases appear as soon as it lands.
 
 Tags say what a case covers: ``call:<name>`` (added from the steps),
 ``allocator:<kind>``, ``policy:<name>``, ``anchor-bug:<n>`` for the anchor's
-bugs of docs/design.md §9, ``bad-input``.  ``REQUIRED_TAGS`` lists what the
+bugs of docs/design.md §9, ``bad-input``, ``fault`` (a step faulted on the
+implementation) and ``lent`` (an engine's buffer).  ``REQUIRED_TAGS`` lists what the
 shipped set must cover; ``tests/verification/test_vectors.py`` checks it.
 """
 
@@ -330,6 +331,42 @@ def _in_flight(r):
     )
 
 
+@scenario("arena/hold-gate-and-loads", "arena")
+def _hold(r):
+    full = r("alloc", name="full", n=8)
+    r("free", name="full", ids=full[1:4])  # lazy: three holes below live pages, which a flush would move
+    r.start()
+    r("close_gate")  # a host transfer starts (docs/design.md §13)
+    r("flush", name="full", max_moves=None)  # held: it absorbs, and moves nothing
+    pages = r("reserve", name="full", n=2)  # a load's pages, taken as alloc takes them
+    r("reserve", name="full", n=-1)  # bad input: nothing changes
+    owners = r.target.free_ids("full")[-2:]  # the ids the loads will belong to
+    r("bind_reserved", name="full", ids=owners[:1], pages=pages[:1])
+    r("cancel", name="full", pages=pages[1:])  # the other load is rolled back
+    r("open_gate")
+    r("flush", name="full", max_moves=None)  # the hold is over: the flush compacts
+    r("close_gate")
+    r("reserve", name="full", n=1)  # the post state is held, with a page reserved
+    return (
+        "HiCache's holds: while the gate is closed or a load holds reserved pages nothing moves; a load binds "
+        "its page to an id or is cancelled; bad input changes nothing",
+        (),
+    )
+
+
+@scenario("arena/fault-in-flight", "arena")
+def _fault(r):
+    full = r("alloc", name="full", n=6)
+    r("free", name="full", ids=full[1:3])
+    r.start()
+    r("launch", writes={"full": full[3:5]})  # a forward writes two pages late
+    r.fault("flush", 0, name="full", max_moves=None)  # its first operation fails: nothing changes
+    r.fault("free", 0, name="full", ids=full[3:4])
+    r("free", name="full", ids=full[3:4])  # a written page pends
+    r("flush", name="full", max_moves=None)  # urgent: the forward's write lands, then the flush compacts
+    return "a call that fails on its first operation changes nothing, with a forward in flight", ()
+
+
 @scenario("arena/views", "arena")
 def _views(r):
     r("alloc", name="mamba", n=5)
@@ -440,6 +477,8 @@ ARENA_CONFIGS = {
         p,
     ),
     "arena/relieve-ladder": lambda p: tri_arena(p),
+    "arena/hold-gate-and-loads": lambda p: tri_arena(p, lazy=True),
+    "arena/fault-in-flight": lambda p: tri_arena(p, lazy=True),
     "arena/relieve-evictor-frees-but-returns-0": lambda p: tri_arena(p),
     "arena/open-short-side-both-short": lambda p: tri_arena(p),
     "arena/borrowed-ids": lambda p: arena_cfg(
@@ -712,6 +751,36 @@ def _relief_short_end(r, ps=1):
     )
 
 
+@scenario("composites/gate-holds-every-page", "TriPool")
+def _composite_gate(r, ps=4):
+    a = r("alloc_extend", prefix_lens=[0], seq_lens=[3 * ps], last_loc=[-1])
+    r("alloc_extend", prefix_lens=[0], seq_lens=[2 * ps], last_loc=[-1])
+    r("free", token_ids=a)  # holes below a live request: compaction would move it
+    r.start()
+    r("close_gate")  # the composite's arena: HiCache's move gate (docs/design.md §13)
+    r("flush_opportunistic", max_moves=None)  # held: nothing moves
+    r("relieve", tokens=r("available_size") + ps)  # relief under the gate moves nothing either
+    r("open_gate")
+    r("flush_opportunistic", max_moves=None)
+    r("close_gate")  # the post state is held
+    return "the move gate on a composite: while it is closed no page moves, relief included", ()
+
+
+@scenario("composites/fault-after-the-forward-lands", "TriPool")
+def _composite_fault(r, ps=1):
+    reqs = [r("alloc_extend", prefix_lens=[0], seq_lens=[n], last_loc=[-1]) for n in (3, 2, 1)]
+    r("free", token_ids=reqs[1])  # a hole below the last request: its free compacts
+    r.start()
+    r("launch", token_ids=reqs[2], state_slots=None)  # a forward writes the last request's token late
+    r.fault("free", 0, token_ids=reqs[2])  # fails at once: nothing changes, the forward still in flight
+    r("free", token_ids=reqs[2])  # full's eager END waits for the forward (its write lands), then compacts
+    return (
+        "issue 52's state on a lent buffer: a faulted free changes nothing while a forward writes its token; "
+        "the free then waits for the forward, whose write the content model takes",
+        (),
+    )
+
+
 COMPOSITE_CONFIGS = {
     "composites/bug7-views-four-joint-three": lambda p: composite_cfg("HybridSWA", 16, p, pages=11, lazy=True),
     "composites/bug7-tri-views-four-joint-three": lambda p: composite_cfg("TriPool", 16, p, pages=13),
@@ -720,7 +789,10 @@ COMPOSITE_CONFIGS = {
     "composites/bug2-three-kinds-free-swa-on-the-window": lambda p: composite_cfg("TriPool", 4, p, pages=40),
     "composites/relief-compacts-in-steps": lambda p: composite_cfg("MambaHybrid", 1, p, pages=40, lazy=True),
     "composites/relief-short-swa-end": lambda p: composite_cfg("HybridSWA", 1, p, pages=40, lazy=True),
+    "composites/gate-holds-every-page": lambda p: composite_cfg("TriPool", 4, p, pages=40, lazy=True),
+    "composites/fault-after-the-forward-lands": lambda p: composite_cfg("TriPool", 1, p, pages=40),
 }
+LENT = {"composites/fault-after-the-forward-lands"}  # cases whose implementation runs on an engine's buffer
 
 
 # ----------------------------------------------------------- seeded walks
@@ -871,7 +943,7 @@ def generate(policy_list: list[str] | None = None) -> list[dict[str, Any]]:
             if allocator == "arena":
                 r = Recorder("arena", ARENA_CONFIGS[name](policy))
             else:
-                r = Recorder(allocator, COMPOSITE_CONFIGS[name](policy))
+                r = Recorder(allocator, COMPOSITE_CONFIGS[name](policy), lent=name in LENT)
             desc, tags = fn(r)
             cases.append(r.case(f"{name}/{policy}", desc, tags))
         for kind in ("HybridSWA", "MambaHybrid", "TriPool"):
@@ -911,4 +983,5 @@ def required_tags(policy_list=None):
     tags |= {f"policy:{p}" for p in (policy_list or policies())}
     tags |= {f"anchor-bug:{n}" for n in ANCHOR_BUGS}
     tags |= {f"allocator:{a}" for a in ("arena", "HybridSWA", "MambaHybrid", "TriPool")}
+    tags |= {"fault", "lent"}
     return tags

@@ -82,8 +82,10 @@ An **observation** is::
                       "free_ids": [vid, ...],           # the FIFO of unbound ids, front first
                       "available_pages": n, "available_size": n,
                       "schedulable_available_size": n, "gap_bytes": n,
-                      "pinned": [phys, ...], "pending": [phys, ...]}},  # only while a forward is in flight
+                      "pinned": [phys, ...], "pending": [phys, ...],  # only while a forward is in flight
+                      "reserved": [phys, ...]}},  # only while a host load holds pages
      "views": {"available_size": n, "full_available_size": n, ...},   # composites only
+     "moves_held": true,     # only while the move gate or a load holds every page in place
      "data_follows": true}   # every live id's data is found at its translated page
 
 The calls a case uses: ``ARENA_CALLS`` and ``COMPOSITE_CALLS`` below.
@@ -154,6 +156,11 @@ ARENA_CALLS = (
     "holes",
     "launch",
     "settle",
+    "close_gate",
+    "open_gate",
+    "reserve",
+    "bind_reserved",
+    "cancel",
 )
 COMPOSITE_CALLS = (
     "alloc_extend",
@@ -172,7 +179,11 @@ COMPOSITE_CALLS = (
     "launch",
     "settle",
     "flush_opportunistic",
+    "close_gate",
+    "open_gate",
 )
+# A composite's calls that are its arena's (HiCache's move gate, docs/design.md §13).
+ARENA_OF_COMPOSITE = ("close_gate", "open_gate")
 COMPOSITES = ("HybridSWA", "MambaHybrid", "TriPool")
 ALLOCATORS = ("arena",) + COMPOSITES
 POOL_VIEWS = ("available_pages", "available_size", "schedulable_available_size", "gap_bytes")
@@ -303,10 +314,11 @@ class _Target:
 
     def call(self, call, args):
         allowed = ARENA_CALLS if self.allocator == "arena" else COMPOSITE_CALLS
-        if call not in allowed or not hasattr(self.obj, call):
+        obj = self.arena if call in ARENA_OF_COMPOSITE else self.obj
+        if call not in allowed or not hasattr(obj, call):
             raise Unsupported(f"{self.allocator} has no call {call!r}")
         try:
-            return getattr(self.obj, call)(**args)
+            return getattr(obj, call)(**args)
         finally:
             if call == "launch":
                 self._launched()
@@ -360,7 +372,12 @@ class _Target:
             }
             if a.in_flight:  # which pages wait for the forward (docs/design.md §12); absent when none does
                 pools[n].update(pinned=jsonable(a.pinned(n)), pending=jsonable(a.pending(n)))
+            reserved = jsonable(a.reserved(n))
+            if reserved:  # pages a host load holds (docs/design.md §13); absent when none does
+                pools[n]["reserved"] = reserved
         out = {"pools": pools}
+        if a.moves_held():  # the move gate or a load holds every page in place; absent when nothing does
+            out["moves_held"] = True
         if self.allocator != "arena":
             out["views"] = {v: int(getattr(self.obj, v)()) for v in COMPOSITE_VIEWS[self.allocator]}
         out["data_follows"] = self.data_follows()
@@ -582,8 +599,12 @@ class Recorder:
         )
         policy = self.config.get("policy", "anchor")
         auto = [f"allocator:{self.allocator}", f"policy:{policy}"] + [f"call:{c}" for c in calls]
-        if any("raises" in s for s in self.ops):
+        if any(s.get("raises", "Fault") != "Fault" for s in self.ops):
             auto.append("bad-input")
+        if any("fault" in s for s in self.ops):
+            auto.append("fault")
+        if self.lent:
+            auto.append("lent")
         return {
             "format": FORMAT,
             "name": name,
@@ -645,6 +666,10 @@ def _compare_state(where, want, got, res):
             res.compared += 1
             if got[k][view] != v:
                 raise Mismatch(f"{where}: view {view}: expected {v}, got {got[k][view]}")
+    if want.get("moves_held", False) != got.get("moves_held", False):
+        held = (want.get("moves_held", False), got.get("moves_held", False))
+        raise Mismatch(f"{where}: moves held: expected {held[0]}, got {held[1]}")
+    res.compared += 1
     if "data_follows" in want:
         if "data_follows" not in got:
             res.unobserved.add("data_follows")
@@ -661,8 +686,10 @@ def _short(v, n=160):
 
 def _replay_fault(target, where, step, res):
     """A faulted step: the fault must come out of the call (see the module docstring)."""
-    fault = step["fault"]
-    if not target.fault(step["call"], dict(step.get("args", {})), fault["at"], fault.get("kernels")):
+    fault, inject = step["fault"], getattr(target, "fault", None)
+    if inject is None:  # an adapter without fault injection (the protocol's three methods)
+        raise Unsupported(f"{type(target).__name__} cannot inject a fault")
+    if not inject(step["call"], dict(step.get("args", {})), fault["at"], fault.get("kernels")):
         res.fault_missed = True
         raise Mismatch(
             f"{where} {step['call']}: the fault at operation {fault['at']} did not come out "

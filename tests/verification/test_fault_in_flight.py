@@ -26,7 +26,7 @@ import pytest
 
 from kvarena.impl import arena as arena_mod
 from kvarena.spec.contracts import checking
-from kvarena.verification import differential_composites, inflight
+from kvarena.verification import differential_composites, fuzz, inflight, vectors
 from tests.support import mutant_module
 
 # (rule, its draws in order), as the failing example printed them.
@@ -143,3 +143,71 @@ def test_the_steps_catch_an_undo_that_loses_the_forwards_write(monkeypatch):
     mutant = mutant_module(arena_mod, *KEEPS_AT_FREE)
     monkeypatch.setattr(arena_mod.Arena, "free", mutant.Arena.free)
     assert caught(monkeypatch, "torch")
+
+
+# What ``kvarena fuzz`` shrank the planted bug's failure to (``fuzz.shrink_trace``): 7 calls, the
+# last a faulted free.  The fault's operation is the planted implementation's; here every one is tried.
+PRE = (
+    "TriPool",
+    {
+        "total_bytes": 250,
+        "full_entry_bytes": 4,
+        "swa_entry_bytes": 5,
+        "state_bytes": 35,
+        "page_size": 1,
+        "lazy": [],
+        "policy": "planner",
+    },
+)
+CALLS = [
+    {"call": "alloc_extend", "args": {"prefix_lens": [0], "seq_lens": [2], "last_loc": [-1]}},
+    {"call": "alloc_extend", "args": {"prefix_lens": [0], "seq_lens": [1], "last_loc": [-1]}},
+    {"call": "alloc_extend", "args": {"prefix_lens": [0], "seq_lens": [1], "last_loc": [-1]}},
+    {"call": "alloc_decode", "args": {"seq_lens": [3, 2, 2], "last_loc": [10, 11, 12]}},
+    {"call": "alloc_decode", "args": {"seq_lens": [4, 3, 3], "last_loc": [13, 14, 15], "seq_lens_cpu": [4, 3, 3]}},
+    {"call": "launch", "args": {"token_ids": [16, -1, 0], "state_slots": None}},
+]
+
+
+def vector(k, kernels="torch"):
+    """The shrunk case with its free faulted at operation ``k``."""
+    free = {"call": "free", "args": {"token_ids": [16]}, "fault": {"at": k, "kernels": kernels}}
+    return fuzz.steps_to_case(PRE, CALLS + [free], "fuzz/issue-52", lent=True)
+
+
+def replays(target="impl"):
+    """Each operation of the free: how its vector replays (status, detail), until the fault no longer comes out."""
+    out = []
+    for k in range(FREE_OPS):
+        res = vectors.replay_case(vector(k), vectors.get_target(target))
+        if res.fault_missed:
+            break
+        out.append((res.status, res.detail))
+    return out
+
+
+def test_the_vector_replays_at_every_operation_of_the_free():
+    got = replays()
+    assert len(got) > 10 and all(status == "pass" for status, _ in got), got
+    case = vector(0)
+    assert case["pre"]["lent"] is True and case["ops"][-1]["raises"] == "Fault"
+    assert vectors.replay_case(case, "spec").ok
+
+
+def test_the_vector_catches_the_planted_bug(monkeypatch):
+    monkeypatch.setattr(arena_mod.Arena, "free", mutant_module(arena_mod, *KEEPS_AT_FREE).Arena.free)
+    failed = [detail for status, detail in replays() if status == "fail"]
+    assert failed and all("live data is not at its translated page" in d for d in failed), failed
+
+
+def test_a_fault_that_does_not_come_out_is_no_reproduction():
+    res = vectors.replay_case(vector(10_000), vectors.get_target("impl"))
+    assert res.status == "fail" and res.fault_missed and "did not come out" in res.detail
+    assert fuzz.outcome(PRE, CALLS + [vector(10_000)["ops"][-1]], lent=True)[0] is None
+
+
+def test_a_faulted_call_the_spec_refuses_is_no_vector():
+    bad = {"call": "free", "args": {"token_ids": [99]}, "fault": {"at": 0, "kernels": "torch"}}
+    with pytest.raises(fuzz.FaultRefused):
+        fuzz.steps_to_case(PRE, CALLS + [bad], "fuzz/bad")
+    assert fuzz.outcome(PRE, CALLS + [bad]) == (None, None)

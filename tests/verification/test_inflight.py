@@ -194,7 +194,8 @@ def test_a_freed_pinned_page_takes_the_late_write_and_no_id_loses_bytes():
 
 # ----------------------------------------------------- machines catch plants
 
-MACHINES = [(differential, 40), (differential_composites, 40)]
+# seeded examples: 60 of the composites since their fault_in_flight rule (issue 52) took a share of the draws
+MACHINES = [(differential, 40), (differential_composites, 60)]
 
 
 @pytest.mark.parametrize("side", ["spec", "impl"])
