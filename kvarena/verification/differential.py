@@ -294,8 +294,9 @@ class DiffMachine(RuleBasedStateMachine):
     device = "cpu"
     # Whether the machine starts holds (docs/design.md §13).  The tests, ``kvarena fuzz`` and
     # HypoFuzz run it with (their traces record the host-transfer calls, ``fuzz.ARENA_RECORDED``);
-    # ``machine_for``'s default is without, for the planted-bug tests whose seeded examples
-    # were drawn before holds existed.  Refusals and bad input, which change nothing, run either way.
+    # ``machine_for``'s default is without: the machine as it drew before holds existed (the
+    # examples replayed rule by rule in tests/verification/test_fault_in_flight.py were drawn so).
+    # Refusals and bad input, which change nothing, run either way.
     host_transfers = False
 
     @initialize(geo=geometries(), policy=st.sampled_from(spec.POLICIES))

@@ -29,6 +29,12 @@ step must.  The draws come from a generator seeded by the example's own
 boot draws (``kernel_draws``), not from Hypothesis's stream, so the
 examples a seed draws are those it drew before the kernels existed.
 
+Faults (docs/design.md §9c): ``faulted`` makes an admission or a finish
+fail at a drawn operation on the implementation alone; ``fault_in_flight``
+launches a forward over one request first, so that a finish whose free
+waits for the forward (an eager END) may fail after the forward's write
+landed, and its undo binds the written pages again (issue 52).
+
 HiCache's move gate (docs/design.md §13) closes and opens on the
 composite's arena (``host_gate``, before a relief): while it is closed the ladder, the
 flushes between steps and every slide must move nothing, so relief
@@ -107,6 +113,7 @@ IN_FLIGHT = (
     "composite settle",
     "composite moves in flight",
     "composite fault in flight",
+    "composite fault undone after the forward landed",
 )
 KINDS = ("hybrid", "mamba", "tri")
 
@@ -594,6 +601,8 @@ class CompositeMachine(RuleBasedStateMachine):
                 raised, _ = fault_at(k, lambda: self.I.free(tokens))
             if raised:
                 note("composite fault undone")
+                if any(f.impl_done and not f.spec_done for f in self.flight.forwards):
+                    note("composite fault undone after the forward landed")  # issue 52's state
                 record_fault(self.S, "free", k, self.I.arena.kernels, tokens)
                 return
             self.S.free(tokens)

@@ -299,6 +299,21 @@ MUTATIONS = [
         unit=("tests/impl/test_faults.py",),
     ),
     Mutation(
+        "fault-undo-loses-the-forwards-write",
+        "a free keeps its pages' bytes when it frees them, not when they are overwritten: an undo after the "
+        "free waited for the forward in flight puts back what a page held before the forward wrote it (issue 52)",
+        "impl/arena.py",
+        [
+            (
+                "        journal.freed = True\n        b.v2p.index_fill_(0, ids, -1)",
+                "        journal.freed = True\n        rows = self._page_rows(name)\n"
+                "        journal.on_undo(rows.index_copy_, 0, pages, rows.index_select(0, pages))\n"
+                "        b.v2p.index_fill_(0, ids, -1)",
+            )
+        ],
+        unit=("tests/impl/test_faults.py", "tests/verification/test_fault_in_flight.py"),
+    ),
+    Mutation(
         "make-room-need-floor",
         "make_room clears one page too few when the target is off-grid (spec)",
         "spec/arith.py",

@@ -335,6 +335,9 @@ def _in_flight(r):
 def _hold(r):
     full = r("alloc", name="full", n=8)
     r("free", name="full", ids=full[1:4])  # lazy: three holes below live pages, which a flush would move
+    mamba = r("alloc", name="mamba", n=6)
+    r("free", name="mamba", ids=mamba[1:3])  # the other END's holes: full's unheld view credits them
+    r("free", name="swa", ids=r("alloc", name="swa", n=4))  # the float parks: the ENDs face each other
     r.start()
     r("close_gate")  # a host transfer starts (docs/design.md §13)
     r("flush", name="full", max_moves=None)  # held: it absorbs, and moves nothing

@@ -113,3 +113,12 @@ def test_the_differential_machine_catches_each_hold_plant(monkeypatch, name):
 def test_the_unit_tests_catch_a_flush_that_ignores_the_hold_and_an_uncounted_reservation(name):
     o = planted.run_mutation(planted.by_name(name), suites=("unit",))
     assert o.caught and o.caught_by == ["unit"], o
+
+
+@pytest.mark.parametrize("name", ["hold-flush-moves", "hold-reserve-uncounted", "hold-schedulable-credits"])
+def test_the_shipped_vectors_catch_a_hold_plant(name):
+    """The vectors record HiCache's holds (issue 52): the shipped set alone
+    catches a held flush that moves, an uncounted reservation and a held
+    view that keeps its credit."""
+    o = planted.run_mutation(planted.by_name(name), suites=("vectors",))
+    assert o.caught and o.caught_by == ["vectors"], o
