@@ -317,11 +317,14 @@ class _Target:
         obj = self.arena if call in ARENA_OF_COMPOSITE else self.obj
         if call not in allowed or not hasattr(obj, call):
             raise Unsupported(f"{self.allocator} has no call {call!r}")
+        result = None
         try:
-            return getattr(obj, call)(**args)
+            result = getattr(obj, call)(**args)
+            return result
         finally:
             if call == "launch":
                 self._launched()
+            self.called(call, args, result)
             self.after_call()
 
     def fault(self, call, args, at, kernels=None):
@@ -349,6 +352,10 @@ class _Target:
 
     def late_write(self, name, rows):
         """Land a forward's write: ``rows`` maps page to the id it writes."""
+
+    def called(self, call, args, result):
+        """Hook run after every call (nested ones included) with its
+        arguments and result (None if it raised), before ``after_call``."""
 
     def after_call(self):
         """Hook run after every call, nested ones included."""
@@ -423,8 +430,36 @@ class ImplTarget(_Target):
 
     def extra(self):
         self.stamps = {}  # pool -> {vid: generation}
+        self.keys = {}  # pool -> {vid: the pattern's key}, where it is not the id: a load's page's
+        self.loads = {}  # pool -> {reserved page: generation of the load's bytes there}
         self.gen = 0
         return {"device": self.device}
+
+    def called(self, call, args, result):
+        """HiCache's loads (docs/design.md §13): a reservation's pages get a
+        load's bytes at once, written by physical page as an engine loads
+        them; a bind makes them its ids' bytes (a bind that moved or wrote
+        them is caught by ``data_follows``); a cancel drops them."""
+        from kvarena.verification.differential import pattern
+
+        a = self.arena
+        if call == "reserve" and result is not None and len(result):
+            name, pages = args["name"], jsonable(result)
+            self.gen += 1
+            data = pattern(
+                a.chain.index(name), [load_key(p) for p in pages], [self.gen] * len(pages), a.geometry(name).epp
+            )
+            a.page_view(name).index_copy_(0, torch.tensor(pages, device=a.device), data.to(a.device))
+            self.loads.setdefault(name, {}).update(dict.fromkeys(pages, self.gen))
+        elif call == "bind_reserved" and result is None:
+            name, loads = args["name"], self.loads.get(args["name"], {})
+            for v, p in zip(jsonable(args["ids"]), jsonable(args["pages"])):
+                if p in loads:
+                    self.stamps.setdefault(name, {})[v] = loads.pop(p)
+                    self.keys.setdefault(name, {})[v] = load_key(p)
+        elif call == "cancel":
+            for p in jsonable(args["pages"]):
+                self.loads.get(args["name"], {}).pop(p, None)
 
     def boot(self, allocator, config):
         if not self.lent:
@@ -471,20 +506,22 @@ class ImplTarget(_Target):
             self.gen += 1
             data = pattern(i, ids, [self.gen] * len(ids), a.geometry(name).epp).to(a.device)
             a.page_view(name).index_copy_(0, torch.tensor(list(rows), device=a.device), data)
-        stamped = self.stamps.setdefault(name, {})
+        stamped, keys = self.stamps.setdefault(name, {}), self.keys.setdefault(name, {})
         for v in ids:
             if v in stamped:
                 stamped[v] = self.gen
+                keys.pop(v, None)
 
     def after_call(self):
         from kvarena.verification.differential import pattern
 
         a = self.arena
         for i, n in enumerate(a.chain):
-            stamped = self.stamps.setdefault(n, {})
+            stamped, keys = self.stamps.setdefault(n, {}), self.keys.setdefault(n, {})
             live = {v for v, _ in self.live(n)}
             for v in set(stamped) - live:
                 del stamped[v]
+                keys.pop(v, None)
             fresh = sorted(live - set(stamped))
             if fresh:
                 self.gen += 1
@@ -499,11 +536,17 @@ class ImplTarget(_Target):
             ids = sorted(self.stamps.get(n, {}))
             if not ids:
                 continue
-            want = pattern(i, ids, [self.stamps[n][v] for v in ids], a.geometry(n).epp)
+            keys = self.keys.get(n, {})
+            want = pattern(i, [keys.get(v, v) for v in ids], [self.stamps[n][v] for v in ids], a.geometry(n).epp)
             pages = a.translate(n, torch.tensor(ids, device=a.device))
             if not torch.equal(a.page_view(n).index_select(0, pages).cpu(), want):
                 return False
         return True
+
+
+def load_key(page):
+    """The pattern key of a load's bytes at reserved ``page``: no id's (ids are at least 1)."""
+    return -1 - page
 
 
 register_target("spec", lambda device="cpu": SpecTarget(device))

@@ -7,6 +7,7 @@ import json
 
 import jsonschema
 import pytest
+import torch
 
 from kvarena import cli, impl
 from kvarena.verification import vector_cases, vectors
@@ -212,3 +213,21 @@ def test_cli_generate_and_replay(tmp_path, capsys):
     victim.write_text(json.dumps(case))
     assert cli.main(["vectors", "replay", str(out)]) == 1
     assert "1 failed" in capsys.readouterr().out
+
+
+def test_a_bind_that_loses_the_loads_bytes_fails(shipped, monkeypatch):
+    """The implementation target writes a load's bytes into the pages a
+    ``reserve`` returns and expects them at the ids a ``bind_reserved``
+    gives them: a bind that clears its pages (as a hand-out zeroes them) is
+    caught by the shipped hold case."""
+    real = impl.Arena.bind_reserved
+
+    def clearing(self, name, ids, pages):
+        real(self, name, ids, pages)
+        self.page_view(name)[torch.as_tensor(pages, dtype=torch.int64)] = 0
+
+    case = next(c for c in shipped if c["name"] == "arena/hold-gate-and-loads/anchor")
+    assert vectors.replay_case(case, "impl").ok
+    monkeypatch.setattr(impl.Arena, "bind_reserved", clearing)
+    r = vectors.replay_case(case, "impl")
+    assert r.status == "fail" and "live data is not at its translated page" in r.detail, r
