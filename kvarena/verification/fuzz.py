@@ -49,7 +49,7 @@ from typing import Any
 from hypothesis import settings
 from hypothesis.database import DirectoryBasedExampleDatabase
 
-from kvarena import spec
+from kvarena import impl, spec
 from kvarena.spec.contracts import checking
 from kvarena.verification import differential, differential_composites, vectors
 from kvarena.verification.draws import same_draws
@@ -188,6 +188,36 @@ class CallTrace:
         return step
 
 
+class KernelNotes:
+    """A transparent stand-in for a machine's implementation twin: each call
+    in ``recorded`` notes the kernels it runs on (docs/design.md §14) on the
+    trace's last step, when that is the spec's twin of the call (same name,
+    no kernels noted yet), so the vector replays it on them too."""
+
+    def __init__(self, obj, sink, recorded):
+        object.__setattr__(self, "_obj", obj)
+        object.__setattr__(self, "_sink", sink)
+        object.__setattr__(self, "_recorded", recorded)
+
+    def __getattr__(self, name):
+        attr = getattr(self._obj, name)
+        if name not in self._recorded or not callable(attr):
+            return attr
+        obj, sink = self._obj, self._sink
+
+        def call(*args, **kwargs):
+            trace = sink["trace"]
+            last = trace.steps[-1] if trace is not None and trace.steps else None
+            if last is not None and last["call"] == name and "kernels" not in last and "fault" not in last:
+                last["kernels"] = (obj.arena if hasattr(obj, "arena") else obj).kernels
+            return attr(*args, **kwargs)
+
+        return call
+
+    def __setattr__(self, name, value):
+        setattr(self._obj, name, value)
+
+
 class FaultRefused(Exception):
     """A faulted step the spec refuses as bad input: no vector reaches that call."""
 
@@ -304,6 +334,18 @@ def traced(machine_cls, sink):
             sink["examples"] += 1
 
         @property
+        def I(self):  # noqa: E743 (the machines' name for the implementation twin)
+            try:
+                return self.__dict__["_noted_I"]
+            except KeyError:
+                raise AttributeError("I") from None
+
+        @I.setter
+        def I(self, obj):  # noqa: E743
+            names = ARENA_RECORDED if isinstance(obj, impl.Arena) else COMPOSITE_RECORDED
+            self.__dict__["_noted_I"] = KernelNotes(obj, sink, names)
+
+        @property
         def S(self):
             try:
                 return self.__dict__["_recorded_S"]
@@ -349,6 +391,7 @@ def steps_to_case(pre, steps, name, lent=False):
     r.start()
 
     def run(step):
+        kernels = {"kernels": step["kernels"]} if "kernels" in step else {}
         if "fault" in step:
             try:
                 r.fault(step["call"], step["fault"]["at"], step["fault"].get("kernels"), **step["args"])
@@ -365,7 +408,7 @@ def steps_to_case(pre, steps, name, lent=False):
                 }
                 for rnd in step["evict"]
             ]
-        r(step["call"], evict=script, **step["args"])
+        r(step["call"], evict=script, **kernels, **step["args"])
 
     for step in steps:
         run(step)

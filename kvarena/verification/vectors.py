@@ -57,7 +57,10 @@ A **step** calls one method with keyword arguments named as in docs/design.md
   calls past the script return 0 and run nothing.  ``shortfalls`` lists the
   arguments the callback must have received.
 - A step may carry ``state``: the observation expected right after it
-  (cases saved by ``kvarena fuzz`` do, so the first diverging step shows).
+  (cases saved by ``kvarena fuzz`` do, so the first diverging step shows),
+  and ``kernels``: ``"torch"`` or ``"triton"``, the implementation's
+  kernels for that call (docs/design.md §14; a machine drew them, and a
+  Triton kernel's bug shows only on a Triton call); other targets ignore it.
 - ``fault: {"at": k, "kernels": "torch"}`` with ``raises: "Fault"``: the
   call runs with its ``k``-th device operation failing
   (``kvarena.verification.faults``), on those kernels when given, and the
@@ -477,6 +480,21 @@ class ImplTarget(_Target):
     def free_ids(self, name):
         return jsonable(self.arena.free_ids(name))
 
+    def use_kernels(self, kernels):
+        """Run the next call on ``kernels`` (a step's ``kernels``), then go back."""
+        self.next_kernels = kernels
+
+    def call(self, call, args):
+        kernels, self.next_kernels = getattr(self, "next_kernels", None), None
+        if kernels is None:
+            return super().call(call, args)
+        a, old = self.arena, self.arena.kernels
+        a.kernels = kernels
+        try:
+            return super().call(call, args)
+        finally:
+            a.kernels = old
+
     def fault(self, call, args, at, kernels=None):
         """``call`` on the implementation with its ``at``-th torch operation
         (or Triton launch) failing, on ``kernels`` when given."""
@@ -579,8 +597,10 @@ class Recorder:
         self.pre_state = self.target.observe()
         self.phase = self.ops
 
-    def __call__(self, call, evict=None, **args):
+    def __call__(self, call, evict=None, kernels=None, **args):
         step = self._run(call, args, evict)
+        if kernels is not None:  # the implementation's kernels for the call (a machine's draw)
+            step["kernels"] = kernels
         self.phase.append(step)
         return step.get("_result")
 
@@ -746,6 +766,8 @@ def _replay_fault(target, where, step, res):
 def _replay_step(target, where, step, res):
     if "fault" in step:
         return _replay_fault(target, where, step, res)
+    if "kernels" in step and hasattr(target, "use_kernels"):
+        target.use_kernels(step["kernels"])
     args = dict(step.get("args", {}))
     shortfalls = []
     if step.get("evict") is not None:

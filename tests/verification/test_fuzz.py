@@ -10,6 +10,7 @@ import pytest
 
 from kvarena import cli, impl
 from kvarena.verification import fuzz, planted, vectors
+from tests.impl.test_kernels import needs_triton
 
 
 def plant_gap_bug(monkeypatch):
@@ -462,3 +463,23 @@ def test_cli_fuzz_starts_a_redis_server_of_its_own(tmp_path, capsys):
 
     with socket.socket() as s, pytest.raises(OSError):  # stopped with the campaign
         s.connect(("127.0.0.1", port))
+
+
+@needs_triton
+def test_a_triton_kernel_bug_shrinks_to_a_vector_that_runs_it(monkeypatch, tmp_path):
+    """The traced machines note each call's kernels on its step
+    (``fuzz.KernelNotes``), so a bug only a Triton kernel has (one of
+    tests/impl/test_kernels.py's planted off-by-ones, the bind's ring read
+    one past) shrinks to a vector that fails on the implementation: on the
+    default kernels the same calls pass."""
+    from tests.impl.test_kernels import PLANTS, planted
+
+    old, new, _ = PLANTS["bind ring"]
+    mod = planted(tmp_path, old, new)
+    monkeypatch.setattr(impl.kernels, "_triton", lambda: mod)
+    r = fuzz.run_round("composites", examples=20, seed=0)
+    trace = r["failure"]["trace"]
+    assert any(s.get("kernels") == "triton" for s in trace.steps), trace.steps
+    assert fuzz.outcome(trace.config, trace.steps, lent=trace.lent)[0] == "impl"
+    bare = [{k: v for k, v in s.items() if k != "kernels"} for s in trace.steps]
+    assert fuzz.outcome(trace.config, bare, lent=trace.lent)[0] is None
