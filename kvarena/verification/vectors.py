@@ -320,14 +320,16 @@ class _Target:
         obj = self.arena if call in ARENA_OF_COMPOSITE else self.obj
         if call not in allowed or not hasattr(obj, call):
             raise Unsupported(f"{self.allocator} has no call {call!r}")
-        result = None
+        done = False
         try:
             result = getattr(obj, call)(**args)
+            done = True
             return result
         finally:
             if call == "launch":
                 self._launched()
-            self.called(call, args, result)
+            if done:  # a call that raised changed nothing
+                self.called(call, args, result)
             self.after_call()
 
     def fault(self, call, args, at, kernels=None):
@@ -357,8 +359,8 @@ class _Target:
         """Land a forward's write: ``rows`` maps page to the id it writes."""
 
     def called(self, call, args, result):
-        """Hook run after every call (nested ones included) with its
-        arguments and result (None if it raised), before ``after_call``."""
+        """Hook run after every call that returned (nested ones included),
+        with its arguments and result, before ``after_call``."""
 
     def after_call(self):
         """Hook run after every call, nested ones included."""
@@ -454,7 +456,7 @@ class ImplTarget(_Target):
             )
             a.page_view(name).index_copy_(0, torch.tensor(pages, device=a.device), data.to(a.device))
             self.loads.setdefault(name, {}).update(dict.fromkeys(pages, self.gen))
-        elif call == "bind_reserved" and result is None:
+        elif call == "bind_reserved":
             name, loads = args["name"], self.loads.get(args["name"], {})
             for v, p in zip(jsonable(args["ids"]), jsonable(args["pages"])):
                 if p in loads:

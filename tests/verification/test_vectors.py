@@ -226,8 +226,15 @@ def test_a_bind_that_loses_the_loads_bytes_fails(shipped, monkeypatch):
         real(self, name, ids, pages)
         self.page_view(name)[torch.as_tensor(pages, dtype=torch.int64)] = 0
 
-    case = next(c for c in shipped if c["name"] == "arena/hold-gate-and-loads/anchor")
-    assert vectors.replay_case(case, "impl").ok
+    case = copy.deepcopy(next(c for c in shipped if c["name"] == "arena/hold-gate-and-loads/anchor"))
+    # a refused bind of the same page first (the sink's id): it changes nothing, the load's bytes included
+    at = next(i for i, s in enumerate(case["ops"]) if s["call"] == "bind_reserved")
+    bad = copy.deepcopy(case["ops"][at])
+    bad["args"]["ids"] = [0]
+    bad.pop("returns", None)
+    bad["raises"] = "ValueError"
+    case["ops"].insert(at, bad)
+    assert vectors.replay_case(case, "impl").ok and vectors.replay_case(case, "spec").ok
     monkeypatch.setattr(impl.Arena, "bind_reserved", clearing)
     r = vectors.replay_case(case, "impl")
     assert r.status == "fail" and "live data is not at its translated page" in r.detail, r
