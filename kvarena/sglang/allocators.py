@@ -680,13 +680,20 @@ class _Dropin:
         for name in self._zeroed:
             self._pools[name].zero_physical_pages(arena.v2p_at(name, ids))
 
+    def _current_stream(self) -> Any:
+        """The stream this thread issues work on, for the pool's device:
+        ``torch.cuda``'s on CUDA, ``torch.cpu``'s on CPU (where a wait is a
+        no-op: CPU work runs in program order), never ``torch.cuda`` on a
+        CPU tensor's path."""
+        return torch.get_device_module(self._composite.device).current_stream()
+
     def _wait_forward(self, *pools: str) -> None:
         """Before a free of ``pools`` writes tables or moves pages: eager mode
         orders it after the in-flight forward, ``current_stream().wait_stream(
         forward_stream)``, as SGLang's ``free`` does for an END (a device-side
         wait, no host read).  Lazy frees and a float's free move nothing then."""
         if any(self._waits[n] for n in pools):
-            torch.cuda.current_stream().wait_stream(self.forward_stream)
+            self._current_stream().wait_stream(self.forward_stream)
 
     def _move_pages(self, name: str, dst: torch.Tensor, src: torch.Tensor) -> None:
         """The arena's mover: SGLang's own page copy of that sub-pool."""
@@ -973,7 +980,7 @@ class _Dropin:
         so the last one's), as SGLang's ``_settle_inflight_forward`` does.
         A device-side dependency, no host read."""
         if self._flight_event is not None:
-            torch.cuda.current_stream().wait_event(self._flight_event)
+            self._current_stream().wait_event(self._flight_event)
 
     # ------------------------------------------ host transfers (HiCache)
 
@@ -1028,7 +1035,7 @@ class _Dropin:
             self._wait_transfers()
 
     def _wait_transfers(self) -> None:
-        stream = torch.cuda.current_stream()
+        stream = self._current_stream()
         for event in self._transfer_events.values():
             stream.wait_event(event)
         self._transfer_events = {}

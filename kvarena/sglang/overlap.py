@@ -19,9 +19,13 @@ CPU nothing runs asynchronously, so ``Device`` plays the GPU:
   live), then its writes land, then ``on_land`` runs (the caller checks the
   written tokens at their current translation).
 
-``Device.current()`` patches ``torch.cuda.current_stream`` to return the
-device's stream, so SGLang's allocator and kvarena's drop-in wait on it as
-they would on a GPU.
+``Device.current()`` makes the device's stream the current CPU stream
+through torch's own stream API (``torch.cpu.stream``), the stream kvarena's
+drop-in asks for (``torch.get_device_module(device).current_stream()``), so
+it waits on it as it would on a GPU; ``torch.cuda`` is untouched.  SGLang's
+own allocator asks ``torch.cuda`` even on CPU (``_settle_inflight_forward``,
+docs/findings.md), so a run of it says so: ``current(sglang_allocator=True)``
+answers ``torch.cuda.current_stream`` with the same stream.
 """
 
 import contextlib
@@ -57,8 +61,8 @@ class Forward:
     event: "Event" = field(init=False)
 
 
-class Event:
-    """A forward's done event, with ``torch.cuda.Event``'s calls: ``query()``
+class Event(torch.cpu.Event):
+    """A forward's done event, with ``torch.cpu.Event``'s calls: ``query()``
     (has it landed), ``synchronize()`` and ``wait()`` (land it)."""
 
     def __init__(self, device: "Device", forward: Forward) -> None:
@@ -77,7 +81,7 @@ class Event:
         """Recorded at launch already."""
 
 
-class Stream:
+class Stream(torch.cpu.Stream):
     """The schedule stream as the allocators use it: a wait on a forward's
     event, or on the forward stream, lands the forwards it orders after."""
 
@@ -146,8 +150,13 @@ class Device:
             f.on_land()
 
     @contextlib.contextmanager
-    def current(self):
-        """While the block runs, ``torch.cuda.current_stream()`` is this
-        device's stream."""
-        with mock.patch.object(torch.cuda, "current_stream", lambda device=None: self.stream):
-            yield self
+    def current(self, sglang_allocator: bool = False):
+        """While the block runs, ``torch.cpu.current_stream()`` is this
+        device's stream; with ``sglang_allocator``, ``torch.cuda.current_stream()``
+        too (SGLang's own allocator calls it on CPU)."""
+        with torch.cpu.stream(self.stream):
+            if not sglang_allocator:
+                yield self
+                return
+            with mock.patch.object(torch.cuda, "current_stream", lambda device=None: self.stream):
+                yield self

@@ -170,15 +170,18 @@ def test_planted_no_zeroing_reads_nan_through_a_fresh_page(build, monkeypatch):
 # ------------------------------------------------------------ forward_stream
 
 
-class Recorder:
-    """Overlap scheduling's streams on CPU: ``torch.cuda.current_stream`` is patched to return this recorder, whose
-    ``wait_stream`` records each wait (on the ``forward`` stream only), and the pools' page copies record each
-    move.  ``forward`` None: no forward stream, and asking torch.cuda for a stream fails the test."""
+class Recorder(torch.cpu.Stream):
+    """Overlap scheduling's streams on CPU, through torch's own CPU stream API (``torch.cuda`` untouched): during
+    ``call`` this recorder is the current CPU stream, whose ``wait_stream`` records each wait (on the ``forward``
+    stream only), and the pools' page copies record each move.  ``forward`` None: no forward stream, and a wait
+    fails the test.  SGLang's own allocator asks ``torch.cuda`` for its stream even on CPU (docs/findings.md), so
+    for it alone ``torch.cuda.current_stream`` answers with this recorder too."""
 
-    def __init__(self, monkeypatch, bundle, forward) -> None:
+    def __init__(self, monkeypatch, bundle, forward, sglang_allocator=False) -> None:
         self.events: list[str] = []
         self.forward = forward
-        monkeypatch.setattr(torch.cuda, "current_stream", self.current_stream)
+        if sglang_allocator:
+            monkeypatch.setattr(torch.cuda, "current_stream", lambda *a, **k: self)
         kv, req = bundle.token_to_kv_pool, getattr(bundle, "req_to_token_pool", None)
         pools = [getattr(kv, n, None) for n in ("full_kv_pool", "swa_kv_pool", "mamba_pool")]
         pools.append(getattr(req, "mamba_pool", None))
@@ -188,18 +191,16 @@ class Recorder:
                 pool, "move_physical_pages", lambda *a, real=real: (self.events.append("move"), real(*a))
             )
 
-    def current_stream(self, *args, **kwargs) -> "Recorder":
-        assert self.forward is not None, "torch.cuda.current_stream called without a forward stream"
-        return self
-
     def wait_stream(self, stream) -> None:
+        assert self.forward is not None, "waited on a stream without a forward stream"
         assert stream is self.forward, "waited on a stream that is not the forward stream"
         self.events.append("wait")
 
     def call(self, fn) -> str:
         """``fn()``, and what it did: "wait", "wait, move" (moves, all after the wait), "move" or ""."""
         del self.events[:]
-        fn()
+        with torch.cpu.stream(self):
+            fn()
         ev = list(self.events)
         if "wait" in ev:
             assert "move" not in ev[: ev.index("wait")], f"a page moved before the wait: {ev}"
@@ -211,7 +212,7 @@ def with_stream(build, monkeypatch, impl, kind, ps, lazy, forward):
     real = stacks.build
     monkeypatch.setattr(stacks, "build", lambda *a, **kw: real(*a, **kw, forward_stream=forward))
     s = build(impl, kind, ps, lazy)
-    return s, Recorder(monkeypatch, s.bundle, forward)
+    return s, Recorder(monkeypatch, s.bundle, forward, sglang_allocator=impl == "sglang")
 
 
 def stream_script(s, rec: Recorder) -> dict[str, str]:

@@ -489,12 +489,14 @@ class Server:
             self.last[0].synchronize()
             self.alloc.flush_opportunistic()
 
-    def serve(self, n: int, steps: int) -> dict:
+    def serve(self, n: int, steps: int, sglang_stream: bool = True) -> dict:
+        """``sglang_stream``: answer SGLang's own allocator's ``torch.cuda.current_stream`` with the loop's
+        stream (it asks torch.cuda even on CPU)."""
         shared = list(range(900, 900 + 8 * self.ps))
         for i in range(n):
             self.new_req(f"r{i}", shared + list(range(100 * i, 100 * i + 3 * self.ps + 2 * i + 1)), 4 + 3 * (i % 5))
         bad = 0
-        with self.gpu.current():
+        with self.gpu.current(sglang_allocator=sglang_stream and not isinstance(self.alloc, allocators._Dropin)):
             for k in range(steps):
                 self.step(k)
                 bad += self.check()
@@ -531,6 +533,51 @@ def test_kvarena_under_sglangs_event_loop(kind, ps, lazy, policy, monkeypatch):
     assert s["window frees"] > 0 or kind == "mamba", s
 
 
+def test_the_drop_ins_event_loop_leaves_torch_cuda_untouched(monkeypatch):
+    """The loop selects its stream through ``torch.cpu.stream`` only; kvarena's
+    waits reach it through ``torch.get_device_module``.  A call to
+    ``torch.cuda.current_stream`` on this path fails on a CPU build of torch
+    (issue 53: SGLang's engine on CPU died on its first decode step), so the
+    loop passing here, with its waits counted, shows none is made."""
+    monkeypatch.setenv("SGLANG_SWA_EVICTION_INTERVAL", "2")
+    untouched = torch.cuda.current_stream
+    waits = 0
+    for kind in stacks.KINDS:
+        s = _serve(kind, 4, False, "planner")
+        assert s["lost"] == s["bad"] == s["reads_corrupted"] == 0 and s["finished"] == 12, s
+        waits += s["waits"]
+    assert torch.cuda.current_stream is untouched and waits > 0
+
+
+def test_the_drop_in_names_no_cuda_module():
+    """The drop-in's runtime modules reach streams and events through the
+    pool's device (``torch.get_device_module``), never ``torch.cuda`` by
+    name: an AST walk, so a comment or docstring does not count."""
+    import ast
+    import pathlib
+
+    named = []
+    for path in sorted(pathlib.Path(allocators.__file__).parent.glob("*.py")):
+        if path.name in ("bench.py", "overlap.py"):  # the CUDA timer (guarded by the device), the CPU harness
+            continue
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.Attribute) and node.attr == "cuda" and getattr(node.value, "id", "") == "torch":
+                named.append(f"{path.name}:{node.lineno}")
+    assert named == [], named
+
+
+def test_sglangs_allocator_asks_torch_cuda_for_its_stream_on_cpu(monkeypatch):
+    """docs/findings.md: SGLang's own ``_settle_inflight_forward`` calls
+    ``torch.cuda.current_stream()`` whatever the pool's device, so on a CPU
+    build its first settle raises.  Fails once SGLang asks the device's
+    module instead."""
+    monkeypatch.setenv("SGLANG_SWA_EVICTION_INTERVAL", "2")
+    if torch.cuda.is_available():
+        pytest.skip("a CUDA build answers torch.cuda on a CPU path")
+    with stacks.cpu_kernels(), pytest.raises(AssertionError, match="not compiled with CUDA"):
+        Server("mamba_swa", 4, True, None, flush_in_flight=False).serve(12, 160, sglang_stream=False)
+
+
 def test_sglang_under_its_own_event_loop(monkeypatch):
     """SGLang's allocator, its hooks honoured, through the same loop."""
     monkeypatch.setenv("SGLANG_SWA_EVICTION_INTERVAL", "2")
@@ -565,7 +612,7 @@ class _Event:
         return self.done
 
 
-class _Stream:
+class _Stream(torch.cpu.Stream):
     """A stream that records what it waited on."""
 
     def __init__(self):
@@ -576,7 +623,17 @@ class _Stream:
         ev.done = True
 
 
-def test_the_hooks_keep_references_and_the_next_call_pins(monkeypatch):
+@pytest.fixture
+def stream():
+    """A recording stream, the test's current CPU stream through torch's own
+    stream API (``torch.cpu.stream``): ``torch.cuda`` is left untouched, so
+    a call to it on this CPU path fails the test."""
+    recording = _Stream()
+    with torch.cpu.stream(recording):
+        yield recording
+
+
+def test_the_hooks_keep_references_and_the_next_call_pins(stream):
     """The hooks do no work (nothing pinned yet); the next call hands the
     forward over (its pages pinned); an urgent settle waits on its event."""
     a = _drop_in()
@@ -588,22 +645,18 @@ def test_the_hooks_keep_references_and_the_next_call_pins(monkeypatch):
     assert not arena.in_flight and arena.pinned("full").numel() == 0
     a.available_size()
     assert arena.in_flight and arena.pinned("full").numel() == 3 and arena.pinned("swa").numel() == 3
-    stream = _Stream()
-    monkeypatch.setattr(torch.cuda, "current_stream", lambda device=None: stream)
     a.free(out)  # pinned pages freed: they stay holes, nothing waits
     assert stream.waited == [] and arena.in_flight
     a.composite.settle()
     assert stream.waited == [ev] and not arena.in_flight
 
 
-def test_a_fired_event_settles_without_a_wait_and_none_clears(monkeypatch):
+def test_a_fired_event_settles_without_a_wait_and_none_clears(stream):
     a = _drop_in("mamba")
     slot = a.mamba_allocator.alloc(1)
     assert slot is not None
     out = a.alloc_extend(*[torch.tensor([0])] * 2, *[torch.tensor([6])] * 2, torch.tensor([-1]), 6)
     arena = a._composite.arena
-    stream = _Stream()
-    monkeypatch.setattr(torch.cuda, "current_stream", lambda device=None: stream)
     first = _Event()
     a.set_latest_forward_done_event(first)
     a.set_inflight_forward(first, out)
@@ -621,7 +674,7 @@ def test_a_fired_event_settles_without_a_wait_and_none_clears(monkeypatch):
     assert not arena.in_flight and stream.waited == [first, second]
 
 
-def test_two_forwards_reported_before_a_call_are_both_pinned(monkeypatch):
+def test_two_forwards_reported_before_a_call_are_both_pinned(stream):
     """Forwards the scheduler launched without an allocator call between
     them are handed over in order: the first's pins are kept (its event has
     not fired), the second's added; one settle waits on the second."""
@@ -632,8 +685,6 @@ def test_two_forwards_reported_before_a_call_are_both_pinned(monkeypatch):
     for ev, out in ((first, one), (second, two)):
         a.set_latest_forward_done_event(ev)
         a.set_inflight_forward(ev, out)
-    stream = _Stream()
-    monkeypatch.setattr(torch.cuda, "current_stream", lambda device=None: stream)
     arena = a.composite.arena
     assert arena.pinned("full").numel() == 2 and stream.waited == []
     a.composite.settle()
@@ -649,12 +700,11 @@ def test_the_event_alone_hands_over_a_forward_that_only_reads():
 
 
 @pytest.mark.parametrize("kind", stacks.KINDS)
-def test_the_step_path_with_a_forward_in_flight_reads_nothing_back(kind, monkeypatch):
+def test_the_step_path_with_a_forward_in_flight_reads_nothing_back(kind, monkeypatch, stream):
     """The hooks, the hand-over (a scatter) and the decode step after it,
     with every sync-forcing tensor method poisoned."""
     a, first = test_host_sync.warm(kind, 4)
     ev = _Event()
-    monkeypatch.setattr(torch.cuda, "current_stream", lambda device=None: _Stream())
     _poison(monkeypatch)
     a.set_latest_forward_done_event(ev)
     a.set_inflight_forward(ev, first)

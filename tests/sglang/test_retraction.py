@@ -196,7 +196,7 @@ def _serve_sglang(kind: str, monkeypatch) -> dict:
     s = RetractingServer(kind, 1, True, None)
     platform = import_sglang("sglang.srt.mem_cache.memory_pool").current_platform
     monkeypatch.setattr(platform, "synchronize", lambda *a, **k: s.gpu.land_all(waited=True), raising=False)
-    with s.gpu.current(), stacks.cpu_kernels():
+    with s.gpu.current(sglang_allocator=True), stacks.cpu_kernels():
         stats = s.serve(12, 160)
         s.resume_all()
     return stats
