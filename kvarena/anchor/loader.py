@@ -57,6 +57,16 @@ class _TorchvisionStub(importlib.abc.MetaPathFinder, importlib.abc.Loader):
         pass
 
 
+def install_torchvision_standin() -> None:
+    """For the rest of this process, the empty module answers sglang's own
+    imports of ``torchvision`` when the real one is not installed (an SGLang
+    engine's processes on CPU: ``kvarena/sglang/cpu_boot``)."""
+    import importlib.util
+
+    if importlib.util.find_spec("torchvision") is None and not any(isinstance(f, _TorchvisionStub) for f in sys.meta_path):
+        sys.meta_path.insert(0, _TorchvisionStub())
+
+
 def installed_version():
     try:
         return importlib.metadata.version("sglang")

@@ -56,6 +56,19 @@ def add_arguments(c: argparse.ArgumentParser) -> None:
     c.add_argument("--seed", type=int, default=0)
     c.add_argument("--json", metavar="PATH", help="write the reports")
     c.add_argument(
+        "--engine",
+        metavar="MODEL_PATH",
+        help="instead: the A/B on SGLang's own Engine with this checkpoint, SGLang's allocator then kvarena's "
+        "(greedy tokens compared request by request; bytes moved, retractions, time per decode step)",
+    )
+    c.add_argument("--requests", type=int, default=16, help="--engine: requests, sent at once (default 16)")
+    c.add_argument("--new-tokens", type=int, default=24, help="--engine: greedy tokens per request (default 24)")
+    c.add_argument("--prompt-tokens", type=int, default=24, help="--engine: tokens per prompt (default 24)")
+    c.add_argument(
+        "--max-total-tokens", type=int, default=256, help="--engine: the token budget (default 256: tight, so both relieve)"
+    )
+    c.add_argument("--plant", help="--engine: run kvarena with a planted bug (relocation-skips-the-bytes)")
+    c.add_argument(
         "--no-install",
         action="store_true",
         help="fail instead of running `pip install --no-deps sglang==0.5.23` when it is missing",
@@ -65,6 +78,13 @@ def add_arguments(c: argparse.ArgumentParser) -> None:
 def run(args: argparse.Namespace) -> int:
     from kvarena.anchor.loader import AnchorUnavailable, ensure_installed
 
+    if args.engine:
+        try:
+            ensure_installed(allow_install=not args.no_install)
+        except AnchorUnavailable as e:
+            print(f"kvarena sglang: {e}", file=sys.stderr)
+            return 2
+        return _engine_ab(args)
     try:
         ensure_installed(allow_install=not args.no_install)
         from . import allocators, factories, stacks, workload
@@ -147,6 +167,52 @@ def run(args: argparse.Namespace) -> int:
     for f in failures:
         print(f"FAIL {f}")
     print(f"kvarena sglang check: {'FAIL' if failures else 'ok'} ({time.perf_counter() - t0:.0f} s)")
+    return 1 if failures else 0
+
+
+def _engine_ab(args: argparse.Namespace) -> int:
+    """``--engine MODEL_PATH``: the checkpoint on SGLang's Engine, once per
+    allocator (``engine.compare``), each page size of ``--page-sizes``; one
+    table row per run."""
+    from rich.console import Console
+    from rich.table import Table
+
+    from . import engine
+
+    cuda = engine.on_cuda()
+    config = json.loads((Path(args.engine) / "config.json").read_text())
+    stack = engine.stack_of(config)
+    vocab = int(config.get("vocab_size") or config.get("text_config", {}).get("vocab_size", 1000))
+    requests = engine.prompts(args.requests, args.prompt_tokens, args.prompt_tokens // 2, groups=3, vocab=vocab)
+    where = "CUDA, SGLang's kernels" if cuda else "CPU: SGLang's CPU engine, Triton interpreted, kvarena's stand-ins"
+    table = Table(title=f"kvarena sglang check --engine {args.engine} ({stack or 'unknown'} stack; {where})")
+    for col in ("ps", "allocator", "tokens", "pages moved", "bytes moved", "retracted", "decode steps", "s / step"):
+        table.add_column(col, justify="left" if col in ("allocator", "tokens", "pages moved") else "right")
+    failures, reports = [], []
+    t0 = time.perf_counter()
+    for ps in args.page_sizes:
+        kw = engine.engine_arguments(stack, ps, args.max_total_tokens, cuda=cuda)
+        theirs, ours = engine.compare(args.engine, requests, args.new_tokens, kw, plant=args.plant)
+        diff = engine.first_difference(ours, theirs)
+        for r in (theirs, ours):
+            reports.append({"page_size": ps, **{k: v for k, v in r.__dict__.items() if k != "log"}})
+            if r.error:
+                failures.append(f"ps={ps} {r.allocator}: {r.error.splitlines()[0] if r.error else ''}")
+                print(r.error, file=sys.stderr)
+            same = "reference" if r is theirs else ("equal" if diff is None else f"differ: request {diff[0]} token {diff[1]}")
+            moved = " ".join(f"{n} {k}" for n, k in r.pages_moved.items()) or "0"
+            table.add_row(
+                str(ps), r.allocator, same, moved, f"{r.bytes_moved:,}", str(r.retracted), str(r.decode_steps),
+                f"{r.seconds_per_step:.3f}",
+            )
+        if diff is not None and not ours.error and not theirs.error:
+            failures.append(f"ps={ps}: kvarena's tokens differ from SGLang's at request {diff[0]}, token {diff[1]}")
+    Console(width=max(Console().width, 110)).print(table)
+    if args.json:
+        Path(args.json).write_text(json.dumps(reports, indent=1) + "\n")
+    for f in failures:
+        print(f"FAIL {f}")
+    print(f"kvarena sglang check --engine: {'FAIL' if failures else 'ok'} ({time.perf_counter() - t0:.0f} s)")
     return 1 if failures else 0
 
 

@@ -115,8 +115,16 @@ def _building(original, module, class_name, ours):
 def plugin() -> None:
     """SGLang's plugin hook (entry point group ``sglang.srt.plugins``, which
     every scheduler process loads before it builds its pools): installs
-    kvarena when ``KVARENA_SGLANG`` asks for it, else does nothing."""
+    kvarena when ``KVARENA_SGLANG`` asks for it; when ``KVARENA_SGLANG_STATS``
+    names a file, records the engine's counters there and puts in the
+    planted bug ``KVARENA_SGLANG_PLANT`` names, if any (``engine.py``, the
+    A/B runs); else does nothing."""
     install_from_env()
+    from . import engine
+
+    engine.plant_from_env()
+    if os.environ.get(engine.STATS_ENV):
+        engine.record(os.environ[engine.STATS_ENV])
 
 
 def install_from_env() -> str | None:
