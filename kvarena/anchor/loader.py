@@ -63,7 +63,9 @@ def install_torchvision_standin() -> None:
     engine's processes on CPU: ``kvarena/sglang/cpu_boot``)."""
     import importlib.util
 
-    if importlib.util.find_spec("torchvision") is None and not any(isinstance(f, _TorchvisionStub) for f in sys.meta_path):
+    if importlib.util.find_spec("torchvision") is None and not any(
+        isinstance(f, _TorchvisionStub) for f in sys.meta_path
+    ):
         sys.meta_path.insert(0, _TorchvisionStub())
 
 

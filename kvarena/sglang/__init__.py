@@ -13,6 +13,12 @@ The allocator classes (``allocators.py``) import sglang, so they load on
 first use: ``kvarena.sglang.UnifiedSWATokenToKVPoolAllocator`` and its two
 siblings.
 
+``engine.py`` runs SGLang's own ``Engine`` and HTTP server on SGLang's
+allocator and on kvarena's and compares their greedy tokens (``kvarena
+sglang check --engine``); on a CPU, ``cpu_ops.py`` stands in for
+``sgl_kernel``'s CPU build, put in every engine process by
+``cpu_boot/sitecustomize.py``.
+
 May import: ``kvarena.spec``, ``kvarena.impl``, ``kvarena.anchor`` (the sglang loader).
 """
 

@@ -65,7 +65,10 @@ def add_arguments(c: argparse.ArgumentParser) -> None:
     c.add_argument("--new-tokens", type=int, default=24, help="--engine: greedy tokens per request (default 24)")
     c.add_argument("--prompt-tokens", type=int, default=24, help="--engine: tokens per prompt (default 24)")
     c.add_argument(
-        "--max-total-tokens", type=int, default=256, help="--engine: the token budget (default 256: tight, so both relieve)"
+        "--max-total-tokens",
+        type=int,
+        default=256,
+        help="--engine: the token budget (default 256: tight, so both relieve)",
     )
     c.add_argument("--plant", help="--engine: run kvarena with a planted bug (relocation-skips-the-bytes)")
     c.add_argument(
@@ -195,14 +198,25 @@ def _engine_ab(args: argparse.Namespace) -> int:
         theirs, ours = engine.compare(args.engine, requests, args.new_tokens, kw, plant=args.plant)
         diff = engine.first_difference(ours, theirs)
         for r in (theirs, ours):
-            reports.append({"page_size": ps, **{k: v for k, v in r.__dict__.items() if k != "log"}})
+            fields = {k: v for k, v in r.__dict__.items() if k != "log"}
+            reports.append({"page_size": ps, "same_tokens_as_sglang": diff is None, **fields})
             if r.error:
                 failures.append(f"ps={ps} {r.allocator}: {r.error.splitlines()[0] if r.error else ''}")
                 print(r.error, file=sys.stderr)
-            same = "reference" if r is theirs else ("equal" if diff is None else f"differ: request {diff[0]} token {diff[1]}")
+            same = (
+                "reference"
+                if r is theirs
+                else ("equal" if diff is None else f"differ: request {diff[0]} token {diff[1]}")
+            )
             moved = " ".join(f"{n} {k}" for n, k in r.pages_moved.items()) or "0"
             table.add_row(
-                str(ps), r.allocator, same, moved, f"{r.bytes_moved:,}", str(r.retracted), str(r.decode_steps),
+                str(ps),
+                r.allocator,
+                same,
+                moved,
+                f"{r.bytes_moved:,}",
+                str(r.retracted),
+                str(r.decode_steps),
                 f"{r.seconds_per_step:.3f}",
             )
         if diff is not None and not ours.error and not theirs.error:

@@ -101,8 +101,15 @@ def causal_conv1d_fn(
         b, dim, length = x.shape
         starts = torch.arange(0, (b + 1) * length, length)
         y = causal_conv1d_fn(
-            x.transpose(0, 1).reshape(dim, b * length), weight, bias, starts, cache_indices,
-            has_initial_state, conv_states, activation, pad_slot_id,
+            x.transpose(0, 1).reshape(dim, b * length),
+            weight,
+            bias,
+            starts,
+            cache_indices,
+            has_initial_state,
+            conv_states,
+            activation,
+            pad_slot_id,
         )
         return y.reshape(dim, b, length).transpose(0, 1)
     dim, total = x.shape
@@ -160,7 +167,7 @@ def causal_conv1d_update(
         raise NotImplementedError("causal_conv1d_update: kvarena's stand-in has no circular-buffer conv state")
     squeeze = x.dim() == 2
     xs = x.unsqueeze(-1) if squeeze else x
-    batch, dim, length = xs.shape
+    batch = xs.shape[0]
     width = weight.shape[1]
     keep = conv_state.shape[-1]
     slots = torch.arange(batch) if conv_state_indices is None else conv_state_indices.to(torch.int64)
@@ -236,7 +243,7 @@ _LIBRARY: list = []  # the torch.library fragment, kept alive
 
 
 def _declare_ops() -> None:
-    if _LIBRARY or hasattr(torch.ops, NAME) and all(hasattr(getattr(torch.ops, NAME), n) for n in DECLARED):
+    if _LIBRARY or (hasattr(torch.ops, NAME) and all(hasattr(getattr(torch.ops, NAME), n) for n in DECLARED)):
         return
     lib = torch.library.Library(NAME, "FRAGMENT")
     for name, schema in DECLARED.items():

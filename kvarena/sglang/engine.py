@@ -89,7 +89,13 @@ def checkpoint(stack: str, path: str | os.PathLike, seed: int = 0) -> Path:
 def _config(stack: str) -> Any:
     import transformers
 
-    common = {"vocab_size": 512, "bos_token_id": 1, "eos_token_id": 2, "pad_token_id": 0, "initializer_range": 0.2}
+    common: dict[str, Any] = {
+        "vocab_size": 512,
+        "bos_token_id": 1,
+        "eos_token_id": 2,
+        "pad_token_id": 0,
+        "initializer_range": 0.2,
+    }
     if stack == "swa":
         # two sliding-window layers (a window of 8 tokens) and two full ones, dense MLPs
         return transformers.MellumConfig(
@@ -275,7 +281,9 @@ def run(
             if key in counted:
                 setattr(result, key, counted[key])
         if result.kvarena != (allocator == "kvarena"):
-            result.error = f"asked for {allocator}'s allocator, the scheduler built {'kvarena' if result.kvarena else 'sglang'}'s"
+            result.error = (
+                f"asked for {allocator}'s allocator, the scheduler built {'kvarena' if result.kvarena else 'sglang'}'s"
+            )
         return result
 
 
@@ -332,7 +340,6 @@ def serve(
     stops its whole process tree on the way out.  The scheduler records its
     counters in ``stats``."""
     import signal
-    import urllib.request
 
     env = dict(os.environ) if engine.get("device") != "cpu" else cpu_environment()
     env.pop(ENV, None)
@@ -341,37 +348,40 @@ def serve(
         env[ENV] = "1"
     env[STATS_ENV] = str(stats)
     env |= environment or {}
-    log = tempfile.TemporaryFile(mode="w+")
-    proc = subprocess.Popen(
-        server_command(model, port, engine), env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True
-    )
-    url = f"http://127.0.0.1:{port}"
-    try:
-        deadline = time.monotonic() + boot_timeout
-        while True:
-            if proc.poll() is not None:
-                log.seek(0)
-                raise RuntimeError(f"the server exited with {proc.returncode}:\n{log.read()[-8000:]}")
-            try:
-                with urllib.request.urlopen(f"{url}/health", timeout=5) as r:
-                    if r.status == 200:
-                        break
-            except OSError:
-                pass
-            if time.monotonic() > deadline:
-                raise TimeoutError(f"the server did not answer /health in {boot_timeout} s")
-            time.sleep(1)
-        yield url
-    finally:
-        with contextlib.suppress(ProcessLookupError):
-            os.killpg(proc.pid, signal.SIGTERM)
+    with tempfile.TemporaryFile(mode="w+") as log:
+        proc = subprocess.Popen(
+            server_command(model, port, engine), env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True
+        )
         try:
-            proc.wait(timeout=30)
-        except subprocess.TimeoutExpired:
+            yield _wait_for_health(proc, log, f"http://127.0.0.1:{port}", boot_timeout)
+        finally:
             with contextlib.suppress(ProcessLookupError):
-                os.killpg(proc.pid, signal.SIGKILL)
-            proc.wait()
-        log.close()
+                os.killpg(proc.pid, signal.SIGTERM)
+            try:
+                proc.wait(timeout=30)
+            except subprocess.TimeoutExpired:
+                with contextlib.suppress(ProcessLookupError):
+                    os.killpg(proc.pid, signal.SIGKILL)
+                proc.wait()
+
+
+def _wait_for_health(proc: subprocess.Popen, log: Any, url: str, timeout: float) -> str:
+    import urllib.request
+
+    deadline = time.monotonic() + timeout
+    while True:
+        if proc.poll() is not None:
+            log.seek(0)
+            raise RuntimeError(f"the server exited with {proc.returncode}:\n{log.read()[-8000:]}")
+        try:
+            with urllib.request.urlopen(f"{url}/health", timeout=5) as r:
+                if r.status == 200:
+                    return url
+        except OSError:
+            pass
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"the server did not answer /health in {timeout} s")
+        time.sleep(1)
 
 
 # ------------------------------------------------------------------ inside the engine's processes
@@ -450,7 +460,7 @@ def _answer_torch_cuda_stream_on_cpu() -> None:
     import torch
 
     if not torch.cuda.is_available():
-        torch.cuda.current_stream = lambda device=None: torch.cpu.current_stream()
+        setattr(torch.cuda, "current_stream", lambda device=None: torch.cpu.current_stream())  # noqa: B010
 
 
 def _skip_the_bytes(alloc: Any, name: str, dst: Any, src: Any) -> None:
@@ -485,7 +495,7 @@ def plant_from_env() -> None:
 
     where, bug = PLANTS[name]
     if where == "_move_pages":
-        allocators._Dropin._move_pages = lambda self, pool, dst, src: bug(self, pool, dst, src)
+        setattr(allocators._Dropin, "_move_pages", lambda self, pool, dst, src: bug(self, pool, dst, src))  # noqa: B010
     else:
         allocators._translate = bug(allocators._translate)
 
@@ -515,4 +525,3 @@ def main(argv: list[str] | None = None) -> None:
 
 if __name__ == "__main__":
     main()
-

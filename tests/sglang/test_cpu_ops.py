@@ -89,12 +89,14 @@ def test_causal_conv1d_update_rolls_each_window(seed, tokens):
 
 def test_an_op_with_no_standin_names_itself():
     mod = cpu_ops.module()
-    with pytest.raises(NotImplementedError, match="sgl_kernel.fused_experts_cpu"):
+    with pytest.raises(NotImplementedError, match=r"sgl_kernel\.fused_experts_cpu"):
         mod.fused_experts_cpu(torch.zeros(1))
-    with pytest.raises(NotImplementedError, match="sgl_kernel.mamba.causal_conv1d_update_cpu"):
+    with pytest.raises(NotImplementedError, match=r"sgl_kernel\.mamba\.causal_conv1d_update_cpu"):
         cpu_ops.module("sgl_kernel.mamba").causal_conv1d_update_cpu(torch.zeros(1))
     with pytest.raises(NotImplementedError, match="circular-buffer"):
-        cpu_ops.causal_conv1d_update(torch.zeros(1, 2), torch.zeros(1, 2, 3), torch.zeros(2, 4), cache_seqlens=torch.zeros(1))
+        cpu_ops.causal_conv1d_update(
+            torch.zeros(1, 2), torch.zeros(1, 2, 3), torch.zeros(2, 4), cache_seqlens=torch.zeros(1)
+        )
 
 
 def test_the_boot_folder_puts_the_standins_in_a_fresh_interpreter():
