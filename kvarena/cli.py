@@ -65,7 +65,10 @@ COMMANDS = (
     Command("policies", "anchor policy vs chain planner on the same random traces", "kvarena.sim.policies"),
     Command("conform", "differential campaign against the anchor's allocator (sglang 0.5.23)", "kvarena.anchor.cli"),
     Command(
-        "sglang", "SGLang's own unified-memory stacks on kvarena: check them on this install", "kvarena.sglang.cli"
+        "sglang",
+        "SGLang's own unified-memory stacks on kvarena: check them on this install",
+        "kvarena.sglang.cli",
+        value_error_is_usage=True,
     ),
 )
 

@@ -70,7 +70,18 @@ def add_arguments(c: argparse.ArgumentParser) -> None:
         default=256,
         help="--engine: the token budget (default 256: tight, so both relieve)",
     )
-    c.add_argument("--plant", help="--engine: run kvarena with a planted bug (relocation-skips-the-bytes)")
+    c.add_argument(
+        "--engine-arg",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="--engine: one more of sglang.Engine's keywords (VALUE read as JSON where it parses: "
+        "--engine-arg max_mamba_cache_size=96); SGLANG_* settings come from the environment",
+    )
+    c.add_argument(
+        "--plant",
+        help="--engine: run kvarena with a planted bug (relocation-skips-the-bytes, translation-one-page-off)",
+    )
     c.add_argument(
         "--no-install",
         action="store_true",
@@ -194,7 +205,7 @@ def _engine_ab(args: argparse.Namespace) -> int:
     failures, reports = [], []
     t0 = time.perf_counter()
     for ps in args.page_sizes:
-        kw = engine.engine_arguments(stack, ps, args.max_total_tokens, cuda=cuda)
+        kw = engine.engine_arguments(stack, ps, args.max_total_tokens, cuda=cuda, **_engine_args(args.engine_arg))
         theirs, ours = engine.compare(args.engine, requests, args.new_tokens, kw, plant=args.plant)
         diff = engine.first_difference(ours, theirs)
         for r in (theirs, ours):
@@ -228,6 +239,20 @@ def _engine_ab(args: argparse.Namespace) -> int:
         print(f"FAIL {f}")
     print(f"kvarena sglang check --engine: {'FAIL' if failures else 'ok'} ({time.perf_counter() - t0:.0f} s)")
     return 1 if failures else 0
+
+
+def _engine_args(pairs: list[str]) -> dict:
+    """``KEY=VALUE`` pairs as keywords, each value read as JSON where it parses (else the string)."""
+    kw = {}
+    for pair in pairs:
+        key, sep, value = pair.partition("=")
+        if not sep or not key:
+            raise ValueError(f"--engine-arg {pair!r}: write KEY=VALUE")
+        try:
+            kw[key] = json.loads(value)
+        except json.JSONDecodeError:
+            kw[key] = value
+    return kw
 
 
 def _extra_buffer_phase(args: argparse.Namespace, workload, console, reports: list[dict]) -> list[str]:

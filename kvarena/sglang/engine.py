@@ -168,6 +168,7 @@ def stack_of(config: dict) -> str | None:
 
 
 def on_cuda() -> bool:
+    """Whether torch here has CUDA (then SGLang's own kernels run), else the CPU engine."""
     import torch
 
     return torch.cuda.is_available()
@@ -516,6 +517,7 @@ def _child(spec_path: str, out_path: str) -> None:
 
 
 def main(argv: list[str] | None = None) -> None:
+    """``python -m kvarena.sglang.engine SPEC OUT``: one run's child process."""
     p = argparse.ArgumentParser(description="one engine run (kvarena.sglang.engine.run's child process)")
     p.add_argument("spec")
     p.add_argument("out")
