@@ -176,12 +176,7 @@ def run(args: argparse.Namespace) -> int:
         f"factories: kvarena's allocators after install(), SGLang's after uninstall(): "
         f"{'ok' if not any('factory' in f for f in failures) else 'FAIL'}"
     )
-    if args.json:
-        Path(args.json).write_text(json.dumps(reports, indent=1) + "\n")
-    for f in failures:
-        print(f"FAIL {f}")
-    print(f"kvarena sglang check: {'FAIL' if failures else 'ok'} ({time.perf_counter() - t0:.0f} s)")
-    return 1 if failures else 0
+    return _finish(args, reports, failures, "kvarena sglang check", t0)
 
 
 def _engine_ab(args: argparse.Namespace) -> int:
@@ -233,11 +228,16 @@ def _engine_ab(args: argparse.Namespace) -> int:
         if diff is not None and not ours.error and not theirs.error:
             failures.append(f"ps={ps}: kvarena's tokens differ from SGLang's at request {diff[0]}, token {diff[1]}")
     Console(width=max(Console().width, 110)).print(table)
+    return _finish(args, reports, failures, "kvarena sglang check --engine", t0)
+
+
+def _finish(args: argparse.Namespace, reports: list[dict], failures: list[str], what: str, t0: float) -> int:
+    """Write the reports (``--json``), print the failures and the verdict; the exit status."""
     if args.json:
         Path(args.json).write_text(json.dumps(reports, indent=1) + "\n")
     for f in failures:
         print(f"FAIL {f}")
-    print(f"kvarena sglang check --engine: {'FAIL' if failures else 'ok'} ({time.perf_counter() - t0:.0f} s)")
+    print(f"{what}: {'FAIL' if failures else 'ok'} ({time.perf_counter() - t0:.0f} s)")
     return 1 if failures else 0
 
 

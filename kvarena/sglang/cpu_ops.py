@@ -243,7 +243,7 @@ _LIBRARY: list = []  # the torch.library fragment, kept alive
 
 
 def _declare_ops() -> None:
-    if _LIBRARY or (hasattr(torch.ops, NAME) and all(hasattr(getattr(torch.ops, NAME), n) for n in DECLARED)):
+    if _LIBRARY:  # declared once a process (install() runs only without the real sgl_kernel)
         return
     lib = torch.library.Library(NAME, "FRAGMENT")
     for name, schema in DECLARED.items():

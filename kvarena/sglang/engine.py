@@ -89,38 +89,33 @@ def checkpoint(stack: str, path: str | os.PathLike, seed: int = 0) -> Path:
 def _config(stack: str) -> Any:
     import transformers
 
+    # every stack: 4 layers of width 64 (4 heads, 2 KV heads), float32 weights large enough to move every output
     common: dict[str, Any] = {
         "vocab_size": 512,
         "bos_token_id": 1,
         "eos_token_id": 2,
         "pad_token_id": 0,
         "initializer_range": 0.2,
+        "hidden_size": 64,
+        "intermediate_size": 128,
+        "num_attention_heads": 4,
+        "num_key_value_heads": 2,
+        "num_hidden_layers": 4,
+        "max_position_embeddings": 1024,
     }
     if stack == "swa":
         # two sliding-window layers (a window of 8 tokens) and two full ones, dense MLPs
         return transformers.MellumConfig(
-            hidden_size=64,
-            intermediate_size=128,
             head_dim=16,
-            num_attention_heads=4,
-            num_key_value_heads=2,
-            num_hidden_layers=4,
             layer_types=["sliding_attention", "full_attention"] * 2,
             mlp_layer_types=["dense"] * 4,
             sliding_window=8,
-            max_position_embeddings=1024,
             **common,
         )
     if stack == "mamba":
         # conv, full, conv, full: LFM2's gated short convolution (a conv state of 2 inputs) and attention
         return transformers.Lfm2Config(
-            hidden_size=64,
-            intermediate_size=128,
-            num_attention_heads=4,
-            num_key_value_heads=2,
-            num_hidden_layers=4,
             layer_types=["conv", "full_attention"] * 2,
-            max_position_embeddings=1024,
             conv_L_cache=3,
             conv_bias=False,
             block_auto_adjust_ff_dim=False,
@@ -255,17 +250,9 @@ def run(
         raise ValueError(f"allocator must be one of {ALLOCATORS}, got {allocator!r}")
     if plant is not None and plant not in PLANTS:
         raise ValueError(f"plant must be one of {sorted(PLANTS)}, got {plant!r}")
-    env = dict(os.environ) if engine.get("device") not in ("cpu",) else cpu_environment()
-    env.pop(ENV, None)
-    env.pop(PLANT_ENV, None)
-    if allocator == "kvarena":
-        env[ENV] = "1"
-    if plant is not None:
-        env[PLANT_ENV] = plant
-    env |= environment or {}
     with tempfile.TemporaryDirectory(prefix="kvarena-engine-") as tmp:
         spec, out, stats = Path(tmp, "spec.json"), Path(tmp, "out.json"), Path(tmp, "stats.json")
-        env[STATS_ENV] = str(stats)
+        env = _environment(engine, allocator, stats, plant, environment)
         spec.write_text(
             json.dumps({"model": str(model), "requests": requests, "max_new_tokens": max_new_tokens, "engine": engine})
         )
@@ -286,6 +273,27 @@ def run(
                 f"asked for {allocator}'s allocator, the scheduler built {'kvarena' if result.kvarena else 'sglang'}'s"
             )
         return result
+
+
+def _environment(
+    engine: dict[str, Any],
+    allocator: str,
+    stats: str | os.PathLike,
+    plant: str | None,
+    environment: dict[str, str] | None,
+) -> dict[str, str]:
+    """An engine run's environment: this process's (``cpu_environment`` on a
+    CPU), kvarena switched on by the hook or not, the counters' file, the
+    planted bug if any, then ``environment``."""
+    env = cpu_environment() if engine.get("device") == "cpu" else dict(os.environ)
+    env.pop(ENV, None)
+    env.pop(PLANT_ENV, None)
+    if allocator == "kvarena":
+        env[ENV] = "1"
+    if plant is not None:
+        env[PLANT_ENV] = plant
+    env[STATS_ENV] = str(stats)
+    return env | (environment or {})
 
 
 def first_difference(a: Run, b: Run) -> tuple[int, int] | None:
@@ -342,13 +350,7 @@ def serve(
     counters in ``stats``."""
     import signal
 
-    env = dict(os.environ) if engine.get("device") != "cpu" else cpu_environment()
-    env.pop(ENV, None)
-    env.pop(PLANT_ENV, None)
-    if allocator == "kvarena":
-        env[ENV] = "1"
-    env[STATS_ENV] = str(stats)
-    env |= environment or {}
+    env = _environment(engine, allocator, stats, None, environment)
     with tempfile.TemporaryFile(mode="w+") as log:
         proc = subprocess.Popen(
             server_command(model, port, engine), env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True
