@@ -1386,6 +1386,18 @@ class Arena:
                 b.g_lo, b.g_hi = b.g_lo + lo, min(b.g_hi + hi, b.n_holes)
         return None
 
+    def prewarm(self) -> int:
+        """Compile and run every kernel variant this arena's step can launch,
+        on no work (``kernels.prewarm``; docs/design.md §14): nothing changes.
+        On the torch path, 0: its kernels are torch's own, built already.
+
+        Returns:
+            The launches made.
+        """
+        if self._kernels != "triton":
+            return 0
+        return launches.prewarm(self.device, [b.free_ids is not None for b in self.bands.values()])
+
     @_all_or_nothing
     def free_live(self, name: str, tokens: torch.Tensor, page_size: int, count: int) -> None:
         """Free the distinct live ids among ``tokens // page_size``, ascending:

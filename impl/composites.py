@@ -858,7 +858,13 @@ class _Composite:
         Raises:
             ValueError: a token is not an int, is repeated or is not live in full; nothing changed.
         """
-        toks = self._vec("free: token_ids", token_ids).tolist()  # SYNC: validation (cold path)
+        self._free_pages(self._pages_to_free(token_ids))
+        return None
+
+    def _pages_to_free(self, token_ids: IntsLike) -> list[int]:
+        """``free``'s pages, ascending, once every token is checked (SYNC:
+        validation, the checked path: the tokens and the rows they name)."""
+        toks = self._vec("free: token_ids", token_ids).tolist()  # SYNC: validation (checked path)
         ps = self.page_size
         if len(set(toks)) != len(toks):
             raise ValueError(f"free: pool 'full': a token is repeated in {toks}")
@@ -866,23 +872,107 @@ class _Composite:
         named = sorted({t // ps for t in toks if t >= 0 and 0 < t // ps < n})
         rows = self.arena.v2p_at(FULL, torch.tensor(named, dtype=I64, device=self.device)).tolist()  # SYNC: validation
         v2p = dict(zip(named, rows))  # only the rows named: a free reads its pages, not the table
-        page_set: set[int] = set()
         for t in toks:
             _live_token(v2p, t, ps, "free: pool 'full': token", n)
-            page_set.add(t // ps)
-        pages = sorted(page_set)
+        return sorted({t // ps for t in toks})
+
+    def _swa_live(self, pages: list[int]) -> list[int]:
+        """Those of ``pages`` whose swa entry is live (SYNC: the checked path)."""
+        if not self._has(SWA) or not pages:
+            return []
+        swa = self.arena.v2p_at(SWA, torch.tensor(pages, dtype=I64, device=self.device)).tolist()  # SYNC: checked
+        return [p for p, s in zip(pages, swa) if s > 0]
+
+    def _free_pages(self, pages: list[int], live: list[int] | None = None) -> None:
+        """Free checked pages: their live swa entries (``live``, else read)
+        first, a borrowed id leaving its borrower before its lender, then
+        full; one ``atomic()`` scope."""
         if not pages:
             return None
-        ids = torch.tensor(pages, dtype=I64, device=self.device)
         with self.arena.atomic():  # both frees or neither
-            if self._has(SWA):
-                swa = self.arena.v2p_at(SWA, ids).tolist()  # SYNC: cold path
-                live = [p for p, s in zip(pages, swa) if s > 0]
-                if live:
-                    # in flight, checked: the arena counts the freed pins exactly (docs/design.md §12)
-                    self.arena.free(SWA, torch.tensor(live, dtype=I64, device=self.device), check=self.arena.in_flight)
+            live = self._swa_live(pages) if live is None else live
+            if live:
+                # in flight, checked: the arena counts the freed pins exactly (docs/design.md §12)
+                self.arena.free(SWA, torch.tensor(live, dtype=I64, device=self.device), check=self.arena.in_flight)
+            ids = torch.tensor(pages, dtype=I64, device=self.device)
             self.arena.free(FULL, ids, check=self.arena.in_flight)
         return None
+
+    def free_segment(
+        self, token_ids: IntsLike, start_pos: int, check: bool = True, *, num_live: int | None = None
+    ) -> None:
+        """The per-step free of a request's segment; as the spec's: ``free``
+        of the page representatives ``token_ids[::ps]`` (``start_pos`` a
+        non-negative multiple of ``ps``), swa entries still live first,
+        then full, both ascending.  One ``atomic()`` scope.
+
+        ``num_live`` is the engine's host copy of how many of the
+        representatives' swa entries are live.  The checked path compares
+        it in its validation (a disagreement is a ``ValueError``, nothing
+        changed).  ``check=False``, the engine's step: ``token_ids`` is a
+        1-D int64 tensor on the arena's device whose representatives are
+        live in full, one per page, ``start_pos`` is not looked at, and
+        ``num_live`` is taken as right: nothing is read back (the counts
+        are shapes and ``num_live``; one sort orders the pages, and where
+        only some swa entries are live ``free_live`` picks them).  Without
+        ``num_live`` there, one documented read counts them
+        (docs/design.md §6, §8).
+
+        Args:
+            token_ids: a request's tokens from ``start_pos`` on.
+            start_pos: the position of ``token_ids[0]``.
+            check: False for the engine's step.
+            num_live: the live swa entries among the representatives, or None.
+
+        Raises:
+            ValueError: (checked) a bad ``start_pos``, a representative that
+                ``free`` refuses or a wrong ``num_live``; (trusted) a
+                ``num_live`` that is not an int in ``[0, representatives]``.
+                Nothing has changed.
+        """
+        ps = self.page_size
+        if check:
+            start = _int("free_segment: start_pos", start_pos)
+            if start < 0 or start % ps:
+                raise ValueError(f"free_segment: start_pos {start} must be a non-negative multiple of page_size {ps}")
+            pages = self._pages_to_free(self._vec("free_segment: token_ids", token_ids)[::ps])
+            live = self._swa_live(pages)
+            if num_live is not None and _int("free_segment: num_live", num_live) != len(live):
+                raise ValueError(
+                    f"free_segment: pool 'swa': num_live {num_live} disagrees with the {len(live)} live pages"
+                )
+            self._free_pages(pages, live)
+            return None
+        reps = cast(torch.Tensor, token_ids)[::ps]
+        k = reps.numel()  # a shape: no read
+        if num_live is not None and not 0 <= _int("free_segment: num_live", num_live) <= k:
+            raise ValueError(f"free_segment: pool 'swa': num_live {num_live} outside [0, {k}]")
+        if num_live and not self._has(SWA):
+            raise ValueError(f"free_segment: num_live {num_live}: {type(self).__name__} has no swa pool")
+        if k == 0:
+            return None
+        ids = torch.sort(torch.div(reps, ps, rounding_mode="floor")).values
+        with self.arena.atomic():  # both frees or neither
+            if self._has(SWA):
+                n = self._swa_live_count(reps) if num_live is None else num_live  # SYNC: without the host copy
+                if n == k:
+                    self.arena.free(SWA, ids, check=False)
+                elif n:
+                    self.arena.free_live(SWA, reps, ps, n)
+            self.arena.free(FULL, ids, check=False)
+        return None
+
+    def _swa_live_count(self, reps: torch.Tensor) -> int:
+        """How many distinct pages of these representatives have a live swa
+        entry (0 without swa).  SYNC: one read, the checked path's or a
+        trusted call's without the engine's host copy."""
+        if not self._has(SWA):
+            return 0
+        end = self._id_end[SWA]
+        page = torch.div(torch.clamp(reps, -1, end * self.page_size - 1), self.page_size, rounding_mode="floor")
+        _, count = live_once(page, self.arena.v2p_at(SWA, torch.clamp(page, min=0)) > 0, end)
+        (n,) = _host_read(count)
+        return n
 
     # --------------------------------------------------------- relief
 
@@ -1304,16 +1394,23 @@ class _WithState(_Composite):
                 ids = self.arena.alloc(STATE, n)
             return ids
 
-    def free_state(self, slots: IntsLike) -> None:
-        """Free state slots (docs/design.md §6).
+    def free_state(self, slots: IntsLike, check: bool = True) -> None:
+        """Free state slots (docs/design.md §6).  ``check=False``, the
+        engine's step (a finished request's slot): ``slots`` is an int64
+        tensor on the arena's device of live slots, each once, and nothing
+        is read back (``Arena.free(check=False)``).
 
         Args:
             slots: slot ids, each live once.
+            check: False for the engine's step.
 
         Raises:
-            ValueError: a slot is unknown, freed, repeated, 0 or out of range;
-                nothing changed.
+            ValueError: (checked) a slot is unknown, freed, repeated, 0 or
+                out of range; nothing changed.
         """
+        if not check:
+            self.arena.free(STATE, cast(torch.Tensor, slots).reshape(-1), check=False)
+            return None
         ids = self._vec("free_state: slots", slots)
         try:
             self.arena.free(STATE, ids)  # validates every slot first

@@ -23,7 +23,7 @@ import contextlib
 import functools
 import os
 import sys
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from typing import Any, NamedTuple
 
 import torch
@@ -335,3 +335,52 @@ def translate(tokens: torch.Tensor, out: torch.Tensor, v2p: torch.Tensor, n_ids:
     """
     n = tokens.numel()
     launch(_triton().translate_kernel, _blocks(n), tokens, out, n, v2p, n_ids, page_size, BLOCK=BLOCK)
+
+
+def prewarm(device: torch.device, queues: Iterable[bool]) -> int:
+    """Compile and run every variant of the step's kernels that serving can
+    launch, each once on no work, before serving (SGLang's
+    ``prewarm_compaction``; docs/design.md §14).  A first compile while
+    serving stalls the scheduler, and a first launch can take device memory
+    outside every pool, which an urgent relocation under a full pool then
+    lacks.  The kernels specialize on no int and no alignment
+    (``impl/triton_kernels.py``), so a variant is a choice of constexprs:
+    a bind with and without a borrower (plain, decode, extend); a free and a
+    window's free, into a ring or not (``queues``: a lender's band keeps
+    one, a borrower's none), with and without a forward in flight, the
+    window's at every sort width; the translation.  Every count is 0: no
+    lane reads or writes a table.
+
+    Args:
+        device: where the arena's tables live.
+        queues: for each band that frees, whether it keeps a free-id ring.
+
+    Returns:
+        The launches made.
+    """
+    tk, made = _triton(), 0
+
+    def counted(kernel: Any, go: Callable[[], None]) -> None:
+        nonlocal made
+        made += 1
+        go()
+
+    z = torch.zeros(SORT_WIDTH, dtype=torch.int64, device=device)  # scratch: no lane of these launches writes it
+    none, ring = z[:0], Ring(z, 0, 1)
+    side = Side(z, z, none, 0, z)
+    with wrapped(counted):
+        for borrower in (None, side):
+            bind(0, ring, z, side, borrower, None)
+            bind(0, ring, z, side, borrower, DecodeSlots(none, none, 1, z))
+            one = z[:1]  # one request of no new token: its program binds nothing
+            bind(0, ring, z, side, borrower, ExtendSlots(one, one, one, 1, z))
+        for queue in sorted(set(queues)):
+            for guard in (None, z):
+                drop = Drop(z, ring if queue else None, z, guard, guard)
+                free(none, z, z, drop)
+                width = 16
+                while width <= SORT_WIDTH:
+                    free_live(z[:width], 1, 1, 0, z, z, drop)
+                    width *= 2
+        launch(tk.translate_kernel, _blocks(0), none, none, 0, z, 1, 1, BLOCK=BLOCK)
+    return made

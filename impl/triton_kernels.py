@@ -16,12 +16,20 @@ needs them (``impl/journal.py``).
 
 All index arithmetic is int64.  No int argument is specialized on
 (``do_not_specialize``): a count or a frontier takes any value from step to
-step, and each specialization would be another compile.  ``//`` and ``%`` are C's here (they round
+step, and each specialization would be another compile.  Nor is a tensor's
+alignment (``do_not_specialize_on_alignment``): a caller's slice of a row
+or of the hole reserve starts anywhere.  So a kernel compiles once per
+constexpr choice and dtype, which ``kernels.prewarm`` makes before serving
+(docs/design.md §14).  ``//`` and ``%`` are C's here (they round
 toward zero), so every operand they see is kept non-negative.
 """
 
 import triton
 import triton.language as tl
+
+# Every tensor argument, by kernel family: none is specialized on its alignment.
+_TABLES = ["v2p_a", "p2v_a", "first_a", "pages_a", "v2p_b", "p2v_b", "first_b", "pages_b"]
+_DROP = ["v2p", "p2v", "pages_out", "q", "holes_out", "guard", "old_out"]
 
 
 @triton.jit
@@ -51,7 +59,10 @@ def _bind(
     return vid
 
 
-@triton.jit(do_not_specialize=["n", "q_head", "q_cap", "n_first_a", "ext_a", "n_first_b", "ext_b"])
+@triton.jit(
+    do_not_specialize=["n", "q_head", "q_cap", "n_first_a", "ext_a", "n_first_b", "ext_b"],
+    do_not_specialize_on_alignment=["q", "ids_out", *_TABLES],
+)
 def bind_kernel(
     n, q, q_head, q_cap, ids_out,
     v2p_a, p2v_a, first_a, n_first_a, ext_a, pages_a,
@@ -89,7 +100,10 @@ def bind_kernel(
     )  # fmt: skip
 
 
-@triton.jit(do_not_specialize=["batch", "ps", "q_head", "q_cap", "n_first_a", "ext_a", "n_first_b", "ext_b"])
+@triton.jit(
+    do_not_specialize=["batch", "ps", "q_head", "q_cap", "n_first_a", "ext_a", "n_first_b", "ext_b"],
+    do_not_specialize_on_alignment=["seq", "loc", "slots_out", "q", "ids_out", *_TABLES],
+)
 def decode_kernel(
     seq, loc, slots_out, batch, ps,
     q, q_head, q_cap, ids_out,
@@ -147,7 +161,10 @@ def decode_kernel(
     tl.store(slots_out + i, tl.where(opens, vid * ps, last + 1), mask=m)
 
 
-@triton.jit(do_not_specialize=["ps", "q_head", "q_cap", "n_first_a", "ext_a", "n_first_b", "ext_b"])
+@triton.jit(
+    do_not_specialize=["ps", "q_head", "q_cap", "n_first_a", "ext_a", "n_first_b", "ext_b"],
+    do_not_specialize_on_alignment=["prefix", "seq", "loc", "slots_out", "q", "ids_out", *_TABLES],
+)
 def extend_kernel(
     prefix, seq, loc, slots_out, ps,
     q, q_head, q_cap, ids_out,
@@ -237,7 +254,7 @@ def _free_id(
         tl.store(guard + page, tl.minimum(old, FREED), mask=m)
 
 
-@triton.jit(do_not_specialize=["n", "q_tail", "q_cap"])
+@triton.jit(do_not_specialize=["n", "q_tail", "q_cap"], do_not_specialize_on_alignment=["ids", *_DROP])
 def free_kernel(
     ids, n, v2p, p2v, pages_out, q, q_tail, q_cap, holes_out, guard, old_out,
     QUEUE: tl.constexpr, HOLES: tl.constexpr, GUARD: tl.constexpr, FREED: tl.constexpr, BLOCK: tl.constexpr,
@@ -268,7 +285,10 @@ def free_kernel(
     _free_id(vid, m, k, v2p, p2v, pages_out, q, q_tail, q_cap, holes_out, guard, old_out, QUEUE, HOLES, GUARD, FREED)
 
 
-@triton.jit(do_not_specialize=["stride", "n_tokens", "ps", "end", "count", "q_tail", "q_cap"])
+@triton.jit(
+    do_not_specialize=["stride", "n_tokens", "ps", "end", "count", "q_tail", "q_cap"],
+    do_not_specialize_on_alignment=["tokens", "ids_out", *_DROP],
+)
 def free_live_kernel(
     tokens, stride, n_tokens, ps, end, count, ids_out,
     v2p, p2v, pages_out, q, q_tail, q_cap, holes_out, guard, old_out,
@@ -324,7 +344,7 @@ def free_live_kernel(
     )
 
 
-@triton.jit(do_not_specialize=["n", "n_ids", "ps"])
+@triton.jit(do_not_specialize=["n", "n_ids", "ps"], do_not_specialize_on_alignment=["tokens", "slots_out", "v2p"])
 def translate_kernel(tokens, slots_out, n, v2p, n_ids, ps, BLOCK: tl.constexpr):
     """Slots ``v2p[t // ps] * ps + t % ps``; a dead row, the sink's, and an
     id out of range (below 0 or past ``n_ids``: the ``-1`` sentinel's row) give 0 (docs/design.md §14).

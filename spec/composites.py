@@ -467,6 +467,10 @@ class _Composite:
         post: all(p == 0 for p in self.translate(token_ids))
         raises: ValueError
         """
+        self._free_pages(self._pages_to_free(token_ids))
+
+    def _pages_to_free(self, token_ids: Sequence[int]) -> list[int]:
+        """``free``'s pages, ascending, once every token is checked."""
         toks = _ints("free: token_ids", token_ids)
         seen: set[int] = set()
         for t in toks:
@@ -474,11 +478,65 @@ class _Composite:
                 raise ValueError(f"free: token {t} is repeated")
             seen.add(t)
         full = self.arena.v2p(FULL)
-        pages = sorted({self._token_page(full, t, "free: token") for t in toks})
+        return sorted({self._token_page(full, t, "free: token") for t in toks})
+
+    def _swa_live(self, pages: list[int]) -> list[int]:
+        """Those of ``pages`` whose swa entry is live (none without swa)."""
+        if not self._has(SWA):
+            return []
+        swa = self.arena.v2p(SWA)
+        return [p for p in pages if swa[p] > 0]
+
+    def _free_pages(self, pages: list[int]) -> None:
+        """A borrowed id leaves its borrower before its lender: the live swa
+        entries first, then the full pages."""
         if self._has(SWA):
-            swa = self.arena.v2p(SWA)
-            self.arena.free(SWA, [p for p in pages if swa[p] > 0])
+            self.arena.free(SWA, self._swa_live(pages))
         self.arena.free(FULL, pages)
+
+    def free_segment(self, token_ids: Sequence[int], start_pos: int, *, num_live: int | None = None) -> None:
+        """The per-step free of a request's segment (docs/design.md §6;
+        docs/anchor.md §1, ``free_segment``): a finished request's rows, a
+        tree node's value.
+
+        ``start_pos`` (the position of ``token_ids[0]`` in its request)
+        must be a non-negative multiple of ``ps``; the page
+        representatives are ``token_ids[::ps]``, one per page, and only
+        they are read.  It is ``free`` of the representatives: each must
+        be live in full, the swa entries still live go first, then the
+        full pages, both ascending.
+
+        ``num_live`` is the engine's host copy of how many of those swa
+        entries are live (all of them for a segment whose window is live,
+        0 for one the window has left; 0 or None where there is no swa).
+        It must be right, else ``ValueError``; with it the
+        implementation's trusted path reads nothing back (docs/design.md §8).
+
+        Args:
+            token_ids: a request's tokens from position ``start_pos`` on.
+            start_pos: the position of ``token_ids[0]``, a multiple of ``ps``.
+            num_live: the live swa entries among the representatives, as
+                the engine knows it, or None.
+
+        Raises:
+            ValueError: ``start_pos`` not a non-negative multiple of ``ps``,
+                a representative that ``free`` refuses, or a ``num_live``
+                that is not that number; nothing has changed.
+
+        post: all(p == 0 for p in self.translate(token_ids[:: self.page_size]))
+        raises: ValueError
+        """
+        ps = self.page_size
+        toks = _ints("free_segment: token_ids", token_ids)
+        start = _int("free_segment: start_pos", start_pos)
+        if start < 0 or start % ps:
+            raise ValueError(f"free_segment: start_pos {start} must be a non-negative multiple of page_size {ps}")
+        pages = self._pages_to_free(toks[::ps])
+        if num_live is not None:
+            claimed, live = _int("free_segment: num_live", num_live), len(self._swa_live(pages))
+            if claimed != live:
+                raise ValueError(f"free_segment: pool 'swa': num_live {claimed} disagrees with the {live} live pages")
+        self._free_pages(pages)
 
     # ------------------------------------------------------------ views
 

@@ -64,6 +64,7 @@ a ``ValueError`` naming the variable), or ``install(kernels=...)`` chose
 attention calls are one kernel launch each too.
 """
 
+import logging
 import operator
 from typing import Any
 
@@ -120,7 +121,6 @@ INHERITED = frozenset(
         "free_full_segments",
         "_page_disjoint",
         "free_full",  # the mamba stack's: a plain free (no SWA peer)
-        "free_full_segment",
         "get_all_free_pages",
         "new_pages_available",
         "swa_req_ring",
@@ -162,6 +162,7 @@ UNSUPPORTED |= dict.fromkeys(
 )
 
 
+_log = logging.getLogger(__name__)
 _IDLE = object()  # set_latest_forward_done_event(None): no forward in flight (a report, see _Dropin)
 
 
@@ -230,7 +231,7 @@ class BandView:
     def __init__(self, owner: "_Dropin", name: str) -> None:
         arena = owner.composite.arena
         g, p = arena.geometry(name), arena.pool(name)
-        self._owner, self._name, self._arena = owner, name, arena
+        self._owner, self._name = owner, name
         self.sub_pool_name = SGLANG_POOL[name]
         self.page_size = self.pool_page_size = p.page_size
         self.entry_bytes = p.entry_bytes
@@ -244,6 +245,12 @@ class BandView:
         v2p, p2v = arena.live_tables(name)
         self.num_virtual_ids = v2p.numel() - 1
         self._v2p, self._p2v = v2p, p2v
+
+    @property
+    def _arena(self) -> Any:
+        """The arena, through the owner: what SGLang reported since its last
+        call is handed over first, so a view counts the frees it deferred."""
+        return self._owner.composite.arena
 
     @property
     def virtual_to_physical(self) -> torch.Tensor:
@@ -268,12 +275,19 @@ class BandView:
         self, loc: torch.Tensor, *, out: torch.Tensor | None = None, out_width: int | None = None
     ) -> torch.Tensor:
         """The write translation: the read one (no context parallelism here).
-        ``out_width`` pads ``out``'s tail with the sink, as SGLang's does."""
+        ``out_width`` writes that many packed lanes of a 1-D ``out``, the
+        batch's ``loc.numel()`` ids (any shape, packed) then the sink, as
+        SGLang's does; a width under the batch is a ``ValueError``."""
         fused = self._arena.kernels == "triton"
         if out is None or out_width is None:
             return _translate(self._v2p, self.page_size, loc, out, fused)
-        n = loc.shape[0]
-        _translate(self._v2p, self.page_size, loc, out[:n], fused)
+        n = loc.numel()  # SGLang's contract: every id of the batch, whatever loc's shape
+        if not n <= out_width <= out.numel() or out.dim() != 1:
+            raise ValueError(
+                f"pool {self._name!r}: translate_write_loc: out_width {out_width} must hold the batch's {n} ids "
+                f"within a 1-D out of {out.numel()}"
+            )
+        _translate(self._v2p, self.page_size, loc.reshape(-1), out[:n], fused)
         out[n:out_width].zero_()
         return out
 
@@ -315,11 +329,11 @@ class BandView:
 
     def free(self, free_index: torch.Tensor) -> None:
         """Full: free these tokens' pages (SWA entries that are live go with
-        them).  SWA: cancel a reservation (``cancel_physical_reservation``)."""
+        them; the drop-in's plain free).  SWA: cancel a reservation
+        (``cancel_physical_reservation``)."""
         if self._name == FULL:
             if free_index is not None and free_index.numel():
-                self._owner._wait_forward(FULL)
-                self._owner.composite.free(free_index.reshape(-1).to(I64))
+                self._owner._free_tolerant(free_index.reshape(-1).to(I64))
             return
         self.cancel_physical_reservation(free_index)
 
@@ -372,15 +386,13 @@ class BandView:
 
     def free_segment(self, free_index: torch.Tensor, *, start_pos: int = 0) -> None:
         """Full only (SGLang's tree frees a node's full side here, its SWA side
-        by ``free_swa_segment``): free these pages now.  kvarena's borrow rule
-        frees an id's SWA entry before its full page, so a still-live SWA
-        entry goes first and is remembered, and the SWA free that follows in
-        the same drain skips it."""
+        by ``free_swa_segment`` in the same drain): the drop-in's
+        ``_defer_full_free``, nothing read."""
         if self._name != FULL:
             _unsupported(f"free_segment on the {self.sub_pool_name!r} sub-allocator (the external KV linker)")
         if free_index is None or free_index.numel() == 0:
             return
-        self._owner._free_full_first(self._owner._reps(free_index, start_pos))
+        self._owner._defer_full_free(self._owner._reps(free_index, start_pos))
 
     def bind(self, virtual_pages: torch.Tensor, physical_pages: torch.Tensor) -> None:
         """SWA only: hand the SWA pages ``physical_pages`` (live, owned by
@@ -425,10 +437,13 @@ class StateView(BandView):
         return self._owner.composite.alloc_state(need_size)
 
     def free(self, free_index: torch.Tensor) -> None:
+        """A request's slots, live and each once (SGLang's contract, its
+        lazy free's too): the engine's step, nothing read."""
         if free_index is None or free_index.numel() == 0:
             return
+        c = self._owner._handed()  # not through ``composite``: a tree drain's deferred full-side frees wait for it
         self._owner._wait_forward(STATE)
-        self._owner.composite.free_state(free_index.reshape(-1).to(I64))
+        c.free_state(free_index.reshape(-1).to(I64), check=False)
 
     def clear(self) -> None:
         live = self._p2v[self._p2v > 0]  # SYNC: a cold reset
@@ -509,6 +524,7 @@ class _Dropin:
     # Overlap scheduling (docs/design.md §12): SGLang's in-flight forward, as its two hooks left it.
     _forward_due: list[Any] | None = None  # (done event, out_cache_loc or None) or _IDLE, not yet handed over
     _flight_event: Any = None  # the done event of the last forward the composite was handed
+    _full_after_swa: list[torch.Tensor]  # the tree's full-side frees, until its drain ends
     # Host transfers (HiCache, docs/design.md §13): SGLang's move gates by slot, and its transfers' done events.
     _move_gates: dict[str, Any]
     _transfer_events: dict[Any, Any]
@@ -518,15 +534,27 @@ class _Dropin:
         """The implementation composite.  Every call reaches it through here,
         so a forward SGLang reported since the last call is handed to it
         first (``_take_forward``): before anything can move or hand out a page."""
-        if self._forward_due is not None:
-            self._take_forward()
-        if self._move_gates:
-            self._sync_gate()
-        return self._composite
+        c = self._handed()
+        if self._full_after_swa:
+            self._free_deferred()
+        return c
 
     @composite.setter
     def composite(self, value: Any) -> None:
         self._composite = value
+
+    def _handed(self) -> Any:
+        """The composite with what SGLang reported since the last call handed
+        over: its forwards (``_take_forward``), a forward whose event has
+        fired settled (``_settle_if_fired``: after the last forward the
+        arena goes idle, SGLang never reporting "none in flight"), its move
+        gates read.  Host calls only."""
+        if self._forward_due is not None:
+            self._take_forward()
+        self._settle_if_fired()
+        if self._move_gates:
+            self._sync_gate()
+        return self._composite
 
     # ------------------------------------------------------------ boot
 
@@ -545,7 +573,7 @@ class _Dropin:
         full_max_total_num_tokens=None,
         swa_max_total_num_tokens=None,
     ) -> None:
-        self._move_gates, self._transfer_events = {}, {}
+        self._move_gates, self._transfer_events, self._full_after_swa = {}, {}, []
         policy = self.DEFAULT_POLICY if policy is None else policy
         if policy not in POLICIES:
             raise ValueError(f"policy must be one of {POLICIES}, got {policy!r}")
@@ -614,7 +642,7 @@ class _Dropin:
             self.mamba_allocator = StateView(self, STATE)
         self._host_transfer_wiring(kvcache, unified_buffer)
         # SGLang's free-group lists, by its names (its inherited policy flushes them).
-        self._swa_freed_early: set[int] = set()  # SWA pages a full-side free took first, this drain
+        self.skipped_frees = 0  # ids a plain free skipped: -1, page 0, out of range, not live, repeated
         self.free_group = None
         self.free_page_reps_group = None
         self.full_page_reps_group = []
@@ -723,7 +751,6 @@ class _Dropin:
         out = self.composite.alloc_extend(
             zero, seq, last, check=False, prefix_lens_cpu=zero_cpu, seq_lens_cpu=seq_cpu, extend_num_tokens=need_size
         )
-        self._swa_freed_early.clear()  # an allocation ends the drain (once it returns: a raise changes nothing)
         return out
 
     def alloc_extend(
@@ -752,7 +779,6 @@ class _Dropin:
             if self._longer_than_any_state(seq_lens_cpu):
                 return None
             raise
-        self._swa_freed_early.clear()
         return out
 
     def alloc_decode(
@@ -768,7 +794,6 @@ class _Dropin:
             if self._longer_than_any_state(seq_lens_cpu):
                 return None
             raise
-        self._swa_freed_early.clear()
         return out
 
     def _longer_than_any_state(self, seq_lens_cpu: torch.Tensor | None) -> bool:
@@ -780,21 +805,69 @@ class _Dropin:
         return seq_lens_cpu is not None and bool((torch.as_tensor(seq_lens_cpu).cpu() > most).any())
 
     # ------------------------------------------------------------ free
+    #
+    # The engine's per-step frees read nothing back (docs/guides/integrating.md, "Frees"): a finished
+    # request's rows (``free_segments``/``free_full_segments``), the tree's values (``free_segment``,
+    # ``free_full_segment``, ``free_swa_segment``), a request's state slot.  Their counts are shapes,
+    # and SGLang has split each segment on the host already (live window or not).  A plain ``free``
+    # reads once, as SGLang's own does (its dedup and its SWA filter), and tolerates a bad id.
 
     def free(self, free_index: torch.Tensor) -> None:
-        """Free the pages of these tokens: still-live SWA entries first, then
-        full (SGLang's radix cache frees full before SWA; kvarena's borrow
-        rule needs the other order, so the composite takes care of it)."""
+        """Free the pages of these tokens, their still-live SWA entries first
+        (kvarena's borrow rule: an id leaves SWA before full).  A plain free,
+        not the engine's per-step path: one host read, which also skips
+        and counts what SGLang's lazy free would not stop at (``-1``, page
+        0, out of range, not live, repeated: ``skipped_frees``)."""
         if free_index is None or free_index.numel() == 0:
             return
         if self.free_group is not None:
             self.free_group.append(free_index.reshape(-1).to(I64).clone())
             return
+        self._free_tolerant(free_index.reshape(-1).to(I64))
+
+    def _free_tolerant(self, toks: torch.Tensor) -> None:
+        """The plain free: one read names the live pages, the rest is
+        skipped and counted; then the trusted segment free of those pages."""
+        c, ps = self.composite, self.page_size
+        end = c.arena.id_end(FULL)
+        page = torch.div(toks, ps, rounding_mode="floor")
+        page = torch.where((toks >= 0) & (page < end), page, 0)  # -1 and out of range: the sink's row, dead
+        rows = [toks, page, c.arena.v2p_at(FULL, page)]
+        rows.append(c.arena.v2p_at(SWA, page) if SWA in self.CHAIN else torch.zeros_like(page))
+        # SYNC: the plain free's one read (SGLang's reads too: its dedup, its SWA filter)
+        host = torch.stack(rows).tolist()
+        pages: dict[int, bool] = {}  # live page -> its SWA entry is live, in the order named
+        tokens: set[int] = set()
+        skipped = 0
+        for t, p, full, swa in zip(*host):  # the cold path: a host loop over what it read
+            if p <= 0 or full <= 0 or t in tokens:  # -1, the sink's page, out of range, not live, repeated
+                skipped += 1
+                continue
+            tokens.add(t)
+            pages[p] = swa > 0
+        if skipped:
+            self.skipped_frees += skipped
+            _log.warning("kvarena: pool 'full': free skipped %d ids that name no live page", skipped)
+        if pages:
+            ids = torch.tensor(list(pages), dtype=I64).to(c.device, non_blocking=True) * ps
+            self._free_reps(ids, sum(pages.values()), checked=True)
+
+    def _free_reps(self, reps: torch.Tensor, swa_live: int, checked: bool = False) -> None:
+        """The trusted segment free of page representatives (one token per
+        page, each page once, live in full), ``swa_live`` of their SWA
+        entries live (SGLang's host split): no read.  The contract is
+        trusted, as SGLang's own lazy free trusts it; a breach (an id freed
+        twice, an SWA entry left live on a full-side free) breaks a rule
+        ``verify_byte_accounting`` checks, SGLang's idle check."""
+        if reps.numel() == 0:
+            return
         self._wait_forward(FULL)
-        self.composite.free(free_index.reshape(-1).to(I64))
+        toks = reps.repeat_interleave(self.page_size) if self.page_size > 1 else reps  # whole pages: [::ps] = reps
+        self.composite.free_segment(toks, 0, check=False, num_live=swa_live if SWA in self.CHAIN else None)
 
     def _reps(self, free_index: torch.Tensor, start_pos: int, what: str = "free_segment") -> torch.Tensor:
-        """One token of every page of a page-aligned segment."""
+        """One token of every page of a page-aligned segment (its start
+        checked on the host: ``ValueError`` naming the pool)."""
         ps, pool = self.page_size, SWA if what == "free_swa_segment" else FULL
         try:
             bad = isinstance(start_pos, bool) or operator.index(start_pos) < 0 or start_pos % ps != 0
@@ -807,48 +880,64 @@ class _Dropin:
         return free_index.reshape(-1).to(I64)[::ps]
 
     def free_segment(self, free_index: torch.Tensor, *, start_pos: int) -> None:
+        """A segment whose SWA entries are all live (SGLang's contract for
+        ``free_segment``): both sides, nothing read."""
         if free_index is None or free_index.numel() == 0:
             return
         reps = self._reps(free_index, start_pos)
-        if self.free_group is not None:
-            self.free_group.append(reps.clone())
+        if self.free_page_reps_group is not None:
+            self.free_page_reps_group.append(reps.clone())
             return
-        self._wait_forward(FULL)
-        self.composite.free(reps)
+        self._free_reps(reps, reps.numel())
 
-    def _free_full_first(self, reps: torch.Tensor) -> None:
-        """Free these pages, their still-live SWA entries first; remember
-        which SWA entries went early (a cold path: host reads)."""
-        self._wait_forward(FULL)
-        if SWA in self.CHAIN:
-            pages = torch.div(reps, self.page_size, rounding_mode="floor")
-            swa = self.composite.arena.v2p_at(SWA, pages)
-            early = pages[swa > 0].tolist()  # SYNC: eviction drain, cold
-            self.composite.free(reps)
-            self._swa_freed_early.update(early)  # once the free is done: a raise leaves the set as it was
+    def free_full_segment(self, free_index: torch.Tensor, *, start_pos: int) -> None:
+        """A segment whose SWA side is tombstoned already (SGLang's contract
+        for ``free_full_segment``): full alone, nothing read."""
+        if free_index is None or free_index.numel() == 0:
             return
-        self.composite.free(reps)
+        reps = self._reps(free_index, start_pos, "free_full_segment")
+        if self.free_group is not None:
+            self.full_page_reps_group.append(reps.clone())
+            return
+        self._free_reps(reps, 0)
+
+    def _defer_full_free(self, reps: torch.Tensor) -> None:
+        """The tree's full-side free of a node (``full_attn_allocator.
+        free_segment``), which SGLang issues before or after that node's
+        ``free_swa_segment`` in one drain of its frees.  kvarena's borrow
+        rule frees an id's SWA entry first, so the full side waits for the
+        drain to end (the next call that is not a window free) and then
+        goes with no SWA entry live: nothing read.  SGLang's tree holds a
+        node's SWA value only while its full value is live, so a node's
+        SWA entry is gone by then; a breach would leave an SWA entry on a
+        freed id, which ``verify_byte_accounting`` reports."""
+        if SWA not in self.CHAIN:
+            self._free_reps(reps, 0)
+            return
+        self._full_after_swa.append(reps.clone())
+
+    def _free_deferred(self) -> None:
+        reps, self._full_after_swa = self._full_after_swa, []
+        self._free_reps(torch.cat(reps), 0)
 
     def free_group_begin(self) -> None:
         if self.free_group is not None:
             raise ValueError("pool 'full': free groups cannot be nested")
-        self.free_group = []
+        self.free_group, self.full_free_group = [], []
+        self.free_page_reps_group, self.full_page_reps_group = [], []
 
     def free_group_end(self) -> None:
-        """Free the group in one call; the group closes once that call
-        returns (if it raises, the group is still open and whole)."""
-        pieces = (
-            (self.free_group or [])
-            + self.full_free_group
-            + (self.free_page_reps_group or [])
-            + self.full_page_reps_group
-        )
-        if pieces:
-            toks = torch.cat(pieces)
-            # one call: a page named twice in a group (a token and its page's representative) once
-            pages = torch.unique(torch.div(toks, self.page_size, rounding_mode="floor"))  # SYNC: cold, batched frees
-            self._wait_forward(FULL)
-            self.composite.free(pages * self.page_size)
+        """Free the group: its segments in one trusted free (SWA entries
+        live for ``free_segment``'s, tombstoned for ``free_full_segment``'s;
+        SGLang's contract: a page once a group), nothing read; then its
+        plain frees, one read.  The group closes once that returns."""
+        both = self.free_page_reps_group or []
+        reps = both + self.full_page_reps_group
+        plain = (self.free_group or []) + self.full_free_group
+        if reps:
+            self._free_reps(torch.cat(reps), sum(r.numel() for r in both))
+        if plain:
+            self._free_tolerant(torch.cat(plain))
         self.free_group, self.full_free_group = None, []
         self.free_page_reps_group, self.full_page_reps_group = None, []
 
@@ -1046,11 +1135,8 @@ class _Dropin:
         return bool(self._gated().moves_held())
 
     def _gated(self) -> Any:
-        """The arena, its gate read from SGLang's gates first (a view's path:
-        the forward SGLang reported is handed over at the next call)."""
-        if self._move_gates:
-            self._sync_gate()
-        return self._composite.arena
+        """The arena, its gates read from SGLang's first (``composite``)."""
+        return self.composite.arena
 
     def _alloc_full_only(self, need_size: int) -> torch.Tensor | None:
         """``full_attn_allocator.alloc``: HiCache's load-back allocates the full
@@ -1136,10 +1222,26 @@ class _Dropin:
         return 0
 
     def prewarm_compaction(self) -> None:
-        """Nothing to prewarm: relocation is SGLang's page copy, compiled on first use."""
+        """SGLang's startup hook, before graph capture and KV sizing: compile
+        and run, on no work, every kernel the drop-in launches, so none
+        compiles (or takes device memory outside the pools) while serving,
+        when an urgent relocation under a full pool could not afford it.
+        kvarena's step kernels, every variant (``Arena.prewarm``), and
+        SGLang's own page copy (relocation) and zeroing (hand-out) in each
+        pool, on the sink page: page 0 copied onto itself (every byte
+        written is the byte read) and zeroed (it holds only padding's writes)."""
+        c = self.composite
+        c.arena.prewarm()
+        sink = torch.zeros(2, dtype=I64, device=c.device)  # two entries: a copy's batched path, as a real move's
+        for name, pool in self._pools.items():
+            pool.move_physical_pages(sink, sink, c.arena.pool(name).page_size)
+        for name in self._zeroed:
+            self._pools[name].zero_physical_pages(sink[:1])
 
     def verify_byte_accounting(self) -> list[str]:
-        """[] when the composite verifies, else the violation."""
+        """[] when the composite verifies, else the violation, naming the
+        pool (SGLang's idle check: where a breach of the per-step frees'
+        contract shows, ``_free_reps``)."""
         try:
             self.composite.verify()
         except AccountingError as e:
@@ -1149,10 +1251,11 @@ class _Dropin:
     def clear(self) -> None:
         """Free every page of every pool; the views return to their boot values."""
         self.free_group, self.free_page_reps_group, self.full_page_reps_group, self.full_free_group = None, None, [], []
+        c = self.composite  # the tree's deferred frees first
         full = self.full_attn_allocator.physical_to_virtual
         live = full[full > 0]  # SYNC: a cold reset
         if live.numel():
-            self.composite.free(live * self.page_size)
+            c.free(live * self.page_size)
         if STATE in self.CHAIN:
             self.mamba_allocator.clear()
         arena = self.composite.arena
@@ -1199,18 +1302,12 @@ def _swa_views(cls):
         shape, so nothing is read back."""
         if free_index is None or free_index.numel() == 0:
             return
-        pages = torch.div(self._reps(free_index, start_pos, "free_swa_segment"), self.page_size, rounding_mode="floor")
+        reps = self._reps(free_index, start_pos, "free_swa_segment")
+        c = self._handed()  # not through ``composite``: the drain's deferred full-side frees wait for it
         self._wait_forward(SWA)
-        if self._swa_freed_early:  # after a full-side eviction in this drain: skip what it took (cold)
-            seen = pages.tolist()  # SYNC: eviction drain only
-            keep = [p for p in seen if p not in self._swa_freed_early]
-            kept = torch.tensor(keep, dtype=I64, device=pages.device)
-            if keep:
-                self.composite.arena.free(SWA, kept, check=False)
-            self._swa_freed_early.difference_update(seen)  # once the free is done
-            return
-        if pages.numel():
-            self.composite.arena.free(SWA, pages, check=False)
+        c.free_swa(
+            reps.repeat_interleave(self.page_size) if self.page_size > 1 else reps, 0, False, num_live=reps.numel()
+        )
 
     def free_full(self, free_index: torch.Tensor) -> None:
         """Free tokens whose SWA side is already tombstoned."""
@@ -1219,18 +1316,7 @@ def _swa_views(cls):
         if self.free_group is not None:
             self.full_free_group.append(free_index.reshape(-1).to(I64).clone())
             return
-        self._wait_forward(FULL)
-        self.composite.free(free_index.reshape(-1).to(I64))
-
-    def free_full_segment(self, free_index: torch.Tensor, *, start_pos: int) -> None:
-        if free_index is None or free_index.numel() == 0:
-            return
-        reps = self._reps(free_index, start_pos, "free_full_segment")
-        if self.free_group is not None:
-            self.full_page_reps_group.append(reps.clone())
-            return
-        self._wait_forward(FULL)
-        self.composite.free(reps)
+        self._free_tolerant(free_index.reshape(-1).to(I64))
 
     def clear_full_to_swa_mapping(self, full_indices: torch.Tensor) -> None:
         """Nothing to clear: SWA binds full's ids, there is no mapping tensor."""
@@ -1307,7 +1393,6 @@ def _swa_views(cls):
         free_swa,
         free_swa_segment,
         free_full,
-        free_full_segment,
         clear_full_to_swa_mapping,
         set_full_to_swa_mapping,
         ensure_capacity,

@@ -121,7 +121,8 @@ class HostCache:
         )
         gate_open = cc.HiCacheController.has_inflight_device_transfers
         alloc.set_host_transfer_move_gate(lambda c=self.ctl: not gate_open(c))  # as the scheduler installs it
-        self.engine = Device()  # the copy engine's stream: a copy lands when polled or waited on
+        # the copy engine's stream: a copy lands when polled or waited on (late, which a CPU copy never is)
+        self.engine = Device()
         self.fence = fence
         self.in_flight: list[tuple[Load | Backup, Any]] = []
         self.loads = 0  # load-backs submitted
@@ -174,7 +175,7 @@ class HostCache:
                 fence.land(before)
             body()
 
-        return self.engine.launch([], [], land)
+        return self.engine.launch(on_land=land)
 
     def submit(self, load: Load) -> None:
         """``start_loading``: the queued operation is submitted to the copy

@@ -17,14 +17,16 @@ and compared.  ``run`` returns what held.
 
 With ``overlap=True`` the workload runs as SGLang's overlap scheduler does
 (docs/design.md §12): each step's batch is a forward (``overlap.Device``)
-launched with its write rows translated at launch, handed to the allocator
-through ``set_latest_forward_done_event`` / ``set_inflight_forward``, and
-landing only when the next step processes its result; meanwhile the next
-batch is prepared (admissions, allocations that relieve, window frees,
-``flush_opportunistic``) and finished requests are freed.  Each landed
-write is checked at its token's current translation (``inflight_lost``
-counts those that did not survive) and each read row against what the
-forward read (``reads_corrupted``).
+that translates its write rows on the forward stream at launch (the
+allocator's ``translate_write_loc``), is handed to the allocator through
+``set_latest_forward_done_event`` / ``set_inflight_forward``, and lands only
+when the next step processes its result; meanwhile the next batch is
+prepared (admissions, allocations that relieve, window frees) and finished
+requests are freed.  ``flush_opportunistic`` runs where SGLang's scheduler
+calls it: at an overlap-off boundary, nothing in flight, and once idle.
+Each landed write is checked at its token's current translation
+(``inflight_lost`` counts those that did not survive) and each read row
+against what the forward read (``reads_corrupted``).
 
 With ``retract=True`` every few steps a decoding request of the batch just
 launched is retracted to the host as SGLang's PD decode server does it
@@ -64,7 +66,7 @@ import torch
 from kvarena.anchor.loader import import_sglang
 
 from .hicache import Backup, HostCache, Load
-from .overlap import Device, Read
+from .overlap import Device, Read, Write
 from .stacks import Geometry, build, draft_placement
 
 I64 = torch.int64
@@ -105,6 +107,7 @@ class Report:
     reads_checked: int = 0  # token and slot rows a forward read, checked when it landed
     reads_corrupted: int = 0  # of those, rows overwritten before it landed
     waits: int = 0  # forwards the allocator waited for (its settles)
+    idle_audits: int = 0  # SGLang's idle flush and audit, run once the scheduler went idle
     retracted: int = 0  # requests retracted to the host (retract)
     restored: int = 0  # of those, resumed and compared
     restored_tokens: int = 0  # tokens compared after a resume
@@ -150,7 +153,7 @@ class Workload:
         seed: int,
         device: str = "cpu",
         overlap: bool = False,
-        flush_in_flight: bool = True,
+        compact_in_flight: bool = False,
         extra_buffer: bool = False,
         retract: bool = False,
         draft: bool = False,
@@ -161,7 +164,7 @@ class Workload:
         self.parked: list[tuple[dict, Any, int]] = []  # retracted: (what must come back, host copy, resume step)
         self.in_flight: list[int] = []  # the requests of the forward in flight
         self.gpu = Device() if overlap else None  # the forward stream, when forwards land late
-        self.flush_in_flight = flush_in_flight  # flush_opportunistic every step, or only when nothing runs
+        self.compact_in_flight = compact_in_flight  # the non-urgent compaction every step (``_compact``)
         stream = None if self.gpu is None else self.gpu.forward_stream  # as SGLang's scheduler passes it
         self.bundle = build(
             kind,
@@ -233,18 +236,26 @@ class Workload:
             out += [(layer, False, self.draft, DRAFT_CODE + layer) for layer in sorted(self.draft.layer_lanes)]
         return out
 
-    def _where(self, ids: torch.Tensor, swa: bool) -> torch.Tensor:
+    def _where(self, ids: torch.Tensor, swa: bool, write: bool = False) -> torch.Tensor:
+        """The rows of ``ids`` now; ``write``: as a forward translates its
+        write slots (SGLang's plan: ``translate_write_loc``, and the full-to-SWA
+        map for the window)."""
         if swa:
             return self.alloc.translate_loc_from_full_to_swa(ids)
+        if write:
+            return self.alloc.translate_write_loc(ids)
         return self.alloc.translate_kv_loc(ids)
 
     def _t(self, values: list[int]) -> torch.Tensor:
         return torch.tensor(values, dtype=I64, device=self.dev)
 
-    def _kv(self, full: list[int], swa: list[int]) -> list[tuple[torch.Tensor, torch.Tensor, torch.Tensor, bool]]:
+    def _kv(
+        self, full: list[int], swa: list[int], write: bool = False
+    ) -> list[tuple[torch.Tensor, torch.Tensor, torch.Tensor, bool]]:
         """``(buffer, rows, values, in_swa)`` for these tokens in every layer
         (``swa`` in the SWA layers): their rows at the current translation
-        and the values their current generation should hold there."""
+        (``write``: the write translation) and the values their current
+        generation should hold there."""
         out = []
         for layer, in_swa, pool, code in self._layers():
             ids = swa if in_swa else full
@@ -252,7 +263,7 @@ class Workload:
                 continue
             t = self._t(ids)
             gens = torch.tensor([self.gen.get(v, 0) % 64 for v in ids], dtype=I64)
-            rows = self._where(t, in_swa)
+            rows = self._where(t, in_swa, write)
             for part, buf in enumerate((pool.get_key_buffer(layer), pool.get_value_buffer(layer))):
                 want = _value(t.cpu(), code, part, self.width, buf.dtype, gens).view(-1, *buf.shape[1:])
                 out.append((buf, rows, want.to(self.dev), in_swa))
@@ -335,39 +346,56 @@ class Workload:
 
     # ------------------------------------------------------- forwards
 
-    def _launch(self) -> None:
-        """Launch this step's batch as a forward: its writes translated now,
-        its reads (every other token its requests hold, every state slot)
-        with what they should hold; then SGLang's two hooks."""
+    def _launch(self) -> Any:
+        """Launch this step's batch as a forward and hand it over with
+        SGLang's two hooks; returns its done event (None: no batch).  The
+        forward translates on the forward stream at launch (``overlap.Device``):
+        its writes, and its reads (every other token its requests hold,
+        every state slot) with what they should hold."""
         ids, batch = self.batch_ids, [r for r in self.batch.values() if r.rid in self.live]
         self.batch_ids, self.batch = [], {}
         self.in_flight = [r.rid for r in batch]
         if not ids:
-            return
+            return None
         written = [(t, self.gen[t]) for t in ids]
-        writes = [(buf, rows, values) for buf, rows, values, _ in self._kv(ids, ids)]
         states = []
         for r in batch:
             if r.slot is not None:
                 r.launched += 1
                 states.append((r.rid, r.slot, r.launched))
-                writes += self._state(r.slot, r.launched)
-        reads = self._reads(batch, set(ids))
+
+        def work() -> tuple[list[Write], list[Read]]:
+            writes = [(buf, rows, values) for buf, rows, values, _ in self._kv(ids, ids, write=True)]
+            for _, slot, version in states:
+                writes += self._state(slot, version)
+            return writes, self._reads(batch, set(ids))
 
         def land() -> None:
             self._landed(written, states)
 
         assert self.gpu is not None  # only with forwards
-        ev = self.gpu.launch(writes, reads, land)
+        ev = self.gpu.launch(work, land)
         self.report.forwards += 1
         self.alloc.set_latest_forward_done_event(ev)
         self.alloc.set_inflight_forward(ev, self._t(ids))
-        last, self.last = self.last, ev
-        if last is not None:  # the scheduler processes the last batch's result: it is done
-            last.synchronize()
+        return ev
+
+    def _process(self, ev: Any) -> None:
+        """SGLang's result processing of a forward: its event synchronized
+        (it is done), then the requests at their end finished (some may be
+        in the forward launched since)."""
+        ev.synchronize()
         for r in list(self.live.values()):
             if len(r.tokens) >= r.finish_at and r.decoding:
                 self.finish(r)
+
+    def _compact(self) -> None:
+        """Not a call SGLang's scheduler makes: the allocator's non-urgent
+        compaction while a forward runs (kvarena's composite's
+        ``flush_opportunistic``; SGLang's allocator's own), a stress of the
+        in-flight guards.  kvarena's drop-in's ``flush_opportunistic`` is 0."""
+        composite = getattr(self.alloc, "composite", None)
+        (self.alloc.flush_opportunistic if composite is None else composite.flush_opportunistic)()
 
     def _reads(self, batch: list[Request], new: set[int]) -> list[Read]:
         """What the forward reads: its requests' other tokens (in the SWA
@@ -742,6 +770,37 @@ class Workload:
             self.held_back.remove((r, done))
             self._release(r, done)
 
+    def _forward(self) -> None:
+        """The end of an overlap step, in SGLang's order: this batch is
+        launched, then the last batch's result is processed while it runs.
+        Every fourth step is an overlap-off boundary (SGLang's
+        ``is_disable_overlap_for_batch``: two prefills in a row with
+        ``SGLANG_DISABLE_CONSECUTIVE_PREFILL_OVERLAP``, or a grammar sync): the
+        last result is processed first and ``flush_opportunistic`` runs, the
+        forward stream idle, before the launch.  With no batch and nothing
+        left, the scheduler is idle (``on_idle``)."""
+        last, self.last = self.last, None
+        if self.compact_in_flight:
+            self._compact()
+        if last is not None and self.report.steps % 4 == 3:
+            self._process(last)
+            last = None
+            self.alloc.flush_opportunistic()
+        self.last = self._launch()
+        if last is not None:
+            self._process(last)
+        elif self.last is None and not self.live:
+            self.on_idle()
+
+    def on_idle(self) -> None:
+        """SGLang's ``on_idle`` once fully idle (the last result processed):
+        ``flush_opportunistic``, then the pool audit ``verify_byte_accounting``."""
+        self.alloc.flush_opportunistic()
+        self.report.idle_audits += 1
+        self.report.errors += [
+            f"step {self.report.steps}: idle audit: {e}" for e in self.alloc.verify_byte_accounting()
+        ]
+
     def step(self) -> None:
         if self.host is not None:
             self._land_loads(self.report.steps)
@@ -764,12 +823,7 @@ class Workload:
         self._decode()
         self._slide_windows()
         if self.gpu is not None:
-            if self.flush_in_flight:  # compaction between steps, while the last forward runs
-                self.alloc.flush_opportunistic()
-            elif self.report.steps % 4 == 3 and self.last is not None:  # SGLang's: at a sync point, nothing runs
-                self.last.synchronize()
-                self.alloc.flush_opportunistic()
-            self._launch()
+            self._forward()
         if held and sum(getattr(self.alloc, "pages_moved", {}).values()) != moved:
             self.report.errors.append(f"step {self.report.steps}: pages moved while a host transfer was in flight")
         self.report.steps += 1
@@ -785,7 +839,7 @@ def run(
     geometry: Geometry | None = None,
     device: str = "cpu",
     overlap: bool = False,
-    flush_in_flight: bool = True,
+    compact_in_flight: bool = False,
     extra_buffer: bool = False,
     retract: bool = False,
     draft: bool = False,
@@ -793,10 +847,11 @@ def run(
 ) -> Report:
     """The workload on ``kind``'s stack as SGLang's factory builds it now
     (kvarena's allocator after ``install()``); with ``overlap``, as SGLang's
-    overlap scheduler runs it (forwards land late), calling
-    ``flush_opportunistic`` every step while a forward runs or, without
-    ``flush_in_flight``, every fourth step once the forwards have landed
-    (where SGLang's scheduler calls it).  ``extra_buffer``: the mamba
+    overlap scheduler runs it (forwards land late, ``flush_opportunistic``
+    called where SGLang calls it: ``Workload._forward``), ending idle
+    (``Workload.on_idle``).  ``compact_in_flight``: also the allocator's
+    non-urgent compaction every step while the forward runs, which SGLang's
+    scheduler never does (``Workload._compact``).  ``extra_buffer``: the mamba
     stacks built with SGLang's mamba extra buffer, each request also taking
     its tracking slots (written once, checked every step).  ``retract``:
     every fifth step a request is retracted to the host, and resumed and
@@ -815,7 +870,7 @@ def run(
         seed,
         device,
         overlap,
-        flush_in_flight,
+        compact_in_flight,
         extra_buffer,
         retract,
         draft,
@@ -831,8 +886,9 @@ def run(
             w.step()
             if w.report.errors:
                 break
-        if w.gpu is not None:  # the last forward lands
-            w.gpu.land_all()
+        if w.last is not None:  # the last result
+            w._process(w.last)
+            w.last = None
             w.check()
         if w.host is not None:  # and the last load-backs
             w._land_loads(None)
@@ -841,6 +897,8 @@ def run(
             w._resume(truth, host)
         while w.live:
             w.finish(w.live[min(w.live)])
+        if w.gpu is not None:  # and the scheduler goes idle
+            w.on_idle()
     w.report.pages_moved = dict(getattr(w.alloc, "pages_moved", {}))
     if w.gpu is not None:
         r = w.report

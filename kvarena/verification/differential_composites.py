@@ -449,6 +449,44 @@ class CompositeMachine(RuleBasedStateMachine):
                 c.free_state(r["slot"])
         self.forget_dead()
 
+    @rule(data=st.data())
+    def finish_segment(self, data):
+        """A request ends as SGLang's engine frees it (``free_kv_row_segments``):
+        its row as one segment from position 0, with the engine's count of
+        its live window pages or without, checked or on the trusted path
+        (nothing read back), then its state slot (trusted too).  A wrong
+        count is a ``ValueError`` naming swa in both twins, nothing changed."""
+        if not self.reqs:
+            return
+        rid = data.draw(st.sampled_from(sorted(self.reqs)))
+        toks, slot = self.reqs[rid]["tokens"], self.reqs[rid]["slot"]
+        live = self.live_swa_pages(toks[:: self.ps]) if self.has_swa else 0
+        how = data.draw(
+            st.sampled_from(["checked", "count", "trusted", "wrong"] if self.has_swa else ["checked", "trusted"])
+        )
+        if how == "wrong":
+            before = self.S.arena.snapshot()
+            for c in (self.S, self.I):
+                with raises_value_error("swa"):
+                    c.free_segment(toks, 0, num_live=live + 1)
+            assert self.S.arena.snapshot() == before == self.I.arena.snapshot()
+            note("segment free with a wrong host count")
+            return
+        self.reqs.pop(rid)
+        kw = {} if how == "checked" else {"num_live": live}
+        trusted = how == "trusted"
+        note(f"segment free ({how})")
+        self.both(
+            lambda c: c.free_segment(toks, 0, **kw),
+            (lambda c: c.free_segment(self.tensor(toks), 0, False, **kw)) if trusted else None,
+        )
+        if slot is not None:
+            self.both(
+                lambda c: c.free_state(slot),
+                (lambda c: c.free_state(self.tensor(slot).reshape(-1), check=False)) if trusted else None,
+            )
+        self.forget_dead()
+
     # ----------------------------------------------- in-flight forwards
 
     def live_slots(self):
@@ -667,8 +705,8 @@ class CompositeMachine(RuleBasedStateMachine):
     def relieve(self, data):
         """The ladder for a demand around what fits now; now and then a host
         transfer starts or ends first (``host_gate``), so relief runs under
-        the gate as often as not."""
-        if data.draw(st.integers(0, 5)) == 0:
+        the gate as often as not (a transfer in flight ends sooner than one starts)."""
+        if data.draw(st.integers(0, 2 if self.gate else 5)) == 0:
             self.host_gate()
         if data.draw(st.booleans()):  # around what fits now
             tokens = self.S.available_size() + data.draw(st.integers(-self.ps, 6 * self.ps + 4))

@@ -278,6 +278,36 @@ def test_free_after_free_swa(pkg, kind, ps):
     check(c)
 
 
+@pytest.mark.parametrize("ps", PAGE_SIZES)
+@pytest.mark.parametrize("kind", KINDS)
+def test_free_segment_is_free_of_the_representatives(pkg, kind, ps):
+    """SGLang's per-step free (``free_segment``): a request's row from a
+    page-aligned position; it frees what ``free`` of its page
+    representatives frees, the live window first, and checks the engine's
+    count of those window entries (a wrong one: ``ValueError``, nothing changed)."""
+    c, twin = make(pkg, kind, ps, pages=32), make(pkg, kind, ps, pages=32)
+    for x in (c, twin):
+        a = ids_of(x.alloc_extend([0, 0], [3 * ps + 1, 2 * ps], [-1, -1]))
+        row, other = a[: 3 * ps + 1], a[3 * ps + 1 :]
+        if kind != "mamba":
+            x.free_swa(row[:ps], 0)  # the row's first page left the window
+    live = 0 if kind == "mamba" else 3  # the row's 4 pages, the first out of the window
+    before = c.arena.snapshot()
+    with pytest.raises(ValueError, match="num_live"):
+        c.free_segment(row, 0, num_live=live + 1)
+    with pytest.raises(ValueError, match="start_pos"):
+        c.free_segment(row[1:], 1 if ps > 1 else -1)
+    assert c.arena.snapshot() == before
+    c.free_segment(vec(c, row), 0, num_live=live)
+    twin.free(row[::ps])
+    assert c.arena.snapshot() == twin.arena.snapshot()
+    c.free_segment(other[ps:], ps)  # a segment from a later page: the row's head stays
+    assert c.arena.live_pages("full") == 1 and ids_of(c.translate(other[:1])) != [0]
+    with pytest.raises(ValueError, match=r"free: .*token"):
+        c.free_segment(other[ps:], ps)  # freed already
+    check(c)
+
+
 def test_free_swa_skips_sentinels_repeats_and_reads_representatives_only(pkg):
     ps = 16
     c = make(pkg, "tri", ps)

@@ -226,20 +226,36 @@ def _poison(monkeypatch):
     """Every sync-forcing tensor method and function raises until
     ``monkeypatch.undo()``, except inside ``HOST_COPY_HELPERS``."""
 
+    def let_through() -> bool:
+        f = sys._getframe(2)
+        while f is not None:
+            if f.f_code.co_name in HOST_COPY_HELPERS and f.f_globals.get("__name__") == composites.__name__:
+                return True
+            if f.f_globals.get("__name__", "").startswith("triton."):  # its interpreter, not a device's sync
+                return True
+            f = f.f_back
+        return False
+
     def poisoned(owner, attr):
         real = getattr(owner, attr)
 
         def call(*a, **k):
-            f = sys._getframe(1)
-            while f is not None:
-                if f.f_code.co_name in HOST_COPY_HELPERS and f.f_globals.get("__name__") == composites.__name__:
-                    return real(*a, **k)
-                if f.f_globals.get("__name__", "").startswith("triton."):  # its interpreter, not a device's sync
-                    return real(*a, **k)
-                f = f.f_back
+            if let_through():
+                return real(*a, **k)
             raise AssertionError("host sync on the decode path")
 
         monkeypatch.setattr(owner, attr, call)
+
+    getitem = torch.Tensor.__getitem__
+
+    def masked(self, index):
+        """A boolean mask's result has a data-dependent shape: on a GPU, a sync."""
+        parts = index if isinstance(index, tuple) else (index,)
+        if any(isinstance(i, torch.Tensor) and i.dtype == torch.bool for i in parts) and not let_through():
+            raise AssertionError("host sync on the decode path (a boolean mask)")
+        return getitem(self, index)
+
+    monkeypatch.setattr(torch.Tensor, "__getitem__", masked)
 
     for attr in (
         "item",
@@ -257,6 +273,8 @@ def _poison(monkeypatch):
         poisoned(torch.Tensor, attr)
     for attr in ("unique", "nonzero", "masked_select"):
         poisoned(torch, attr)
+    for attr in ("unique", "masked_select"):
+        poisoned(torch.Tensor, attr)
 
 
 @contextlib.contextmanager
@@ -653,6 +671,9 @@ HOT = [
     "_decode_flags",
     "_owner_table",
     "_request_rows",
+    "free_segment",  # the engine's free of a finished request's rows
+    "_swa_live_count",
+    "free_state",
 ]
 
 
@@ -758,3 +779,43 @@ def test_decode_step_under_cuda_sync_debug_error(monkeypatch, kind):
             c.translate(last, "swa")
     assert len(reads) == 2 * (ps + 2)
     check(c)
+
+
+@pytest.mark.parametrize("choice", kernel_choices("cpu"))
+@pytest.mark.parametrize("kind", ["hybrid", "mamba", "tri"])
+def test_the_trusted_segment_free_reads_nothing_with_the_host_count(monkeypatch, kind, choice):
+    """SGLang's per-step frees on the trusted path with the engine's count
+    of live window entries (``free_segment(check=False, num_live=)``): a
+    row whose window is partly gone (``free_live`` picks the live ones), a
+    row whose window is all live, a row whose window is all gone, and a
+    state slot; nothing is read back (syncs poisoned) and the state and
+    bytes are the checked calls'."""
+    for ps in (1, 16):
+        c, twin = make(impl, kind, ps, pages=32, lazy=True), make(impl, kind, ps, pages=32, lazy=True)
+        c.arena.kernels = choice
+        swa = kind != "mamba"
+        frees = []
+        for x in (c, twin):
+            t = x.alloc_extend([0, 0, 0], [3 * ps + 1, 2 * ps, ps], [-1, -1, -1]).tolist()
+            rows = [t[: 3 * ps + 1], t[3 * ps + 1 : 5 * ps + 1], t[5 * ps + 1 :]]
+            if swa:
+                x.free_swa(rows[0][:ps], 0)
+                x.free_swa(rows[2], 0)
+            slot = x.alloc_state(1) if kind != "hybrid" else None
+            frees.append((rows, slot))
+        (rows, slot), (twin_rows, twin_slot) = frees
+        counts = [3, 2, 0] if swa else [0, 0, 0]
+        _poison(monkeypatch)
+        for row, n in zip(rows, counts):
+            c.free_segment(torch.tensor(row), 0, False, num_live=n)
+        if slot is not None:
+            c.free_state(slot, check=False)
+        monkeypatch.undo()
+        for row, n in zip(twin_rows, counts):
+            twin.free_segment(row, 0, num_live=n)
+        if twin_slot is not None:
+            twin.free_state(twin_slot)
+        assert c.arena.snapshot() == twin.arena.snapshot(), (kind, ps)
+        assert torch.equal(c.arena.buffer, twin.arena.buffer)
+        assert c.arena.live_pages("full") == 0
+        check(c)

@@ -6,7 +6,7 @@ the harness ``kvarena.verification.faults``).
 SGLang's objects do not deep-copy, so the sweep runs in place: the call is
 made with operation 0 failing, then 1, and so on, and after each fault the
 arena's snapshot, the allocator's counts, its host-side state (free groups,
-the drain's early SWA frees) and every live id's bytes must be what they
+the drain's deferred full-side frees) and every live id's bytes must be what they
 were; the first run without a fault is the call itself, which must change
 the state.  The script drives every moving call: extends (relief once the
 buffer is full), decodes, frees (eager compaction), free groups, SWA
@@ -25,9 +25,9 @@ build = test_contract.build  # the stack builder fixture (SGLang's kernels on CP
 
 
 def host_state(a):
-    """The drop-in's own host-side state (free groups, the drain's set)."""
-    groups = (a.free_group, a.full_free_group, a.free_page_reps_group, a.full_page_reps_group)
-    return [None if g is None else [t.tolist() for t in g] for g in groups], sorted(a._swa_freed_early)
+    """The drop-in's own host-side state (free groups, the drain's deferred full-side frees, the skips)."""
+    groups = (a.free_group, a.full_free_group, a.free_page_reps_group, a.full_page_reps_group, a._full_after_swa)
+    return [None if g is None else [t.tolist() for t in g] for g in groups], a.skipped_frees
 
 
 def sweep_in_place(s, name, call):

@@ -173,7 +173,7 @@ def test_sglang_runs_the_hicache_workload(kind, overlap):
     """SGLang's own allocator passes the same load-backs (it compacts only
     where its scheduler calls ``flush_opportunistic``: at a sync point)."""
     with stacks.cpu_kernels():
-        r = workload.run(kind, steps=42, page_size=4, seed=1, overlap=overlap, flush_in_flight=False, hicache=True)
+        r = workload.run(kind, steps=42, page_size=4, seed=1, overlap=overlap, hicache=True)
     assert r.ok, r.errors[:3]
     assert r.loads_landed >= 6 and r.backups >= 6
 

@@ -3,30 +3,37 @@
 
 SGLang launches batch N's forward and prepares batch N+1 while it runs; after
 each launch its scheduler calls ``set_latest_forward_done_event(ev)`` and
-``set_inflight_forward(ev, out_cache_loc)``.  ``kvarena.sglang.overlap``
-plays the GPU: a forward translates its write rows when it is launched and
-writes there only when its event is waited on (the scheduler processing its
-result, or an allocator's ``current_stream().wait_event(ev)``, patched to
-the fake stream); in between, the scheduler's next-batch work runs.  When a
-forward lands, every row it read must still hold what it read, and every
-token it wrote must read back at its current translation; after every step
-every live token does.
+``set_inflight_forward(ev, out_cache_loc)``.  A CPU cannot run a forward late
+(``torch.cpu.Event`` is always done), so ``kvarena.sglang.overlap.Device``
+injects that timing: a forward translates its write rows on the forward
+stream when it is launched (through the allocator's ``translate_write_loc``,
+as SGLang's forward does) and writes there only when it is waited on (the
+scheduler processing its result, or the schedule stream's ``wait_event`` in
+an allocator's settle); in between, the scheduler's next-batch work runs.
+When a forward lands, every row it read must still hold what it read, and
+every token it wrote must read back at its current translation; after every
+step every live token does.
 
-Two drivers:
+Two drivers, both in SGLang's call order (``flush_opportunistic`` only at an
+overlap-off boundary, nothing in flight, and once idle):
 
 - the byte-checked workload (``kvarena.sglang.workload`` with
   ``overlap=True``): admissions, allocations that relieve, window frees,
-  finishes of requests in and out of the batch in flight, and
-  ``flush_opportunistic`` while the forward runs, on every stack, lazy and
-  eager, at page sizes 1, 4 and 16, under both policies;
+  finishes of requests in and out of the batch in flight, on every stack,
+  lazy and eager, at page sizes 1, 4 and 16, under both policies;
 - ``Server`` below: SGLang's own event loop pieces (``ScheduleBatch``'s
   ``prepare_for_extend``/``prepare_for_decode``, ``check_decode_mem``,
   ``retract_decode``, ``release_kv_cache`` into ``UnifiedRadixCache``, which
-  frees through its own calls) in the overlap order.
+  frees through its own calls, the scheduler's own
+  ``is_disable_overlap_for_batch``) in ``event_loop_overlap``'s order.
 
 Each driver runs SGLang's own allocator too (its hooks honoured: nothing
-lost; ignored: it loses writes), and a planted kvarena whose hooks do
-nothing loses writes: the harness can fail.
+lost; ignored: it loses writes), and planted kvarenas lose writes: the
+harness can fail.  The composite's non-urgent flush while a forward runs is
+a feature of the spec, not a call SGLang makes; it is tested apart
+(``compact_in_flight``).  The hooks' unit tests use real ``torch.cpu``
+events where a forward is done, and the Device's only where one is still
+running.
 """
 
 from array import array
@@ -68,13 +75,6 @@ def _sglang_classes():
     ]
 
 
-def _wire_non_urgent_flush(monkeypatch) -> None:
-    """The drop-in's ``flush_opportunistic`` as the composite's non-urgent
-    flush (SGLang's lazy mode compacts between steps), so that pages move
-    while a forward runs and wait as pending."""
-    monkeypatch.setattr(allocators._Dropin, "flush_opportunistic", lambda self: self.composite.flush_opportunistic())
-
-
 # --------------------------------------------------------- the workload
 
 # (stack, page size, lazy, policy): every stack, page size and mode once; the
@@ -104,35 +104,43 @@ def test_kvarena_keeps_every_in_flight_write(kind, ps, lazy, policy):
     assert r.forwards == STEPS and r.inflight_writes > 100 and r.reads_checked > 1000
     assert r.refused > 0 and r.waits > 0  # the pool ran full, and the ladder waited for a forward
     assert sum(r.pages_moved.values()) > 0  # pages moved while a forward ran
+    assert r.idle_audits >= 1  # it went idle (at the end at least), and audited
 
 
 @pytest.mark.parametrize("kind", ["swa", "mamba_swa"])
-def test_the_non_urgent_flush_skips_what_a_forward_holds(kind, monkeypatch):
-    """With ``flush_opportunistic`` compacting while the forward runs, the
-    walk stops at pinned pages and leaves the pages it vacates pending; no
-    write is lost, no read corrupted.  (On the mamba stack every live state
-    slot is pinned and the batch's full pages face the frontier, so the
-    walk rarely gets to move a page there.)"""
-    _wire_non_urgent_flush(monkeypatch)
+def test_the_composites_non_urgent_flush_skips_what_a_forward_holds(kind, monkeypatch):
+    """Not SGLang's call order: the composite's ``flush_opportunistic`` (the
+    spec's non-urgent flush; the drop-in's returns 0) every step while the
+    forward runs.  The walk stops at pinned pages and leaves the pages it
+    vacates pending; no write is lost, no read corrupted.  (On the mamba
+    stack every live state slot is pinned and the batch's full pages face
+    the frontier, so the walk rarely gets to move a page there.)"""
     seen = {"pinned": 0, "pending": 0}
-    real = allocators._Dropin._take_forward
+    real = workload.Workload._compact
 
-    def count(self):
-        arena = self._composite.arena
-        for name in self.CHAIN:
+    def count(self):  # what the flush left, the forward still running
+        real(self)
+        arena = self.alloc.composite.arena
+        for name in self.alloc.CHAIN:
             seen["pinned"] += int(arena.pinned(name).numel())
             seen["pending"] += int(arena.pending(name).numel())
-        real(self)
 
-    monkeypatch.setattr(allocators._Dropin, "_take_forward", count)
+    monkeypatch.setattr(workload.Workload, "_compact", count)
     ks.install()
-    r = _run(kind, 4, True)
+    r = _run(kind, 4, True, compact_in_flight=True)
     assert r.ok and _lost(r) == 0, r.errors[:3]
     assert seen["pinned"] > 0 and seen["pending"] > 0, seen
 
 
 def _no_wait(monkeypatch) -> None:
     monkeypatch.setattr(allocators._Dropin, "_wait_forward_done", lambda self: None)
+
+
+def _wait_on_the_forward_stream(monkeypatch) -> None:
+    """The drop-in's waits issued on the forward stream, not the schedule
+    stream it works on: a GPU orders nothing by them (the forward stream is
+    in order already), and neither does the harness."""
+    monkeypatch.setattr(allocators._Dropin, "_current_stream", lambda self: self.forward_stream)
 
 
 def _state_unpinned(monkeypatch) -> None:
@@ -154,35 +162,48 @@ def _state_unpinned(monkeypatch) -> None:
 PLANTS = {
     "ignore-the-event": lambda mp: _ignore_hooks(mp, allocators.ALLOCATORS),  # the hooks do nothing
     "settle-without-wait": _no_wait,  # the guards lift, the stream never waits on the forward
+    "wait-on-the-forward-stream": _wait_on_the_forward_stream,  # a wait that orders nothing
     "state-unpinned": _state_unpinned,  # the state slots a forward writes move under it
 }
 
 
 @pytest.mark.parametrize(
-    ("plant", "kind"),
-    [("ignore-the-event", kind) for kind in stacks.KINDS]
-    + [("settle-without-wait", "swa"), ("state-unpinned", "mamba_swa")],
+    ("plant", "kind", "lazy"),
+    [("ignore-the-event", kind, True) for kind in stacks.KINDS]
+    + [("settle-without-wait", "swa", True), ("wait-on-the-forward-stream", "mamba", False)],
 )
-def test_a_planted_bug_loses_writes(plant, kind, monkeypatch):
-    """Each plant in kvarena's hooks makes the same harness lose writes
-    (or corrupt a read): it can fail."""
+def test_a_planted_bug_loses_writes(plant, kind, lazy, monkeypatch):
+    """Each plant in kvarena's hooks makes the same harness, in SGLang's
+    call order, lose writes (or corrupt a read): it can fail."""
     PLANTS[plant](monkeypatch)
-    _wire_non_urgent_flush(monkeypatch)
     ks.install()
-    r = _run(kind, 4, True)
+    r = _run(kind, 4, lazy)
+    assert not r.ok and _lost(r) > 0, (r.inflight_lost, r.reads_corrupted)
+
+
+def test_unpinned_state_loses_writes_under_the_composites_non_urgent_flush(monkeypatch):
+    """The state slots matter to the non-urgent flush only (an urgent move
+    settles first), so this plant is caught by the composite's flush while
+    the forward runs, a call SGLang never makes (the drop-in's is 0); in
+    SGLang's call order the same run keeps every write."""
+    PLANTS["state-unpinned"](monkeypatch)
+    ks.install()
+    assert _lost(_run("mamba_swa", 4, True)) == 0
+    r = _run("mamba_swa", 4, True, compact_in_flight=True)
     assert not r.ok and _lost(r) > 0, (r.inflight_lost, r.reads_corrupted)
 
 
 @pytest.mark.parametrize("kind", stacks.KINDS)
 @pytest.mark.parametrize("honoured", [True, False], ids=["hooks", "ignored"])
 def test_sglang_own_allocator_in_the_same_harness(kind, honoured, monkeypatch):
-    """SGLang's allocator with its hooks honoured loses nothing where its
-    scheduler calls ``flush_opportunistic`` (at a sync point, nothing in
-    flight); with them ignored it loses writes: the harness tells them apart."""
+    """SGLang's allocator with its hooks honoured loses nothing in its own
+    scheduler's call order (``flush_opportunistic`` at an overlap-off
+    boundary, nothing in flight); with them ignored it loses writes: the
+    harness tells them apart."""
     if not honoured:
         _ignore_hooks(monkeypatch, _sglang_classes())
     with stacks.cpu_kernels():
-        r = _run(kind, 4, True, flush_in_flight=False)
+        r = _run(kind, 4, True)
     assert (_lost(r) == 0) == honoured, (r.inflight_lost, r.reads_corrupted, r.errors[:3])
     assert r.ok == honoured and (r.forwards == STEPS or not honoured)
 
@@ -191,11 +212,12 @@ def test_sglang_own_allocator_in_the_same_harness(kind, honoured, monkeypatch):
 def test_sglang_own_non_urgent_flush_in_flight_loses_writes(kind):
     """docs/findings.md, the anchor's bug 7 (``flush-opportunistic-in-flight``): SGLang's allocator,
     hooks honoured, loses in-flight writes or corrupts reads on every stack
-    when ``flush_opportunistic`` runs while a forward is in flight (its own
-    scheduler calls it only at sync points); kvarena's keeps them
-    (``test_kvarena_keeps_every_in_flight_write``, which flushes in flight)."""
+    when its ``flush_opportunistic`` runs while a forward is in flight (its
+    own scheduler calls it only with nothing in flight, so this is its
+    allocator's contract, not its server's path); kvarena's composite flush
+    keeps them (``test_the_composites_non_urgent_flush_skips_what_a_forward_holds``)."""
     with stacks.cpu_kernels():
-        r = _run(kind, 4, True, flush_in_flight=True)
+        r = _run(kind, 4, True, compact_in_flight=True)
     assert _lost(r) > 0 and not r.ok, (r.inflight_lost, r.reads_corrupted)
 
 
@@ -203,16 +225,23 @@ def test_sglang_own_non_urgent_flush_in_flight_loses_writes(kind):
 
 
 class Server:
-    """SGLang's overlap event loop over one stack: each step picks the next
-    batch (a prefill round with the radix cache, or a decode step with
-    ``check_decode_mem`` and ``retract_decode``), launches it as a forward,
-    processes the last batch's result (finished requests released into
-    ``UnifiedRadixCache``, which frees through its own calls), and calls
-    ``flush_opportunistic``.  Tokens are written by the forwards only."""
+    """SGLang's ``event_loop_overlap`` over one stack.  Each step picks the
+    next batch (a prefill round with the radix cache while requests wait and
+    fit, as SGLang tries prefill first; else a decode step with
+    ``check_decode_mem`` and ``retract_decode``); at an overlap-off boundary
+    (the scheduler's own ``is_disable_overlap_for_batch``; two prefills in a
+    row with ``SGLANG_DISABLE_CONSECUTIVE_PREFILL_OVERLAP``) it processes the
+    last result and calls ``flush_opportunistic`` first; it launches the
+    batch as a forward; then it processes the last batch's result (finished
+    requests released into ``UnifiedRadixCache``, which frees through its
+    own calls), or, with no batch and none before it, goes idle
+    (``on_idle``: ``flush_opportunistic`` and the pool audit once nothing is
+    left).  Tokens are written by the forwards only."""
 
-    def __init__(self, kind: str, ps: int, lazy: bool, policy: str | None, flush_in_flight: bool = True) -> None:
+    def __init__(self, kind: str, ps: int, lazy: bool, policy: str | None) -> None:
         m = self.m = _mods()
-        self.kind, self.ps, self.flush_in_flight = kind, ps, flush_in_flight
+        self.kind, self.ps = kind, ps
+        self.scheduler = import_sglang("sglang.srt.managers.scheduler").Scheduler
         tokens = 48 if ps == 1 else 16 if kind == "mamba" else 20  # full, and relocating in every case
         g = self.g = replace(GEOMETRY, tokens=tokens, max_reqs=6, mamba_slots=12)
         self.gpu = overlap.Device()
@@ -250,13 +279,21 @@ class Server:
         self.landed: set[int] = set()  # token ids whose current bytes are written
         self.version: dict[str, int] = {}  # request -> its state's version written, and launched
         self.launched: dict[str, int] = {}
-        self.last = None  # (event, batch, requests) of the forward in flight
+        self.results: list = []  # the scheduler's result queue: (event, batch, requests) of each forward in flight
+        self.last_batch = None
+        self.idle = False  # on_idle found nothing left
         self.stats = {"written": 0, "lost": 0, "finished": 0, "retracted": 0, "evictions": 0, "window frees": 0}
+        self.stats |= {"boundaries": 0, "idle audits": 0, "idle in flight": 0}
         for method, key in (("evict", "evictions"), ("evict_for_alloc", "evictions")):
             setattr(self.cache, method, self._counted(key, getattr(self.cache, method)))
         swa_free = getattr(self.alloc, "free_swa_segment", None)
         if swa_free is not None:  # the tree's and the scheduler's window frees
             self.alloc.free_swa_segment = self._counted("window frees", swa_free)
+
+    @property
+    def last(self):
+        """``(event, batch, requests)`` of the forward launched last, while in flight."""
+        return self.results[-1] if self.results else None
 
     def _counted(self, key: str, method):
         def call(*args, **kwargs):
@@ -272,16 +309,20 @@ class Server:
             [(layer, True) for layer in self.g.swa_layers] if self.has_swa else []
         )
 
-    def _kv(self, ids: list[int]) -> list[tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, bool]]:
+    def _kv(
+        self, ids: list[int], write: bool = False
+    ) -> list[tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, bool]]:
         """``(buffer, rows, values, held, swa)`` per layer and K/V: the
-        tokens' rows now, the values their generation should hold, which
-        of them the layer holds (SWA: those with an SWA entry), and whether
-        it is an SWA layer."""
+        tokens' rows now (``write``: as a forward translates its write slots,
+        ``translate_write_loc``), the values their generation should hold,
+        which of them the layer holds (SWA: those with an SWA entry), and
+        whether it is an SWA layer."""
         t = torch.tensor(ids, dtype=torch.int64)
         gens = torch.tensor([self.gen.get(v, 0) % 64 for v in ids], dtype=torch.int64)
+        full = self.alloc.translate_write_loc if write else self.alloc.translate_kv_loc
         out = []
         for layer, swa in self._layers():
-            rows = self.alloc.translate_loc_from_full_to_swa(t) if swa else self.alloc.translate_kv_loc(t)
+            rows = self.alloc.translate_loc_from_full_to_swa(t) if swa else full(t)
             for part, buf in enumerate((self.kv.get_key_buffer(layer), self.kv.get_value_buffer(layer))):
                 want = workload._value(t, layer, part, buf[0].numel(), buf.dtype, gens).view(-1, *buf.shape[1:])
                 out.append((buf, rows, want, rows > 0, swa))
@@ -328,16 +369,19 @@ class Server:
     # ------------------------------------------------------------ forwards
 
     def launch(self, batch) -> None:
-        """The batch's forward: writes at its ``out_cache_loc`` translated
-        now, and its requests' state slots; reads every other token of its
-        requests and their state; then SGLang's two hooks."""
+        """``run_batch``: the batch's forward, which translates on the forward
+        stream at launch its writes at ``out_cache_loc`` and its requests'
+        state slots, and its reads (every other token of its requests and
+        their state); then SGLang's two hooks, and the result queued."""
         loc = batch.out_cache_loc.tolist()
-        ps = self.ps
+        ps, new = self.ps, set(loc)
         for t in loc:
             self.gen[t] = self.gen.get(t, 0) + 1
             self.landed.difference_update(range(t, (t // ps + 1) * ps))  # a page's later slots: stale
+            for u in range(t + 1, (t // ps + 1) * ps):
+                if u in self.gen and u not in new:  # a forward in flight writes the page's earlier life there:
+                    self.gen[u] += 1  # not checked when it lands
         written = [(t, self.gen[t]) for t in loc]
-        writes = [(buf, rows, want) for buf, rows, want, *_ in self._kv(loc)]
         states = []
         for r in batch.reqs:
             if self.has_state and r.kv.mamba_pool_idx is not None:
@@ -345,8 +389,12 @@ class Server:
                     r.slot, self.version[r.rid] = int(r.kv.mamba_pool_idx), 0
                 self.launched[r.rid] = v = self.launched.get(r.rid, 0) + 1
                 states.append((r, r.slot, v))
-                writes += self._state(r.slot, v)
-        reads = self._reads(batch, set(loc))
+
+        def work():
+            writes = [(buf, rows, want) for buf, rows, want, *_ in self._kv(loc, write=True)]
+            for _, slot, v in states:
+                writes += self._state(slot, v)
+            return writes, self._reads(batch, set(loc))
 
         def land():
             mine = [t for t, g in written if self.gen.get(t) == g]
@@ -359,13 +407,10 @@ class Server:
             self.stats["written"] += len(mine) + len(states)
             self.stats["lost"] += lost
 
-        ev = self.gpu.launch(writes, reads, land)
+        ev = self.gpu.launch(work, land)
         self.alloc.set_latest_forward_done_event(ev)
         self.alloc.set_inflight_forward(ev, batch.out_cache_loc)
-        last, self.last = self.last, (ev, batch, list(batch.reqs))
-        if last is not None:
-            last[0].synchronize()  # the result is processed: that forward is done
-            self.process(last[1], last[2])
+        self.results.append((ev, batch, list(batch.reqs)))
 
     def _reads(self, batch, new: set[int]) -> list[overlap.Read]:
         """Every other token its requests hold (where the layer holds it),
@@ -461,8 +506,28 @@ class Server:
         if self.running is not None and not self.running.is_empty():
             self.running.filter_batch(keep_indices=[i for i, r in enumerate(self.running.reqs) if not r.finished()])
 
+    def pop_and_process(self) -> None:
+        """The oldest result: its event synchronized (SGLang's
+        ``copy_done.synchronize()``: the forward is done), then processed."""
+        ev, batch, reqs = self.results.pop(0)
+        ev.synchronize()
+        self.process(batch, reqs)
+
+    def on_idle(self) -> None:
+        """SGLang's ``on_idle``: once fully idle, ``flush_opportunistic`` and
+        the pool audit ``verify_byte_accounting``."""
+        if self.waiting or (self.running is not None and not self.running.is_empty()) or self.results:
+            return
+        self.alloc.flush_opportunistic()
+        self.stats["idle audits"] += 1
+        self.stats["idle audit"] = self.alloc.verify_byte_accounting()
+        if isinstance(self.alloc, allocators._Dropin):  # the last forward settled: nothing held for it
+            self.stats["idle in flight"] += self.alloc.composite.arena.in_flight
+        self.idle = True
+
     def step(self, k: int) -> None:
-        last_batch = None if self.last is None else self.last[1]
+        """One pass of ``event_loop_overlap``."""
+        last_batch = self.last_batch
         if last_batch is not None and last_batch.forward_mode.is_extend():
             done = [i for i, r in enumerate(last_batch.reqs) if not r.finished() and r.kv.holds_kv]
             if done:
@@ -473,21 +538,24 @@ class Server:
                 elif self.running is not last_batch:
                     self.running.merge_batch(last_batch)
         batch = None
-        if self.waiting and (k % 3 == 0 or self.running is None or self.running.is_empty()):
+        if self.waiting:
             batch = self.prefill()
         if batch is None and self.running is not None and not self.running.is_empty():
             batch = self.decode()
+        loop = SimpleNamespace(require_mlp_sync=False, result_queue=self.results)
+        off = self.scheduler.is_disable_overlap_for_batch(loop, batch, last_batch)
+        if off:  # the overlap-off boundary: the last result first, then the flush, the forward stream idle
+            self.pop_and_process()
+            self.alloc.flush_opportunistic()
+            self.stats["boundaries"] += 1
         if batch is not None:
             self.launch(batch)
-        elif self.last is not None:
-            self.last[0].synchronize()
-            self.process(self.last[1], self.last[2])
-            self.last = None
-        if self.flush_in_flight:
-            self.alloc.flush_opportunistic()
-        elif k % 4 == 3 and self.last is not None:
-            self.last[0].synchronize()
-            self.alloc.flush_opportunistic()
+        if last_batch is not None:
+            if not off:
+                self.pop_and_process()
+        elif batch is None:
+            self.on_idle()
+        self.last_batch = batch
 
     def serve(self, n: int, steps: int, sglang_stream: bool = True) -> dict:
         """``sglang_stream``: answer SGLang's own allocator's ``torch.cuda.current_stream`` with the loop's
@@ -500,7 +568,7 @@ class Server:
             for k in range(steps):
                 self.step(k)
                 bad += self.check()
-                if not self.waiting and (self.running is None or self.running.is_empty()) and self.last is None:
+                if self.idle:
                     break
             self.gpu.land_all()
             bad += self.check()
@@ -519,27 +587,37 @@ SERVER_CASES = [
 ]
 
 
-def _serve(kind, ps, lazy, policy, **kw) -> dict:
-    return Server(kind, ps, lazy, policy, **kw).serve(12, 160)
+def _serve(kind, ps, lazy, policy) -> dict:
+    return Server(kind, ps, lazy, policy).serve(12, 160)
+
+
+@pytest.fixture
+def event_loop(monkeypatch):
+    """SGLang's settings for the loop: window frees every other token, and
+    two prefills in a row not overlapped (an overlap-off boundary, where
+    the scheduler calls ``flush_opportunistic`` with nothing in flight)."""
+    monkeypatch.setenv("SGLANG_SWA_EVICTION_INTERVAL", "2")
+    monkeypatch.setenv("SGLANG_DISABLE_CONSECUTIVE_PREFILL_OVERLAP", "1")
 
 
 @pytest.mark.parametrize(("kind", "ps", "lazy", "policy"), SERVER_CASES)
-def test_kvarena_under_sglangs_event_loop(kind, ps, lazy, policy, monkeypatch):
-    monkeypatch.setenv("SGLANG_SWA_EVICTION_INTERVAL", "2")  # window frees every other token
+def test_kvarena_under_sglangs_event_loop(kind, ps, lazy, policy, event_loop):
     s = _serve(kind, ps, lazy, policy)
     assert s["lost"] == s["bad"] == s["reads_corrupted"] == 0 and s["audit"] == [], s
     assert s["finished"] == 12 and s["written"] > 200, s
     assert s["evictions"] > 0 and s["moved"] > 0 and s["waits"] > 0, s  # the tree freed, pages moved, the ladder waited
     assert s["window frees"] > 0 or kind == "mamba", s
+    assert s["boundaries"] > 0 or (ps, lazy) == (4, False), s  # two prefills in a row, where the pool fits them
+    # idle after the last forward: its audit clean, nothing held for a forward (SGLang never reports "none")
+    assert s["idle audits"] == 1 and s["idle audit"] == [] and s["idle in flight"] == 0, s
 
 
-def test_the_drop_ins_event_loop_leaves_torch_cuda_untouched(monkeypatch):
+def test_the_drop_ins_event_loop_leaves_torch_cuda_untouched(event_loop):
     """The loop selects its stream through ``torch.cpu.stream`` only; kvarena's
     waits reach it through ``torch.get_device_module``.  A call to
     ``torch.cuda.current_stream`` on this path fails on a CPU build of torch
     (issue 53: SGLang's engine on CPU died on its first decode step), so the
     loop passing here, with its waits counted, shows none is made."""
-    monkeypatch.setenv("SGLANG_SWA_EVICTION_INTERVAL", "2")
     untouched = torch.cuda.current_stream
     waits = 0
     for kind in stacks.KINDS:
@@ -568,30 +646,30 @@ def test_the_drop_in_names_no_cuda_module():
     assert named == [], named
 
 
-def test_sglangs_allocator_asks_torch_cuda_for_its_stream_on_cpu(monkeypatch):
+def test_sglangs_allocator_asks_torch_cuda_for_its_stream_on_cpu(event_loop):
     """docs/findings.md: SGLang's own ``_settle_inflight_forward`` calls
     ``torch.cuda.current_stream()`` whatever the pool's device, so on a CPU
     build its first settle raises.  Fails once SGLang asks the device's
     module instead."""
-    monkeypatch.setenv("SGLANG_SWA_EVICTION_INTERVAL", "2")
     if torch.cuda.is_available():
         pytest.skip("a CUDA build answers torch.cuda on a CPU path")
     with stacks.cpu_kernels(), pytest.raises(AssertionError, match="not compiled with CUDA"):
-        Server("mamba_swa", 4, True, None, flush_in_flight=False).serve(12, 160, sglang_stream=False)
+        Server("mamba_swa", 4, True, None).serve(12, 160, sglang_stream=False)
 
 
-def test_sglang_under_its_own_event_loop(monkeypatch):
-    """SGLang's allocator, its hooks honoured, through the same loop."""
-    monkeypatch.setenv("SGLANG_SWA_EVICTION_INTERVAL", "2")
+@pytest.mark.parametrize(("kind", "ps"), [("mamba_swa", 4), ("swa", 1)])
+def test_sglang_under_its_own_event_loop(kind, ps, event_loop):
+    """SGLang's allocator, its hooks honoured, through the same loop (its
+    ``flush_opportunistic`` at the boundaries and when idle)."""
     with stacks.cpu_kernels():
-        s = _serve("mamba_swa", 4, True, None, flush_in_flight=False)
+        s = _serve(kind, ps, True, None)
     assert s["lost"] == s["bad"] == s["reads_corrupted"] == 0 and s["finished"] == 12, s
+    assert s["idle audits"] == 1 and s["idle audit"] == [], s
 
 
-def test_planted_ignore_the_event_loses_writes_under_the_event_loop(monkeypatch):
-    monkeypatch.setenv("SGLANG_SWA_EVICTION_INTERVAL", "2")
-    _ignore_hooks(monkeypatch, allocators.ALLOCATORS)
-    _wire_non_urgent_flush(monkeypatch)
+@pytest.mark.parametrize("plant", ["ignore-the-event", "wait-on-the-forward-stream"])
+def test_a_planted_bug_loses_writes_under_the_event_loop(plant, monkeypatch, event_loop):
+    PLANTS[plant](monkeypatch)
     s = _serve("mamba_swa", 4, True, "planner")
     assert s["lost"] + s["bad"] + s["reads_corrupted"] > 0, s
 
@@ -604,112 +682,118 @@ def _drop_in(kind="swa", ps=4, lazy=True, device="cpu"):
     return stacks.build(kind, _geometry(ps), ps, lazy, device=device).token_to_kv_pool_allocator
 
 
-class _Event:
-    """A done event: ``query()``; the stream below completes it."""
-
-    def __init__(self, done=False):
-        self.done = done
-
-    def query(self):
-        return self.done
+def _extend(a, n: int) -> torch.Tensor:
+    """One new request of ``n`` tokens."""
+    return a.alloc_extend(*[torch.tensor([0])] * 2, *[torch.tensor([n])] * 2, torch.tensor([-1]), n)
 
 
-class _Stream(torch.cpu.Stream):
-    """A stream that records what it waited on."""
-
-    def __init__(self):
-        self.waited = []
-
-    def wait_event(self, ev):
-        self.waited.append(ev)
-        ev.done = True
+def _report(a, ev, out) -> None:
+    """SGLang's two hooks, after a launch."""
+    a.set_latest_forward_done_event(ev)
+    a.set_inflight_forward(ev, out)
 
 
 @pytest.fixture
-def stream():
-    """A recording stream, the test's current CPU stream through torch's own
-    stream API (``torch.cpu.stream``): ``torch.cuda`` is left untouched, so
-    a call to it on this CPU path fails the test."""
-    recording = _Stream()
-    with torch.cpu.stream(recording):
-        yield recording
+def gpu():
+    """Forwards still running: a CPU cannot make one (``torch.cpu.Event`` is
+    always done), so these tests take the fault injector, its schedule
+    stream the current CPU stream through torch's own stream API
+    (``torch.cpu.stream``).  ``torch.cuda`` is left untouched, so a call to
+    it on this CPU path fails the test."""
+    device = overlap.Device()
+    with device.current():
+        yield device
 
 
-def test_the_hooks_keep_references_and_the_next_call_pins(stream):
+def test_the_hooks_keep_references_and_the_next_call_pins(gpu):
     """The hooks do no work (nothing pinned yet); the next call hands the
     forward over (its pages pinned); an urgent settle waits on its event."""
     a = _drop_in()
-    out = a.alloc_extend(*[torch.tensor([0])] * 2, *[torch.tensor([10])] * 2, torch.tensor([-1]), 10)
+    out = _extend(a, 10)
     arena = a._composite.arena
-    ev = _Event()
-    a.set_latest_forward_done_event(ev)
-    a.set_inflight_forward(ev, out)
+    ev = gpu.launch()
+    _report(a, ev, out)
     assert not arena.in_flight and arena.pinned("full").numel() == 0
     a.available_size()
     assert arena.in_flight and arena.pinned("full").numel() == 3 and arena.pinned("swa").numel() == 3
     a.free(out)  # pinned pages freed: they stay holes, nothing waits
-    assert stream.waited == [] and arena.in_flight
+    assert gpu.waits == 0 and not ev.query() and arena.in_flight
     a.composite.settle()
-    assert stream.waited == [ev] and not arena.in_flight
+    assert gpu.waits == 1 and ev.query() and not arena.in_flight
 
 
-def test_a_fired_event_settles_without_a_wait_and_none_clears(stream):
+def test_a_done_forward_settles_at_the_next_call_without_a_wait(gpu):
+    """SGLang never reports "no forward in flight": a forward whose result
+    was processed (its event done) is settled by the next call, with
+    nothing left to wait for, whether or not another forward is reported."""
     a = _drop_in("mamba")
     slot = a.mamba_allocator.alloc(1)
     assert slot is not None
-    out = a.alloc_extend(*[torch.tensor([0])] * 2, *[torch.tensor([6])] * 2, torch.tensor([-1]), 6)
+    out = _extend(a, 6)
     arena = a._composite.arena
-    first = _Event()
-    a.set_latest_forward_done_event(first)
-    a.set_inflight_forward(first, out)
+    first = gpu.launch()
+    _report(a, first, out)
     a.available_size()
     assert arena.pinned("state").numel() == 1  # the mamba pool: every live slot (SGLang names none)
-    first.done = True
-    second = _Event()
-    a.set_latest_forward_done_event(second)
-    a.set_inflight_forward(second, None)  # a forward that writes none of these pools: it still reads them
+    first.synchronize()  # the scheduler processed its result
+    second = gpu.launch()
+    _report(a, second, None)  # a forward that writes none of these pools: it still reads them
     a.available_size()
     assert arena.in_flight and arena.pinned("full").numel() == 0 and arena.pinned("state").numel() == 0
-    assert stream.waited == [first]  # the fired forward settled (its wait a no-op), the new one did not
-    a.set_latest_forward_done_event(None)
+    second.synchronize()  # the last forward's result processed; nothing launched after it
     a.available_size()
-    assert not arena.in_flight and stream.waited == [first, second]
+    assert not arena.in_flight and gpu.waits == 0  # idle, and no wait landed anything
 
 
-def test_two_forwards_reported_before_a_call_are_both_pinned(stream):
+def test_two_forwards_reported_before_a_call_are_both_pinned(gpu):
     """Forwards the scheduler launched without an allocator call between
     them are handed over in order: the first's pins are kept (its event has
-    not fired), the second's added; one settle waits on the second."""
+    not fired), the second's added; one settle waits for both, in order."""
     a = _drop_in()
-    one = a.alloc_extend(*[torch.tensor([0])] * 2, *[torch.tensor([4])] * 2, torch.tensor([-1]), 4)
-    two = a.alloc_extend(*[torch.tensor([0])] * 2, *[torch.tensor([4])] * 2, torch.tensor([-1]), 4)
-    first, second = _Event(), _Event()
-    for ev, out in ((first, one), (second, two)):
-        a.set_latest_forward_done_event(ev)
-        a.set_inflight_forward(ev, out)
+    one, two = _extend(a, 4), _extend(a, 4)
+    first, second = gpu.launch(), gpu.launch()
+    _report(a, first, one)
+    _report(a, second, two)
     arena = a.composite.arena
-    assert arena.pinned("full").numel() == 2 and stream.waited == []
+    assert arena.pinned("full").numel() == 2 and gpu.waits == 0
     a.composite.settle()
-    assert stream.waited == [second] and arena.pinned("full").numel() == 0
+    assert gpu.waits == 2 and first.query() and second.query() and arena.pinned("full").numel() == 0
 
 
-def test_the_event_alone_hands_over_a_forward_that_only_reads():
+def test_the_event_alone_hands_over_a_forward_that_only_reads(gpu):
     a = _drop_in()
-    out = a.alloc_extend(*[torch.tensor([0])] * 2, *[torch.tensor([4])] * 2, torch.tensor([-1]), 4)
-    a.set_latest_forward_done_event(_Event())
+    out = _extend(a, 4)
+    a.set_latest_forward_done_event(gpu.launch())
     arena = a.composite.arena
     assert arena.in_flight and arena.pinned("full").numel() == 0 and out is not None
 
 
+def test_forwards_on_a_cpu_stream_hold_nothing_past_the_next_call():
+    """SGLang on a CPU (``kvarena.sglang.engine``): each forward runs on a
+    real ``torch.cpu`` stream and reports a real ``torch.cpu.Event``, done
+    by the time the hooks run.  The drop-in holds nothing for it once the
+    next call has run."""
+    a = _drop_in()
+    forward = torch.cpu.Stream()
+    arena = a.composite.arena
+    for _ in range(3):
+        out = _extend(a, 4)
+        ev = torch.cpu.Event()
+        ev.record(forward)
+        _report(a, ev, out)
+        a.available_size()
+    a.available_size()
+    assert not arena.in_flight and arena.pinned("full").numel() == 0 and arena.pinned("swa").numel() == 0
+
+
 @pytest.mark.parametrize("kind", stacks.KINDS)
-def test_the_step_path_with_a_forward_in_flight_reads_nothing_back(kind, monkeypatch, stream):
+def test_the_step_path_with_a_forward_in_flight_reads_nothing_back(kind, monkeypatch, gpu):
     """The hooks, the hand-over (a scatter) and the decode step after it,
     with every sync-forcing tensor method poisoned."""
     a, first = test_host_sync.warm(kind, 4)
-    ev = _Event()
+    ev = gpu.launch()
     _poison(monkeypatch)
-    a.set_latest_forward_done_event(ev)
-    a.set_inflight_forward(ev, first)
+    _report(a, ev, first)
     out = test_host_sync.step(a, kind, 4, first)
     assert a._composite.arena.in_flight
     monkeypatch.undo()

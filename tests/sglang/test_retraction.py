@@ -9,8 +9,8 @@ resumes the request, allocates it again and loads the copy back
 
 ``RetractingServer`` is the overlap event loop of
 ``tests/sglang/test_overlap.py`` (SGLang's ``ScheduleBatch``,
-``UnifiedRadixCache``; a fake GPU whose forwards land late) whose scheduler,
-at given steps right after a launch, retracts a request of the forward in
+``UnifiedRadixCache``; ``overlap.Device``, forwards that land late) whose
+scheduler, at given steps right after a launch, retracts a request of the forward in
 flight with SGLang's ``release_req`` as ``retract_decode`` calls it on a PD
 decode server (SGLang's disagg config seen in decode mode, ``cpu_tensor``):
 the forward may still be writing the request's tokens and state.  Once the
