@@ -58,7 +58,7 @@ no_skips() {
 "$PY" -m pytest -m cuda -q -rs \
   tests/verification/test_differential.py tests/impl/test_arena.py tests/impl/test_host_sync.py \
   tests/verification/test_differential_composites.py tests/impl/test_composites.py \
-  tests/sglang/test_workload.py tests/sglang/test_host_sync.py | tee "$log"
+  tests/sglang/test_workload.py tests/sglang/test_host_sync.py tests/sglang/test_step_frees.py | tee "$log"
 no_skips "default kernels"
 
 # 3. torch's kernels: the same unit, sync-debug and drop-in tests (KVARENA_KERNELS is the
@@ -71,7 +71,7 @@ sys.exit(0 if a.kernels == 'torch' else 'cuda_checks: KVARENA_KERNELS=torch did 
 "
 KVARENA_KERNELS=torch "$PY" -m pytest -m cuda -q -rs \
   tests/impl/test_arena.py tests/impl/test_host_sync.py tests/impl/test_composites.py \
-  tests/sglang/test_workload.py tests/sglang/test_host_sync.py | tee "$log"
+  tests/sglang/test_workload.py tests/sglang/test_host_sync.py tests/sglang/test_step_frees.py | tee "$log"
 no_skips "torch kernels"
 
 # 5. the benchmarks, every number in one JSON

@@ -819,3 +819,34 @@ def test_the_trusted_segment_free_reads_nothing_with_the_host_count(monkeypatch,
         assert torch.equal(c.arena.buffer, twin.arena.buffer)
         assert c.arena.live_pages("full") == 0
         check(c)
+
+
+@pytest.mark.cuda
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="no CUDA device")
+@pytest.mark.parametrize("kind", ["hybrid", "mamba", "tri"])
+def test_no_kernel_compiles_after_the_prewarm_on_cuda(kind):
+    """On a GPU, Triton's own caches: after ``Arena.prewarm`` the trusted
+    step, with forwards in flight and the per-step frees, compiles nothing."""
+    from kvarena.impl import triton_kernels as tk
+
+    kernels = (tk.bind_kernel, tk.decode_kernel, tk.extend_kernel, tk.free_kernel, tk.free_live_kernel)
+
+    def compiled():
+        return sum(len(cache[0]) for k in (*kernels, tk.translate_kernel) for cache in k.device_caches.values())
+
+    c, step = trusted_run(kind, True, device="cuda", host_copies=True)
+    c.arena.kernels = "triton"
+    assert c.arena.prewarm() == 47
+    torch.cuda.synchronize()
+    before = compiled()
+    assert before > 0
+    last = None
+    for _ in range(8):
+        if last is not None:
+            c.launch(last, check=False)
+        last = step()
+    c.settle()
+    t = c.alloc_extend([0], [9], [-1])
+    c.free_segment(t, 0, False, num_live=0 if kind == "mamba" else 3)  # 9 tokens: 3 pages, their window live
+    torch.cuda.synchronize()
+    assert compiled() == before

@@ -32,13 +32,14 @@ I64 = torch.int64
 _common = import_sglang("sglang.srt.mem_cache.common")
 
 
-def _stack(kind, ps):
+def _stack(kind, ps, device="cpu"):
     """A stack with three requests prefilled (3 pages and a token, 2 pages, 2 pages) and, for mamba, a slot each."""
     ks.install()
-    a = stacks.build(kind, page_size=ps).token_to_kv_pool_allocator
+    a = stacks.build(kind, page_size=ps, device=device).token_to_kv_pool_allocator
     lens = [3 * ps + 1, 2 * ps, 2 * ps]
     p, s = torch.zeros(3, dtype=I64), torch.tensor(lens)
-    out = a.alloc_extend(p, p, s, s, torch.full((3,), -1), sum(lens))
+    d = torch.device(device)
+    out = a.alloc_extend(p.to(d), p, s.to(d), s, torch.full((3,), -1, device=d), sum(lens))
     rows = list(torch.split(out, lens))
     slots = a.mamba_allocator.alloc(3) if kind != "swa" else None
     return a, rows, slots
@@ -79,6 +80,20 @@ def test_the_engines_frees_read_nothing_back(monkeypatch, kind, ps):
     arena = a.composite.arena
     assert all(arena.live_pages(n) == 0 for n in a.CHAIN), {n: arena.live_pages(n) for n in a.CHAIN}
     assert a.skipped_frees == 0
+
+
+@pytest.mark.cuda
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="no CUDA device")
+@pytest.mark.parametrize("kind", stacks.KINDS)
+def test_the_engines_frees_under_cuda_sync_debug_error(kind):
+    a, rows, slots = _stack(kind, 4, device="cuda")
+    torch.cuda.synchronize()
+    torch.cuda.set_sync_debug_mode("error")
+    try:
+        _engine_step_frees(a, kind, 4, rows, slots)
+    finally:
+        torch.cuda.set_sync_debug_mode(0)
+    assert a.verify_byte_accounting() == []
 
 
 def test_the_poison_catches_a_read_on_a_free(monkeypatch):
@@ -197,6 +212,29 @@ def test_planted_a_drop_in_that_never_reads_the_event_stays_in_flight(monkeypatc
     monkeypatch.setattr(allocators._Dropin, "_settle_if_fired", lambda self: None)
     with pytest.raises(AssertionError):
         test_idle_after_the_last_forward_with_sglangs_call_order("swa")
+
+
+def test_a_draft_step_writes_past_out_cache_loc_unpinned_unless_named():
+    """Recorded (docs/findings.md, 12, `draft-writes-past-out-cache-loc`): the
+    write set is what ``set_inflight_forward`` names.  SGLang names
+    ``out_cache_loc``, and a speculative draft step also writes the slots
+    ``alloc_for_spec_decode`` allocated past it: those pages stay movable
+    while the forward runs, in SGLang's allocator and in kvarena's.  Named,
+    they are pinned like any write."""
+    a, rows, _ = _stack("swa", 4)
+    out, ahead = rows[1][:4], rows[1][4:]  # the step's slots, and the draft's allocated ahead
+    ev = _GpuEvent()
+    a.set_latest_forward_done_event(ev)
+    a.set_inflight_forward(ev, out)
+    arena = a.composite.arena
+    pinned = set(arena.pinned("full").tolist())
+    assert set(a.full_attn_allocator.translate_kv_loc(out[:1]).div(4, rounding_mode="floor").tolist()) <= pinned
+    assert not set(a.full_attn_allocator.translate_kv_loc(ahead[:1]).div(4, rounding_mode="floor").tolist()) & pinned
+    ev2 = _GpuEvent()
+    a.set_latest_forward_done_event(ev2)
+    a.set_inflight_forward(ev2, torch.cat([out, ahead]))
+    pinned = set(a.composite.arena.pinned("full").tolist())
+    assert set(a.full_attn_allocator.translate_kv_loc(ahead[:1]).div(4, rounding_mode="floor").tolist()) <= pinned
 
 
 # ------------------------------------------------------------ the write translation
