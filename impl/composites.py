@@ -848,9 +848,10 @@ class _Composite:
         """Free the pages of these tokens: their swa entries still live, then
         the full pages, both in ascending page order.  Every token must be
         live in full (``-1``, page 0, out of range, unknown, freed or
-        repeated: ``ValueError``, nothing changed).  A cold path: it
-        validates on the host.  Both frees are one ``atomic()`` scope
-        (docs/design.md §6, §9c).
+        repeated: ``ValueError``, nothing changed).  It validates on the
+        host (documented reads); the engine's per-step free, which reads
+        nothing, is ``free_segment(check=False)``.  Both frees are one
+        ``atomic()`` scope (docs/design.md §6, §9c).
 
         Args:
             token_ids: tokens live in full.
