@@ -890,12 +890,14 @@ class _Composite:
         full; one ``atomic()`` scope."""
         if not pages:
             return None
+        ids = torch.tensor(pages, dtype=I64, device=self.device)
         with self.arena.atomic():  # both frees or neither
-            live = self._swa_live(pages) if live is None else live
+            if live is None and self._has(SWA):
+                swa = self.arena.v2p_at(SWA, ids).tolist()  # SYNC: checked path
+                live = [p for p, s in zip(pages, swa) if s > 0]
             if live:
                 # in flight, checked: the arena counts the freed pins exactly (docs/design.md §12)
                 self.arena.free(SWA, torch.tensor(live, dtype=I64, device=self.device), check=self.arena.in_flight)
-            ids = torch.tensor(pages, dtype=I64, device=self.device)
             self.arena.free(FULL, ids, check=self.arena.in_flight)
         return None
 
