@@ -215,6 +215,13 @@ def _int(what: str, v: SupportsIndex) -> int:
         raise ValueError(f"{what} must be an int, got {v!r}") from None
 
 
+def _segment_start(what: str, start_pos: SupportsIndex, ps: int) -> None:
+    """A segment's start position: a non-negative multiple of the page size (its representatives are ``[::ps]``)."""
+    start = _int(f"{what}: start_pos", start_pos)
+    if start < 0 or start % ps:
+        raise ValueError(f"{what}: start_pos {start} must be a non-negative multiple of page_size {ps}")
+
+
 def _count(what: str, v: SupportsIndex) -> int:
     v = _int(what, v)
     if v < 0:
@@ -935,9 +942,7 @@ class _Composite:
         """
         ps = self.page_size
         if check:
-            start = _int("free_segment: start_pos", start_pos)
-            if start < 0 or start % ps:
-                raise ValueError(f"free_segment: start_pos {start} must be a non-negative multiple of page_size {ps}")
+            _segment_start("free_segment", start_pos, ps)
             pages = self._pages_to_free(self._vec("free_segment: token_ids", token_ids)[::ps])
             live = self._swa_live(pages)
             if num_live is not None and _int("free_segment: num_live", num_live) != len(live):
@@ -1317,9 +1322,7 @@ class _WithSWA(_Composite):
             if count < 0:
                 self._explain_reps(reps, end)
         else:
-            start = _int("free_swa: start_pos", start_pos)
-            if start < 0 or start % ps:
-                raise ValueError(f"free_swa: start_pos {start} must be a non-negative multiple of page_size {ps}")
+            _segment_start("free_swa", start_pos, ps)
             reps = self._vec("free_swa: token_ids", token_ids)[::ps]
             claimed = None if num_live is None else _int("free_swa: num_live", num_live)
             count = None

@@ -67,6 +67,13 @@ def _int(what: str, v: SupportsIndex) -> int:
         raise ValueError(f"{what} must be an int, got {v!r}") from None
 
 
+def _segment_start(what: str, start_pos: SupportsIndex, ps: int) -> None:
+    """A segment's start position: a non-negative multiple of the page size (its representatives are ``[::ps]``)."""
+    start = _int(f"{what}: start_pos", start_pos)
+    if start < 0 or start % ps:
+        raise ValueError(f"{what}: start_pos {start} must be a non-negative multiple of page_size {ps}")
+
+
 def _ints(what: str, seq: Sequence[int]) -> list[int]:
     """Any ordered sequence of ints (a list, tuple, range, array), as a list;
     a string, set or mapping is not one."""
@@ -528,9 +535,7 @@ class _Composite:
         """
         ps = self.page_size
         toks = _ints("free_segment: token_ids", token_ids)
-        start = _int("free_segment: start_pos", start_pos)
-        if start < 0 or start % ps:
-            raise ValueError(f"free_segment: start_pos {start} must be a non-negative multiple of page_size {ps}")
+        _segment_start("free_segment", start_pos, ps)
         pages = self._pages_to_free(toks[::ps])
         if num_live is not None:
             claimed, live = _int("free_segment: num_live", num_live), len(self._swa_live(pages))
@@ -1011,9 +1016,7 @@ class _WithSWA(_Composite):
         """
         ps = self.page_size
         toks = _ints("free_swa: token_ids", token_ids)
-        start = _int("free_swa: start_pos", start_pos)
-        if start < 0 or start % ps:
-            raise ValueError(f"free_swa: start_pos {start} must be a non-negative multiple of page_size {ps}")
+        _segment_start("free_swa", start_pos, ps)
         swa = self.arena.v2p(SWA)
         reps = toks[::ps]
         for t in reps:

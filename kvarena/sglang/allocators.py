@@ -850,9 +850,9 @@ class _Dropin:
             _log.warning("kvarena: pool 'full': free skipped %d ids that name no live page", skipped)
         if pages:
             ids = torch.tensor(list(pages), dtype=I64).to(c.device, non_blocking=True) * ps
-            self._free_reps(ids, sum(pages.values()), checked=True)
+            self._free_reps(ids, sum(pages.values()))
 
-    def _free_reps(self, reps: torch.Tensor, swa_live: int, checked: bool = False) -> None:
+    def _free_reps(self, reps: torch.Tensor, swa_live: int) -> None:
         """The trusted segment free of page representatives (one token per
         page, each page once, live in full), ``swa_live`` of their SWA
         entries live (SGLang's host split): no read.  The contract is

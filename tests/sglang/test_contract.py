@@ -701,7 +701,7 @@ def _plants(A):
         return got
 
     def trusting_free(self, idx):  # SGLang-like: a plain free trusts its ids, a dead one freed again
-        self._free_reps(idx.reshape(-1).to(torch.int64)[:: self.page_size], 0, checked=True)
+        self._free_reps(idx.reshape(-1).to(torch.int64)[:: self.page_size], 0)
 
     return {
         "alloc_leaks_on_shortfall": (A._Dropin, "alloc", leaky_alloc, "shortfall", AssertionError),

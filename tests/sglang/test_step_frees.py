@@ -280,23 +280,28 @@ def test_the_kernels_specialize_on_constexprs_alone():
 
     from kvarena.impl import triton_kernels as tk
 
-    for k in (tk.bind_kernel, tk.decode_kernel, tk.extend_kernel, tk.free_kernel, tk.free_live_kernel):
-        flags = getattr(k, "kwargs", None) or {
-            "do_not_specialize": k.do_not_specialize,
-            "do_not_specialize_on_alignment": k.do_not_specialize_on_alignment,
-        }
-        j = JITFunction(k.fn, **{f: v for f, v in flags.items() if f.startswith("do_not")})
-        loose = [p.name for p in j.params if not p.is_constexpr and not p.do_not_specialize]
-        loose = [n for n in loose if not next(p for p in j.params if p.name == n).do_not_specialize_on_alignment]
+    for k in (
+        tk.bind_kernel,
+        tk.decode_kernel,
+        tk.extend_kernel,
+        tk.free_kernel,
+        tk.free_live_kernel,
+        tk.translate_kernel,
+    ):
+        flags = {f: v for f, v in (getattr(k, "kwargs", None) or vars(k)).items() if f.startswith("do_not")}
+        params = JITFunction(k.fn, **flags).params  # Triton's own reading of them (interpreted or not)
+        loose = [
+            p.name for p in params if not (p.is_constexpr or p.do_not_specialize or p.do_not_specialize_on_alignment)
+        ]
         assert loose == [], (k.fn.__name__, loose)
 
 
-pytestmark_triton = pytest.mark.skipif(
+needs_triton = pytest.mark.skipif(
     kernels.unavailable(torch.device("cpu")) is not None, reason=str(kernels.unavailable(torch.device("cpu")))
 )
 
 
-@pytestmark_triton
+@needs_triton
 @pytest.mark.parametrize("kind", stacks.KINDS)
 def test_no_kernel_variant_first_launches_after_the_prewarm(monkeypatch, kind):
     monkeypatch.setenv(factories.KERNELS_ENV, "triton")
@@ -318,7 +323,7 @@ def test_no_kernel_variant_first_launches_after_the_prewarm(monkeypatch, kind):
     assert seen and seen <= warm, sorted(seen - warm)
 
 
-@pytestmark_triton
+@needs_triton
 def test_planted_a_prewarm_that_forgets_the_borrower_misses_a_variant(monkeypatch):
     monkeypatch.setattr(Arena, "prewarm", lambda self: kernels.prewarm(self.device, [True]))
     with pytest.raises(AssertionError, match="free"):
