@@ -494,13 +494,13 @@ def plant_from_env() -> None:
         return
     if name not in PLANTS:
         raise ValueError(f"{PLANT_ENV}={name!r}: use one of {sorted(PLANTS)}")
-    from . import allocators
+    from . import dropin, views
 
     where, bug = PLANTS[name]
     if where == "_move_pages":
-        setattr(allocators._Dropin, "_move_pages", lambda self, pool, dst, src: bug(self, pool, dst, src))  # noqa: B010
+        setattr(dropin._Dropin, "_move_pages", lambda self, pool, dst, src: bug(self, pool, dst, src))  # noqa: B010
     else:
-        allocators._translate = bug(allocators._translate)
+        views._translate = bug(views._translate)
 
 
 def _child(spec_path: str, out_path: str) -> None:

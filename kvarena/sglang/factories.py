@@ -12,7 +12,10 @@ Which kernels run the composites' step calls (``"torch"`` or ``"triton"``,
 docs/design.md §14): ``install(kernels=...)`` when given; else the
 environment variable ``KVARENA_KERNELS`` (``torch`` or ``triton``; another
 value is a ``ValueError`` naming it), read when an allocator is built; else
-the device's default (Triton on CUDA, torch elsewhere).
+the device's default (Triton on CUDA, torch elsewhere): ``settings.py``.
+
+This module imports neither sglang nor the allocator classes when it loads;
+``install`` imports the classes (``allocators.py``), which never import it.
 """
 
 import functools
@@ -21,8 +24,9 @@ import os
 
 from kvarena.anchor.loader import import_sglang
 
+from .settings import POLICIES
+
 ENV = "KVARENA_SGLANG"  # "1" or "planner", or "anchor": the policy; read by the startup hook
-KERNELS_ENV = "KVARENA_KERNELS"  # "torch" or "triton": the composites' kernels (kvarena.impl.kernels.ENV)
 POOL_MODULE = "sglang.srt.mem_cache.unified_memory_pool"
 FACTORIES = {
     "init_unified_swa_pools": ("sglang.srt.mem_cache.allocator.unified_hybrid_swa", "UnifiedSWATokenToKVPoolAllocator"),
@@ -47,20 +51,6 @@ def policy_from_env(value: str | None) -> str | None:
     raise ValueError(f"{ENV}={value!r}: use 1 (the planner), planner or anchor; 0 or unset for SGLang's allocator")
 
 
-def kernels_from_env(value: str | None) -> str | None:
-    """The kernels ``KVARENA_KERNELS`` asks for, or None when it is unset or
-    empty (the device's default): ``kvarena.impl.kernels.from_env``."""
-    from kvarena.impl.kernels import from_env
-
-    return from_env(value)
-
-
-def kernels_choice(kernels: str | None = None) -> str | None:
-    """The kernels an allocator is built with: ``kernels`` when given, else
-    what ``KVARENA_KERNELS`` asks for, else None (the device's default)."""
-    return kernels if kernels is not None else kernels_from_env(os.environ.get(KERNELS_ENV))
-
-
 def install(policy: str = "planner", kernels: str | None = None) -> None:
     """From now on SGLang's three factories build kvarena's allocators
     (``policy``: ``"planner"`` or ``"anchor"``; ``kernels``: ``"torch"`` or
@@ -70,8 +60,8 @@ def install(policy: str = "planner", kernels: str | None = None) -> None:
 
     from . import allocators
 
-    if policy not in allocators.POLICIES:
-        raise ValueError(f"policy must be one of {allocators.POLICIES}, got {policy!r}")
+    if policy not in POLICIES:
+        raise ValueError(f"policy must be one of {POLICIES}, got {policy!r}")
     if kernels is not None and kernels not in KERNELS:
         raise ValueError(f"kernels must be one of {KERNELS}, got {kernels!r}")
     pool_module = import_sglang(POOL_MODULE)

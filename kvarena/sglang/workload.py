@@ -878,7 +878,7 @@ def run(
     )
     # the schedule stream, which the allocator waits on for a forward or a host transfer
     stream = w.gpu or (w.host.engine if w.host is not None else None)
-    from .allocators import _Dropin
+    from .dropin import _Dropin
 
     sglang_allocator = not isinstance(w.alloc, _Dropin)  # SGLang's own asks torch.cuda for its stream
     with contextlib.nullcontext() if stream is None else stream.current(sglang_allocator):

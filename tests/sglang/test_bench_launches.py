@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from kvarena.impl import kernels
-from kvarena.sglang import allocators, bench, stacks
+from kvarena.sglang import bench, dropin, stacks
 
 
 def test_every_side_is_counted_and_a_step_varies_over_a_page():
@@ -29,13 +29,13 @@ def test_kvarenas_triton_step_launches_no_more_than_sglangs(batch):
 
 def test_a_planted_operation_in_a_step_call_is_counted(monkeypatch):
     base = bench.decode_step_launches(64, "kvarena_torch")
-    real = allocators._Dropin.translate_kv_loc
+    real = dropin._Dropin.translate_kv_loc
 
     def two_more(self, loc, *, out=None):
         torch.zeros_like(loc).add_(1)  # two device operations, once a step
         return real(self, loc, out=out)
 
-    monkeypatch.setattr(allocators._Dropin, "translate_kv_loc", two_more)
+    monkeypatch.setattr(dropin._Dropin, "translate_kv_loc", two_more)
     assert bench.decode_step_launches(64, "kvarena_torch") == [n + 2 for n in base]
 
 

@@ -690,9 +690,12 @@ def test_bad_input(s, case):
 # ----------------------------------------------------------------- planted
 
 
-def _plants(A):
+def _plants():
     """A bug each, planted in kvarena's classes: ``(class, member, replacement, the test it breaks, what fails)``."""
-    alloc, translate = A._Dropin.alloc, A.BandView.translate_kv_loc
+    from kvarena.sglang import allocators as A
+    from kvarena.sglang import dropin, views
+
+    alloc, translate = dropin._Dropin.alloc, views.BandView.translate_kv_loc
 
     def leaky_alloc(self, n):  # a shortfall that still takes a page
         got = alloc(self, n)
@@ -704,32 +707,32 @@ def _plants(A):
         self._free_reps(idx.reshape(-1).to(torch.int64)[:: self.page_size], 0)
 
     return {
-        "alloc_leaks_on_shortfall": (A._Dropin, "alloc", leaky_alloc, "shortfall", AssertionError),
+        "alloc_leaks_on_shortfall": (dropin._Dropin, "alloc", leaky_alloc, "shortfall", AssertionError),
         "translate_wraps_negative_ids": (
-            A.BandView,
+            views.BandView,
             "translate_kv_loc",
             lambda self, loc, *, out=None: translate(self, loc.abs(), out=out),
             "translation",
             AssertionError,
         ),
-        "group_frees_at_once": (A._Dropin, "free_group_begin", lambda self: None, "group", AssertionError),
+        "group_frees_at_once": (dropin._Dropin, "free_group_begin", lambda self: None, "group", AssertionError),
         "swa_segment_frees_full_too": (
             A._SWACalls,
             "free_swa_segment",
-            lambda self, idx, *, start_pos: A._Dropin.free_segment(self, idx, start_pos=start_pos),
+            lambda self, idx, *, start_pos: dropin._Dropin.free_segment(self, idx, start_pos=start_pos),
             "swa",
             AssertionError,
         ),
-        "clear_does_nothing": (A._Dropin, "clear", lambda self: None, "clear", AssertionError),
-        "bad_free_trusted": (A._Dropin, "free", trusting_free, "bad", AssertionError),
+        "clear_does_nothing": (dropin._Dropin, "clear", lambda self: None, "clear", AssertionError),
+        "bad_free_trusted": (dropin._Dropin, "free", trusting_free, "bad", AssertionError),
         "page_table_is_a_copy": (
-            A._Dropin,
+            dropin._Dropin,
             "full_v2p_page_table",
             property(lambda self: self.full_attn_allocator.virtual_to_physical.clone()),
             "tables",
             AssertionError,
         ),
-        "slot_free_does_nothing": (A.StateView, "free", lambda self, idx: None, "slots", AssertionError),
+        "slot_free_does_nothing": (views.StateView, "free", lambda self, idx: None, "slots", AssertionError),
         "tri_pool_eviction_gate_missing": (
             A.UnifiedMambaSWATokenToKVPoolAllocator,
             "_token_reclaim_satisfied",
@@ -756,9 +759,7 @@ PLANTED = (
 @pytest.mark.parametrize("plant", PLANTED)
 def test_planted_the_contract_catches(build, monkeypatch, plant):
     """Each planted bug in kvarena's drop-in makes the contract test it concerns fail."""
-    from kvarena.sglang import allocators as A
-
-    cls, member, bad, which, fails = _plants(A)[plant]
+    cls, member, bad, which, fails = _plants()[plant]
     monkeypatch.setattr(cls, member, bad)
     run = {
         "shortfall": lambda: test_shortfall_returns_none_and_changes_nothing(build("kvarena", "swa", 4)),

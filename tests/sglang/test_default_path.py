@@ -160,9 +160,9 @@ def test_a_page_over_a_former_state_slot_reads_no_nan(build, impl, kind, ps, laz
 def test_planted_no_zeroing_reads_nan_through_a_fresh_page(build, monkeypatch):
     """Planted: the drop-in without its zeroing (kvarena before issue 40)
     hands out pages that read a former state slot's NaNs."""
-    from kvarena.sglang import allocators
+    from kvarena.sglang import dropin
 
-    monkeypatch.setattr(allocators._Dropin, "_zero_fresh", lambda self, ids: None)
+    monkeypatch.setattr(dropin._Dropin, "_zero_fresh", lambda self, ids: None)
     handed, nan = nan_over_former_state(build("kvarena", "mamba", 4, False))
     assert nan > 0 and handed >= nan
 
@@ -331,13 +331,13 @@ def test_table_bytes_are_at_most_sglangs(build, kind, ps, lazy):
 def test_the_table_free_boot_state_gives_the_twins_answers(build, kind, ps):
     """The boot state the gates price keeps no table; it answers every demand
     as a whole boot-state composite (with its tables) does."""
-    from kvarena.sglang import allocators
+    from kvarena.sglang import dropin
 
     a = build("kvarena", kind, ps).a
     twin = a._boot_state()
     assert all(b.v2p.numel() == b.p2v.numel() == 0 for b in twin.arena.bands.values())
     args, kw, raw = a._twin_args
-    whole = a.KIND(*args, **kw, buffer=raw, mover=allocators._refuse_moves)
+    whole = a.KIND(*args, **kw, buffer=raw, mover=dropin._refuse_moves)
     most = a.composite.arena.geometry("full").num_pages * ps
     slots = (0, 1, 5) if kind == "mamba_swa" else (0,)
     for tokens in range(0, most + 3 * ps, max(1, most // 23)):

@@ -18,7 +18,7 @@ import pytest
 import torch
 
 from kvarena import sglang as ks
-from kvarena.sglang import allocators, cli, stacks, workload
+from kvarena.sglang import allocators, cli, dropin, stacks, surface, workload
 from kvarena.sglang.hicache import HostCache
 
 I64 = torch.int64
@@ -35,9 +35,9 @@ def _stack(kind: str, ps: int = 4, lazy: bool = True):
 
 def test_the_hicache_calls_left_unsupported():
     """The issue's list: HiCache's calls are kvarena's now; PD's still raise."""
-    assert not set(HICACHE) & set(allocators.UNSUPPORTED)
-    assert {"draft_virtual_id_space", "get_cpu_copy", "load_cpu_copy"}.isdisjoint(allocators.UNSUPPORTED)
-    assert "set_disagg_move_gate" in allocators.UNSUPPORTED
+    assert not set(HICACHE) & set(surface.UNSUPPORTED)
+    assert {"draft_virtual_id_space", "get_cpu_copy", "load_cpu_copy"}.isdisjoint(surface.UNSUPPORTED)
+    assert "set_disagg_move_gate" in surface.UNSUPPORTED
 
 
 @pytest.mark.parametrize("kind", stacks.KINDS)
@@ -179,7 +179,7 @@ def test_sglang_runs_the_hicache_workload(kind, overlap):
 
 
 def _ungated(monkeypatch) -> None:
-    monkeypatch.setattr(allocators._Dropin, "set_host_transfer_move_gate", lambda self, gate: None)
+    monkeypatch.setattr(dropin._Dropin, "set_host_transfer_move_gate", lambda self, gate: None)
 
 
 @pytest.mark.parametrize("kind", stacks.KINDS)

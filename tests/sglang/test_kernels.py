@@ -11,7 +11,7 @@ import torch
 
 from kvarena import sglang as ks
 from kvarena.impl import kernels
-from kvarena.sglang import factories, stacks, workload
+from kvarena.sglang import settings, stacks, workload
 
 pytestmark = pytest.mark.skipif(
     kernels.unavailable(torch.device("cpu")) is not None, reason=str(kernels.unavailable(torch.device("cpu")))
@@ -21,7 +21,7 @@ pytestmark = pytest.mark.skipif(
 def launched(monkeypatch, kind, **kw):
     """``workload.run`` with ``KVARENA_KERNELS=triton``: its report, and the
     Triton kernels launched, by name."""
-    monkeypatch.setenv(factories.KERNELS_ENV, "triton")
+    monkeypatch.setenv(settings.KERNELS_ENV, "triton")
     ks.install()
     seen = collections.Counter()
 
@@ -78,17 +78,17 @@ def arena_kernels():
 
 
 def test_the_kernels_come_from_install_else_the_environment_else_the_device(monkeypatch):
-    monkeypatch.delenv(factories.KERNELS_ENV, raising=False)
+    monkeypatch.delenv(settings.KERNELS_ENV, raising=False)
     ks.install()
     assert arena_kernels() == "torch"  # the CPU's default
     for value in ("triton", " Torch "):
-        monkeypatch.setenv(factories.KERNELS_ENV, value)
+        monkeypatch.setenv(settings.KERNELS_ENV, value)
         assert arena_kernels() == value.strip().lower()
-    monkeypatch.setenv(factories.KERNELS_ENV, "triton")
+    monkeypatch.setenv(settings.KERNELS_ENV, "triton")
     ks.install(kernels="torch")  # the bench's choice wins
     assert arena_kernels() == "torch"
     ks.install()
-    monkeypatch.setenv(factories.KERNELS_ENV, "cuda")
+    monkeypatch.setenv(settings.KERNELS_ENV, "cuda")
     with pytest.raises(ValueError, match="KVARENA_KERNELS='cuda'"):
         arena_kernels()
     with pytest.raises(ValueError, match="kernels must be one of"):

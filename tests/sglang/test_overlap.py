@@ -45,7 +45,7 @@ import torch
 
 from kvarena import sglang as ks
 from kvarena.anchor.loader import import_sglang
-from kvarena.sglang import allocators, overlap, stacks, workload
+from kvarena.sglang import allocators, dropin, forwards, overlap, stacks, surface, workload
 from tests.impl.test_host_sync import _poison
 from tests.sglang import test_host_sync
 from tests.sglang.test_scheduler import BIG, _free_state_slots, _mods, _state_of, budget
@@ -133,19 +133,19 @@ def test_the_composites_non_urgent_flush_skips_what_a_forward_holds(kind, monkey
 
 
 def _no_wait(monkeypatch) -> None:
-    monkeypatch.setattr(allocators._Dropin, "_wait_forward_done", lambda self: None)
+    monkeypatch.setattr(dropin._Dropin, "_wait_forward_done", lambda self: None)
 
 
 def _wait_on_the_forward_stream(monkeypatch) -> None:
     """The drop-in's waits issued on the forward stream, not the schedule
     stream it works on: a GPU orders nothing by them (the forward stream is
     in order already), and neither does the harness."""
-    monkeypatch.setattr(allocators._Dropin, "_current_stream", lambda self: self.forward_stream)
+    monkeypatch.setattr(dropin._Dropin, "_current_stream", lambda self: self.forward_stream)
 
 
 def _state_unpinned(monkeypatch) -> None:
     """SGLang's None for the mamba pool taken as "writes no slot"."""
-    real = allocators._Dropin._take_forward
+    real = dropin._Dropin._take_forward
 
     def take(self):
         c = self._composite
@@ -156,7 +156,7 @@ def _state_unpinned(monkeypatch) -> None:
         finally:
             del c.launch
 
-    monkeypatch.setattr(allocators._Dropin, "_take_forward", take)
+    monkeypatch.setattr(dropin._Dropin, "_take_forward", take)
 
 
 PLANTS = {
@@ -521,7 +521,7 @@ class Server:
         self.alloc.flush_opportunistic()
         self.stats["idle audits"] += 1
         self.stats["idle audit"] = self.alloc.verify_byte_accounting()
-        if isinstance(self.alloc, allocators._Dropin):  # the last forward settled: nothing held for it
+        if isinstance(self.alloc, dropin._Dropin):  # the last forward settled: nothing held for it
             self.stats["idle in flight"] += self.alloc.composite.arena.in_flight
         self.idle = True
 
@@ -564,7 +564,7 @@ class Server:
         for i in range(n):
             self.new_req(f"r{i}", shared + list(range(100 * i, 100 * i + 3 * self.ps + 2 * i + 1)), 4 + 3 * (i % 5))
         bad = 0
-        with self.gpu.current(sglang_allocator=sglang_stream and not isinstance(self.alloc, allocators._Dropin)):
+        with self.gpu.current(sglang_allocator=sglang_stream and not isinstance(self.alloc, dropin._Dropin)):
             for k in range(steps):
                 self.step(k)
                 bad += self.check()
@@ -837,5 +837,5 @@ def test_a_late_write_on_a_cuda_stream_survives_a_relocation(honoured, monkeypat
 def test_the_hooks_are_no_longer_unsupported():
     for cls in allocators.ALLOCATORS:
         for hook in HOOKS:
-            assert hook not in allocators.UNSUPPORTED
-            assert getattr(cls, hook).__module__ == allocators.__name__
+            assert hook not in surface.UNSUPPORTED
+            assert getattr(cls, hook).__module__ == forwards.__name__

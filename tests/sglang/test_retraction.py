@@ -28,7 +28,7 @@ import pytest
 import torch
 
 from kvarena.anchor.loader import import_sglang
-from kvarena.sglang import allocators, stacks
+from kvarena.sglang import dropin, stacks, surface
 from tests.sglang.test_overlap import SERVER_CASES, Server
 from tests.sglang.test_scheduler import _free_state_slots, _state_of
 
@@ -175,7 +175,7 @@ def test_retraction_to_host_round_trips_every_byte(kind, ps, lazy, policy, monke
 def test_a_backup_that_does_not_settle_the_forward_is_caught(monkeypatch):
     """Planted: ``get_cpu_copy`` copies while the forward in flight has not
     written yet (no settle): the restored bytes are stale."""
-    monkeypatch.setattr(allocators._Dropin, "_settle_for_host_copy", lambda self: None)
+    monkeypatch.setattr(dropin._Dropin, "_settle_for_host_copy", lambda self: None)
     bad = 0
     for kind, ps, lazy, policy in SERVER_CASES:
         if kind != "swa":
@@ -185,8 +185,8 @@ def test_a_backup_that_does_not_settle_the_forward_is_caught(monkeypatch):
 
 def test_retraction_to_host_is_supported():
     """No longer in ``UNSUPPORTED``; the rest of PD disaggregation still is."""
-    assert "get_cpu_copy" not in allocators.UNSUPPORTED and "load_cpu_copy" not in allocators.UNSUPPORTED
-    assert "alloc_extend_swa_tail" in allocators.UNSUPPORTED
+    assert "get_cpu_copy" not in surface.UNSUPPORTED and "load_cpu_copy" not in surface.UNSUPPORTED
+    assert "alloc_extend_swa_tail" in surface.UNSUPPORTED
 
 
 def _serve_sglang(kind: str, monkeypatch) -> dict:

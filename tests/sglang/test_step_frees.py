@@ -25,7 +25,7 @@ from kvarena import sglang as ks
 from kvarena.anchor.loader import import_sglang
 from kvarena.impl import kernels
 from kvarena.impl.arena import Arena
-from kvarena.sglang import allocators, factories, stacks, workload
+from kvarena.sglang import dropin, settings, stacks, workload
 from tests.impl.test_host_sync import _poison
 
 I64 = torch.int64
@@ -99,14 +99,14 @@ def test_the_engines_frees_under_cuda_sync_debug_error(kind):
 def test_the_poison_catches_a_read_on_a_free(monkeypatch):
     """Planted: the full-side free of the tree's drain reads which SWA entries are live (the old drain)."""
     a, rows, slots = _stack("swa", 4)
-    real = allocators._Dropin._defer_full_free
+    real = dropin._Dropin._defer_full_free
 
     def reading(self, reps):
         pages = torch.div(reps, self.page_size, rounding_mode="floor")
         pages[self.composite.arena.v2p_at("swa", pages) > 0]
         real(self, reps)
 
-    monkeypatch.setattr(allocators._Dropin, "_defer_full_free", reading)
+    monkeypatch.setattr(dropin._Dropin, "_defer_full_free", reading)
     _poison(monkeypatch)
     with pytest.raises(AssertionError, match="host sync"):
         _engine_step_frees(a, "swa", 4, rows, slots)
@@ -209,7 +209,7 @@ def test_a_forward_still_running_keeps_its_pins_until_its_event_fires():
 
 
 def test_planted_a_drop_in_that_never_reads_the_event_stays_in_flight(monkeypatch):
-    monkeypatch.setattr(allocators._Dropin, "_settle_if_fired", lambda self: None)
+    monkeypatch.setattr(dropin._Dropin, "_settle_if_fired", lambda self: None)
     with pytest.raises(AssertionError):
         test_idle_after_the_last_forward_with_sglangs_call_order("swa")
 
@@ -304,7 +304,7 @@ needs_triton = pytest.mark.skipif(
 @needs_triton
 @pytest.mark.parametrize("kind", stacks.KINDS)
 def test_no_kernel_variant_first_launches_after_the_prewarm(monkeypatch, kind):
-    monkeypatch.setenv(factories.KERNELS_ENV, "triton")
+    monkeypatch.setenv(settings.KERNELS_ENV, "triton")
     ks.install()
     seen = _launch_keys(monkeypatch)
     a = stacks.build(kind, page_size=4).token_to_kv_pool_allocator

@@ -3,7 +3,7 @@
 Every method and property SGLang defines on ``UnifiedSWATokenToKVPoolAllocator``,
 ``UnifiedMambaSWATokenToKVPoolAllocator``, ``UnifiedMambaTokenToKVPoolAllocator``
 and their bases (``object`` and ``abc.ABC`` aside) is kvarena's (defined in
-``kvarena.sglang.allocators``: ``_Dropin``, ``_SWACalls``, the class), SGLang's
+the drop-in's modules: ``_Dropin`` and its mixins, ``_SWACalls``, the class), SGLang's
 policy kept on purpose (``INHERITED``), or unsupported (``UNSUPPORTED``, raising
 ``NotImplementedError`` that names the feature).  A member SGLang adds in a
 later release falls in none and fails here.  Each ``INHERITED`` member's source
@@ -21,7 +21,7 @@ import textwrap
 
 import pytest
 
-from kvarena.sglang import stacks
+from kvarena.sglang import dropin, stacks, surface, views
 
 KIND = {  # kvarena's class name -> the stack whose factory builds it
     "UnifiedSWATokenToKVPoolAllocator": "swa",
@@ -60,7 +60,7 @@ def sglang_members(base) -> dict[str, type]:
 
 
 def _is_ours(k) -> bool:
-    """One of kvarena's classes: the allocators' module's, or the subclass ``install()`` makes."""
+    """One of kvarena's classes: the drop-in's modules', or the subclass ``install()`` makes."""
     return k.__module__.startswith("kvarena.sglang.")
 
 
@@ -72,7 +72,7 @@ def kvarena_defined(cls, A) -> set[str]:
 def unclassified(cls, base, A) -> list[str]:
     """SGLang's members that are in none of kvarena's three sets."""
     mine = kvarena_defined(cls, A)
-    return sorted(n for n in sglang_members(base) if n not in mine | A.INHERITED | set(A.UNSUPPORTED))
+    return sorted(n for n in sglang_members(base) if n not in mine | surface.INHERITED | set(surface.UNSUPPORTED))
 
 
 @pytest.mark.parametrize("name", list(KIND))
@@ -86,10 +86,10 @@ def test_every_member_is_classified(A, name):
 def test_the_sets_are_disjoint_and_current(A):
     """No member is both kept and refused, and every listed name exists on one of SGLang's classes (a stale name
     would hide a member SGLang renamed)."""
-    assert not A.INHERITED & set(A.UNSUPPORTED)
+    assert not surface.INHERITED & set(surface.UNSUPPORTED)
     everywhere = set().union(*(sglang_members(base) for base in A._BASE_OF.values()))
-    assert sorted(A.INHERITED - everywhere) == []
-    assert sorted(set(A.UNSUPPORTED) - everywhere) == []
+    assert sorted(surface.INHERITED - everywhere) == []
+    assert sorted(set(surface.UNSUPPORTED) - everywhere) == []
 
 
 def _stripped(cls, name: str):
@@ -109,7 +109,7 @@ def test_planted_every_dropped_override_is_caught(A, name):
     base = A._BASE_OF[cls]
     theirs = sglang_members(base)
     overrides = sorted(
-        n for n in kvarena_defined(cls, A) & set(theirs) if n not in A.UNSUPPORTED and n not in A.INHERITED
+        n for n in kvarena_defined(cls, A) & set(theirs) if n not in surface.UNSUPPORTED and n not in surface.INHERITED
     )
     assert {"alloc", "alloc_extend", "free", "clear", "__init__"} <= set(overrides)
     for n in overrides:
@@ -134,13 +134,13 @@ def test_unsupported_members_raise_naming_the_feature(A, name):
     cls = getattr(A, name)
     a = _built(KIND[name]).token_to_kv_pool_allocator
     assert type(a).__mro__[1] is cls
-    listed = [n for n in A.UNSUPPORTED if n in sglang_members(A._BASE_OF[cls])]
+    listed = [n for n in surface.UNSUPPORTED if n in sglang_members(A._BASE_OF[cls])]
     assert listed
     for n in listed:
         with pytest.raises(NotImplementedError) as e:
             member = getattr(a, n)  # a property raises here
             member(None, None)
-        assert A.UNSUPPORTED[n] in str(e.value) and n in str(e.value), n
+        assert surface.UNSUPPORTED[n] in str(e.value) and n in str(e.value), n
 
 
 # ------------------------------------------------------- what INHERITED code reads
@@ -158,11 +158,11 @@ class Scan:
 
     # which objects are ours, and what reading ``attr`` off one gives
     def _tracked(self, obj) -> bool:
-        return isinstance(obj, (self.A._Dropin, self.A.BandView))
+        return isinstance(obj, (dropin._Dropin, views.BandView))
 
     def _read(self, where: str, obj, attr: str):
         """Record a problem if ``obj.attr`` is not something kvarena provides; the object read, if tracked."""
-        if isinstance(obj, self.A.BandView):
+        if isinstance(obj, views.BandView):
             if not hasattr(obj, attr):
                 self.problems.append(f"{where}: {type(obj).__name__} has no {attr!r}")
                 return None
@@ -176,10 +176,10 @@ class Scan:
             self.problems.append(f"{where}: the allocator has no {attr!r}")
             return None
         if _is_ours(owner):
-            if attr in self.A.UNSUPPORTED:
+            if attr in surface.UNSUPPORTED:
                 self.problems.append(f"{where}: reaches unsupported {attr!r}")
             return None
-        if _member(vars(owner)[attr]) and attr not in self.A.INHERITED:
+        if _member(vars(owner)[attr]) and attr not in surface.INHERITED:
             self.problems.append(f"{where}: reaches SGLang's {owner.__name__}.{attr}, which is not INHERITED")
         return None
 
@@ -355,7 +355,7 @@ def test_inherited_code_reads_only_what_kvarena_provides(A, name):
     members = sglang_members(base)
     scan = Scan(A, a)
     mine = kvarena_defined(cls, A)
-    kept = sorted(n for n in A.INHERITED if n in members and n not in mine)
+    kept = sorted(n for n in surface.INHERITED if n in members and n not in mine)
     assert kept
     for n in kept:
         v = vars(members[n])[n]
@@ -424,13 +424,13 @@ def test_install_switches_what_the_factories_build(A, kind):
     assert ks.installed() and getattr(pools, FACTORY[kind]) is not sglang_factory
     a = stacks.build(kind, SMALL).token_to_kv_pool_allocator
     assert isinstance(a, getattr(A, ours)) and isinstance(a, theirs)
-    assert isinstance(a, A._Dropin)
+    assert isinstance(a, dropin._Dropin)
     ks.install("anchor")  # installing again changes the policy, not the originals
     assert stacks.build(kind, SMALL).token_to_kv_pool_allocator.policy == "anchor"
 
     ks.uninstall()
     assert not ks.installed() and getattr(pools, FACTORY[kind]) is sglang_factory
     b = stacks.build(kind, SMALL).token_to_kv_pool_allocator
-    assert type(b) is theirs and not isinstance(b, A._Dropin)
+    assert type(b) is theirs and not isinstance(b, dropin._Dropin)
     ks.uninstall()  # twice is harmless
     assert getattr(pools, FACTORY[kind]) is sglang_factory

@@ -7,7 +7,7 @@ import pytest
 import torch
 
 from kvarena import sglang as ks
-from kvarena.sglang import allocators, stacks, workload
+from kvarena.sglang import allocators, dropin, stacks, surface, views, workload
 
 CASES = [(kind, ps, lazy) for kind in stacks.KINDS for ps in (1, 4) for lazy in (True, False)]
 
@@ -61,7 +61,7 @@ def test_sglang_runs_the_workload_with_the_extra_buffer(kind):
 
 def test_the_byte_check_catches_a_lost_move(monkeypatch):
     """Planted: the mover updates kvarena's tables but copies no byte."""
-    monkeypatch.setattr(allocators._Dropin, "_move_pages", lambda self, name, dst, src: None)
+    monkeypatch.setattr(dropin._Dropin, "_move_pages", lambda self, name, dst, src: None)
     ks.install()
     r = workload.run("mamba_swa", steps=80, page_size=1, lazy=False, seed=1)
     assert not r.ok and "corrupted" in r.errors[0]
@@ -70,13 +70,13 @@ def test_the_byte_check_catches_a_lost_move(monkeypatch):
 def test_the_byte_check_catches_a_wrong_translation(monkeypatch):
     """Planted: SWA translations drop the offset within the page (every token
     of a page lands on its first slot)."""
-    real = allocators.BandView.translate_kv_loc
+    real = views.BandView.translate_kv_loc
 
     def off(self, loc, *, out=None):
         res = real(self, loc, out=out)
         return res // self.page_size * self.page_size if self._name == "swa" else res
 
-    monkeypatch.setattr(allocators.BandView, "translate_kv_loc", off)
+    monkeypatch.setattr(views.BandView, "translate_kv_loc", off)
     ks.install()
     r = workload.run("swa", steps=10, page_size=4, seed=1)
     assert not r.ok
@@ -101,7 +101,7 @@ def test_retraction_to_host_brings_every_byte_back(kind, ps, overlap):
 def test_a_host_copy_that_does_not_wait_for_the_forward_is_caught(kind, monkeypatch):
     """Planted: ``get_cpu_copy`` copies before the forward in flight wrote
     the request's last token (and state)."""
-    monkeypatch.setattr(allocators._Dropin, "_settle_for_host_copy", lambda self: None)
+    monkeypatch.setattr(dropin._Dropin, "_settle_for_host_copy", lambda self: None)
     ks.install()
     r = workload.run(kind, steps=40, page_size=4, seed=2, overlap=True, retract=True)
     assert any("resumed request" in e for e in r.errors), r.errors[:3]
@@ -151,7 +151,7 @@ def test_sglang_check_has_retraction_and_draft_phases(capsys, monkeypatch):
     rc, out = _check(capsys)
     assert rc == 0 and "kvarena sglang check: ok" in out, out[-2000:]
     assert "retraction phase" in out and "draft phase" in out, out[-2000:]
-    monkeypatch.setattr(allocators._Dropin, "_settle_for_host_copy", lambda self: None)
+    monkeypatch.setattr(dropin._Dropin, "_settle_for_host_copy", lambda self: None)
     rc, out = _check(capsys)
     assert rc == 1 and "FAIL retraction" in out, out[-2000:]
 
@@ -190,13 +190,13 @@ def test_the_draft_shares_the_targets_ids_and_tables():
         ks.install()
         w = workload.Workload(kind, stacks.Geometry(), 4, True, seed=0, draft=True)
         assert w.draft.host_allocator is w.alloc and w.alloc.draft_virtual_id_space == sglang.draft_virtual_id_space
-        assert "draft_virtual_id_space" not in allocators.UNSUPPORTED
+        assert "draft_virtual_id_space" not in surface.UNSUPPORTED
 
 
 def test_a_move_that_leaves_the_draft_lanes_behind_is_caught(monkeypatch):
     """Planted: relocation copies the target's parts of each entry and not
     the draft's (a per-layer move that knows only the target's layers)."""
-    real = allocators._Dropin._move_pages
+    real = dropin._Dropin._move_pages
 
     def host_parts_only(self, name, dst, src):
         draft = getattr(self, "_planted_draft", None)
@@ -207,7 +207,7 @@ def test_a_move_that_leaves_the_draft_lanes_behind_is_caught(monkeypatch):
             for b, k in zip(draft, kept):
                 b[rows] = k
 
-    monkeypatch.setattr(allocators._Dropin, "_move_pages", host_parts_only)
+    monkeypatch.setattr(dropin._Dropin, "_move_pages", host_parts_only)
     ks.install()
     w = workload.Workload("swa", stacks.Geometry(), 4, False, seed=3, draft=True)
     w.alloc._planted_draft = [w.draft.get_key_buffer(0), w.draft.get_value_buffer(0)]
