@@ -37,8 +37,9 @@ page is guarded).  A settle (each ``settle``, and every urgent settle) makes
 the bounds exact again; ``free(check=True)`` and the non-urgent flush count
 exactly as they go.
 
-Host transfers (docs/design.md §13).  ``gate_closed`` is a capacity field
-of the arena itself (a ``CapField``: closing or opening the gate ticks the
+Host transfers (docs/design.md §13).  ``closed_gates`` (the sources that
+hold the gate closed: HiCache's host transfers, PD's KV transfers) is a
+capacity field of the arena itself (a ``CapField``: closing or opening a gate ticks the
 memo's clock, since an END's schedulable view credits no hole while moves
 are held), and each band's ``reserved`` pages one more.  While moves are
 held (``moves_held``) a flush only absorbs, and a slide, pack or plan that
@@ -57,6 +58,7 @@ from typing import Any, ClassVar, SupportsIndex, TypeVar, cast
 import torch
 from torch.utils.dlpack import from_dlpack
 
+from kvarena.spec.arena import GATES
 from kvarena.spec.evict import MAX_EVICT_ROUNDS, evicted
 from kvarena.spec.geometry import AccountingError, Geometry, SubPool, borrowing, check_policy, lazy_ends, make_layout
 from kvarena.spec.planner import End, Float, move_order, plan_chain
@@ -260,9 +262,10 @@ class Arena:
             fit, or a ``mover`` that is not callable.
     """
 
-    # A host transfer in flight holds every move (docs/design.md §13).  A
-    # capacity field: each rebind ticks the memo's clock (``epoch``, ``clock``).
-    gate_closed = CapField[bool]()
+    # The gate's sources closed now: a transfer in flight holds every move
+    # (docs/design.md §13).  A capacity field: each rebind ticks the memo's
+    # clock (``epoch``, ``clock``).
+    closed_gates = CapField[frozenset[str]]()
 
     def __init__(
         self,
@@ -311,9 +314,9 @@ class Arena:
         self._order = list(self.bands.values())
         self._memo = Memo.shared_by(self._order)  # one arena-wide epoch; a deep copy gets its own
         self._cache = self._memo.cache  # the memo's dict, emptied in place on every tick
-        self.epoch = 0  # the arena's own capacity field (``gate_closed``) ticks the bands' clock
+        self.epoch = 0  # the arena's own capacity field (``closed_gates``) ticks the bands' clock
         self.clock: Clock = self._memo.clock
-        self.gate_closed = False
+        self.closed_gates = frozenset()
         self._journal: Journal | None = None  # the open scope's undo log (impl/journal.py)
         self.in_flight = False  # a forward launched and not yet settled (docs/design.md §12)
         self.on_settle: Callable[[], None] | None = None  # the engine's wait on that forward, or None
@@ -1171,7 +1174,9 @@ class Arena:
         return self._bind(b, n, ids).clone()  # the caller's ids: never hand them back aliased
 
     @_all_or_nothing
-    def bind_with_borrowers(self, name: str, n: int, slots: launches.Slots | None = None) -> torch.Tensor:
+    def bind_with_borrowers(
+        self, name: str, n: int, slots: launches.Slots | None = None, tail: int | None = None
+    ) -> torch.Tensor:
         """Bind ``n > 0`` fresh ids of lender ``name`` (its queue's oldest),
         then the same ids in each of its borrowers; the ids (a new tensor).
 
@@ -1185,10 +1190,15 @@ class Arena:
         writes ``slots.slots``.  With it ``n`` may be 0 (the launch then
         only writes the slots).
 
+        ``tail`` (the uneven demand, docs/design.md §11): the borrowers bind
+        only the last ``tail`` of the ids, after the lender's launch (a PD
+        preallocation, not a per-step call).
+
         Args:
             name: the lender.
             n: pages to bind, at least 1 (0 with ``slots``).
             slots: the composite's slot work, or None.
+            tail: how many of the ids, the last ones, the borrowers bind; None: all.
 
         Returns:
             The ids, int64.
@@ -1197,11 +1207,17 @@ class Arena:
             ValueError: an unknown pool, naming it.
         """
         b = self._band(name)
+        borrowers = [self.bands[o] for o in self.borrowers(name)]
+        if tail is not None and tail != n:
+            ids = self._bind_fused(b, n, None, [], slots) if self._kernels == "triton" else self._bind(b, n)
+            for borrower in borrowers if tail else []:
+                self._bind(borrower, tail, ids[n - tail :])
+            return ids
         if self._kernels == "triton":
-            return self._bind_fused(b, n, None, [self.bands[o] for o in self.borrowers(name)], slots)
+            return self._bind_fused(b, n, None, borrowers, slots)
         ids = self._bind(b, n)
-        for borrower in self.borrowers(name):
-            self._bind(self.bands[borrower], n, ids)
+        for borrower in borrowers:
+            self._bind(borrower, n, ids)
         return ids
 
     def _bind(self, b: Band, n: int, ids: torch.Tensor | None = None) -> torch.Tensor:
@@ -2001,10 +2017,16 @@ class Arena:
 
     # ------------------------------------ host transfers: gates and reservations
 
+    @property
+    def gate_closed(self) -> bool:
+        """Whether any source holds the gate closed (``closed_gates``)."""
+        return bool(self.closed_gates)
+
     def moves_held(self) -> bool:
-        """Whether every move is held (docs/design.md §13): the gate is
-        closed (a host transfer is in flight) or a band holds a reserved
-        page (a load is queued on it); as the spec's.  Host reads only.
+        """Whether every move is held (docs/design.md §13): a gate is
+        closed (a host transfer or a PD transfer is in flight) or a band
+        holds a reserved page (a load is queued on it); as the spec's.
+        Host reads only.
 
         While held, no live page changes its physical page: a flush only
         absorbs, a slide, pack or plan that would move a page does nothing,
@@ -2013,7 +2035,7 @@ class Arena:
         Returns:
             True while moves are held.
         """
-        return self.gate_closed or any(b.n_reserved for b in self._order)
+        return bool(self.closed_gates) or any(b.n_reserved for b in self._order)
 
     def _require_lazy(self, what: str) -> None:
         """A hold needs lazy ENDs: an eager END compacts (moves) on every free."""
@@ -2024,32 +2046,46 @@ class Arena:
                     "build the arena with lazy ENDs"
                 )
 
-    def _set_gate(self, closed: bool) -> None:
-        """Rebind the gate when it changes (a tick of the memo's clock), with its undo."""
-        if self.gate_closed != closed:
-            self._open().on_undo(setattr, self, "gate_closed", self.gate_closed)
-            self.gate_closed = closed
+    def _set_gates(self, gates: frozenset[str]) -> None:
+        """Rebind the closed sources when they change (a tick of the memo's clock), with its undo."""
+        if self.closed_gates != gates:
+            self._open().on_undo(setattr, self, "closed_gates", self.closed_gates)
+            self.closed_gates = gates
+
+    @staticmethod
+    def _gate(source: str) -> str:
+        if source not in GATES:
+            raise ValueError(f"gate source {source!r}: expected one of {GATES}")
+        return source
 
     @_all_or_nothing
-    def close_gate(self) -> None:
-        """A host transfer is in flight: hold every move until ``open_gate``
-        (docs/design.md §13); as the spec's.  No count changes; an END's
-        schedulable view stops crediting its neighbour's holes.  One
-        ``atomic()`` scope (docs/design.md §9c).
+    def close_gate(self, source: str = "host") -> None:
+        """A transfer of ``source`` is in flight: hold every move until every
+        source has opened (docs/design.md §13); as the spec's.  No count
+        changes; an END's schedulable view stops crediting its neighbour's
+        holes.  One ``atomic()`` scope (docs/design.md §9c).
+
+        Args:
+            source: one of ``GATES``: ``"host"`` (HiCache) or ``"disagg"`` (PD).
 
         Raises:
-            ValueError: an END of this arena is eager (named): its frees move
-                pages.  Nothing has changed.
+            ValueError: an unknown source, or an END of this arena is eager
+                (named): its frees move pages.  Nothing has changed.
         """
+        source = self._gate(source)
         self._require_lazy("close_gate")
-        self._set_gate(True)
+        self._set_gates(self.closed_gates | {source})
 
     @_all_or_nothing
-    def open_gate(self) -> None:
-        """Every host transfer is done: moves may run again, unless a
-        reservation still holds them (docs/design.md §13); as the spec's.
-        One ``atomic()`` scope (docs/design.md §9c)."""
-        self._set_gate(False)
+    def open_gate(self, source: str = "host") -> None:
+        """Every transfer of ``source`` is done: moves may run again once no
+        other source and no reservation holds them (docs/design.md §13); as
+        the spec's.  One ``atomic()`` scope (docs/design.md §9c).
+
+        Raises:
+            ValueError: an unknown source.  Nothing has changed.
+        """
+        self._set_gates(self.closed_gates - {self._gate(source)})
 
     @_all_or_nothing
     def reserve(self, name: str, n: int) -> torch.Tensor | None:
@@ -2574,6 +2610,6 @@ class Arena:
             "policy": self.policy,
             "chain": list(self.chain),
             "in_flight": self.in_flight,
-            "gate_closed": self.gate_closed,
+            "closed_gates": sorted(self.closed_gates),
             "pools": pools,
         }

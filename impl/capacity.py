@@ -261,3 +261,33 @@ def two_end_uneven_fits(
     m_a = pages_a - holes_a if pages_a > holes_a else 0
     m_b = pages_b - holes_b if pages_b > holes_b else 0
     return m_a <= room_a and m_b <= room_b and m_a * epp_a + m_b * epp_b <= gap
+
+
+def swa_tail_pages(prefix_len: int, seq_len: int, swa_tail_len: int, page_size: int) -> int:
+    """The new pages holding any of the last ``swa_tail_len`` tokens: the
+    SWA pages a PD decode node binds (docs/design.md §13).  As
+    ``spec/arith.py``'s twin: the pages from the tail's first new page to
+    the request's last one.
+
+    Args:
+        prefix_len: tokens already allocated.
+        seq_len: the length after the extend.
+        swa_tail_len: the window's tail, ``<= seq_len - prefix_len``.
+        page_size: tokens per page.
+
+    Returns:
+        How many of the new pages (the last ones) the SWA side binds.
+
+    Raises:
+        ValueError: ``page_size <= 0``, or lengths outside ``0 <= prefix <=
+            seq`` and ``0 <= tail <= seq - prefix``.
+    """
+    if page_size <= 0 or prefix_len < 0 or seq_len < prefix_len or not 0 <= swa_tail_len <= seq_len - prefix_len:
+        raise ValueError("swa_tail_pages: need page_size > 0 and 0 <= prefix <= seq, 0 <= tail <= seq - prefix")
+    if swa_tail_len == 0:
+        return 0
+    first = seq_len - swa_tail_len  # the tail's first token, never in the prefix
+    first_page = _floor(first, page_size)
+    if first_page * page_size < prefix_len:  # the prefix's partly filled page: already bound
+        first_page += 1
+    return _ceil(seq_len, page_size) - first_page

@@ -261,6 +261,19 @@ def swa_window_end(seq_len: int, window: int, page_size: int) -> int:
 # ------------------------------------------------------------ the common part
 
 
+def _tail_pages(prefix_len: int, seq_len: int, swa_tail_len: int, ps: int) -> int:
+    """``capacity.swa_tail_pages`` of one request, its lengths checked in the
+    spec's words (``tail_demand``)."""
+    prefix_len, seq_len = _count("prefix_len", prefix_len), _count("seq_len", seq_len)
+    tail = _count("swa_tail_len", swa_tail_len)
+    if not (prefix_len <= seq_len and tail <= seq_len - prefix_len):
+        raise ValueError(
+            f"alloc_extend_swa_tail: swa_tail_len {tail} is not within the {seq_len - prefix_len} new tokens "
+            f"(prefix_len {prefix_len}, seq_len {seq_len})"
+        )
+    return cap.swa_tail_pages(prefix_len, seq_len, tail, ps)
+
+
 def _live_token(v2p: Sequence[int] | Mapping[int, int], t: int, ps: int, what: str, pages: int | None = None) -> None:
     """Raise, in the spec's words, unless token ``t`` lies in a live page of
     ``v2p`` (a host list, or the rows read as a mapping with the table's
@@ -476,26 +489,34 @@ class _Composite:
 
     # ------------------------------------------------------ the coupled bind
 
-    def _take_pages(self, n: int, slots: launches.Slots | None = None) -> torch.Tensor | None:
+    def _take_pages(self, n: int, slots: launches.Slots | None = None, swa_n: int | None = None) -> torch.Tensor | None:
         """Gate and bind ``n`` new pages: an int64 id tensor, or None with no
         id allocated on any side (relief moves may have happened).  The
         joint gate is the one gate: it priced every band the bind touches,
         so the bind itself checks nothing again.  ``slots``: the call's
-        slot work, fused into the bind's launch (Triton kernels)."""
+        slot work, fused into the bind's launch (Triton kernels).
+        ``swa_n``: swa binds only the last ``swa_n`` ids (the uneven demand's
+        gate, ``_uneven_fits``); None: all of them."""
         if n == 0 and slots is None:
             return torch.empty(0, dtype=I64, device=self.device)
-        if n > self.joint_pages():
-            self.relieve(tokens=n * self.page_size)
+        if swa_n is None:
             if n > self.joint_pages():
+                self.relieve(tokens=n * self.page_size)
+                if n > self.joint_pages():
+                    return None
+            return self.arena.bind_with_borrowers(FULL, n, slots)
+        if not self._uneven_fits(n, swa_n):
+            self.relieve(tokens=n * self.page_size, swa_tokens=swa_n * self.page_size)
+            if not self._uneven_fits(n, swa_n):
                 return None
-        return self.arena.bind_with_borrowers(FULL, n, slots)
+        return self.arena.bind_with_borrowers(FULL, n, slots, tail=swa_n)
 
     def _fused(self) -> bool:
         return self.arena.kernels == "triton"
 
-    def _bind_slots(self, n: int, slots: launches.Slots) -> torch.Tensor | None:
+    def _bind_slots(self, n: int, slots: launches.Slots, swa_n: int | None = None) -> torch.Tensor | None:
         """The bind and its slot work in one launch (Triton kernels): the slots, or None."""
-        return None if self._take_pages(n, slots) is None else slots.slots
+        return None if self._take_pages(n, slots, swa_n) is None else slots.slots
 
     # ----------------------------------------------------- allocation
 
@@ -616,9 +637,32 @@ class _Composite:
                 ``prefix - 1``, two requests continuing one page) or host copies
                 that disagree; nothing changed.
         """
-        what = "alloc_extend"
+        return self._extend(
+            "alloc_extend", prefix_lens, seq_lens, last_loc, check, prefix_lens_cpu, seq_lens_cpu, extend_num_tokens
+        )
+
+    def _extend(
+        self,
+        what: str,
+        prefix_lens: IntsLike,
+        seq_lens: IntsLike,
+        last_loc: IntsLike,
+        check: bool,
+        prefix_lens_cpu: IntsLike | None,
+        seq_lens_cpu: IntsLike | None,
+        extend_num_tokens: int | None,
+        swa_tail_len: int | None = None,
+    ) -> torch.Tensor | None:
+        """``alloc_extend``'s body; with ``swa_tail_len`` (one request),
+        ``alloc_extend_swa_tail``'s: swa binds only the new pages that hold
+        the tail (``tail_demand``), and the request's two lengths join the
+        call's one read."""
+        tail = swa_tail_len is not None
         if not check:
             prefix, seq, loc = (cast(torch.Tensor, x) for x in (prefix_lens, seq_lens, last_loc))
+            if tail and prefix.numel() != 1:
+                raise ValueError(f"{what}: one request at a time, got {prefix.numel()} prefix_lens")
+            host = prefix_lens_cpu is not None and seq_lens_cpu is not None
             if prefix_lens_cpu is not None and seq_lens_cpu is not None:  # checked on the host first
                 lengths = (prefix.numel(), seq.numel(), loc.numel())  # shapes: no read
                 n, total = _host_extend_size(
@@ -626,34 +670,44 @@ class _Composite:
                 )
             new = _cdiv_t(seq, self.page_size) - _cdiv_t(prefix, self.page_size)
             lens = seq - prefix
-            if prefix_lens_cpu is None or seq_lens_cpu is None:
-                # SYNC: the one documented read without host copies: pages to bind, tokens out.
-                n, total = _host_read(torch.stack([new.sum(), lens.sum()]))
-            with self.arena.atomic():  # relief, bind and slots: all or nothing
-                if self._fused():
-                    return self._bind_slots(n, self._extend_slots(prefix, seq, loc, total))
-                ids = self._take_pages(n)
-                return None if ids is None else self._slots(prefix, seq, loc, new, lens, ids, total)
-        prefix = self._vec(f"{what}: prefix_lens", prefix_lens)
-        seq = self._vec(f"{what}: seq_lens", seq_lens)
-        loc = self._vec(f"{what}: last_loc", last_loc)
-        self._same_length(what, prefix, seq, loc)
-        new = _cdiv_t(seq, self.page_size) - _cdiv_t(prefix, self.page_size)  # new pages per request
-        lens = seq - prefix
-        bad = self._request_flags(prefix, seq, loc)
-        copies = self._copy_flags(what, {"prefix_lens": (prefix, prefix_lens_cpu), "seq_lens": (seq, seq_lens_cpu)})
-        # SYNC: the one documented read: pages to bind, tokens out, bad requests, disagreeing host copies.
-        n, total, n_bad, n_off = _host_read(torch.stack([new.sum(), lens.sum(), bad, copies]))
-        if n_bad:
-            self._explain(what, prefix, seq, loc)
-        if n_off or (extend_num_tokens is not None and _int(f"{what}: extend_num_tokens", extend_num_tokens) != total):
-            self._explain_copies(what, {"prefix_lens": (prefix, prefix_lens_cpu), "seq_lens": (seq, seq_lens_cpu)})
-            raise ValueError(f"{what}: extend_num_tokens {extend_num_tokens} != {total} tokens asked")
-        with self.arena.atomic():
+            if not host:
+                # SYNC: the one documented read without host copies: pages to bind, tokens out (and the lengths).
+                n, total, *one = _host_read(torch.stack([new.sum(), lens.sum(), *self._lengths(tail, prefix, seq)]))
+            elif tail:
+                one = [int(_host_vec(cast(IntsLike, c))[0]) for c in (prefix_lens_cpu, seq_lens_cpu)]
+        else:
+            prefix = self._vec(f"{what}: prefix_lens", prefix_lens)
+            seq = self._vec(f"{what}: seq_lens", seq_lens)
+            loc = self._vec(f"{what}: last_loc", last_loc)
+            if tail and prefix.numel() != 1:
+                raise ValueError(f"{what}: one request at a time, got {prefix.numel()} prefix_lens")
+            self._same_length(what, prefix, seq, loc)
+            new = _cdiv_t(seq, self.page_size) - _cdiv_t(prefix, self.page_size)  # new pages per request
+            lens = seq - prefix
+            bad = self._request_flags(prefix, seq, loc)
+            copies = self._copy_flags(what, {"prefix_lens": (prefix, prefix_lens_cpu), "seq_lens": (seq, seq_lens_cpu)})
+            # SYNC: the one documented read: pages to bind, tokens out, bad requests, disagreeing host copies.
+            n, total, n_bad, n_off, *one = _host_read(
+                torch.stack([new.sum(), lens.sum(), bad, copies, *self._lengths(tail, prefix, seq)])
+            )
+            if n_bad:
+                self._explain(what, prefix, seq, loc)
+            if n_off or (
+                extend_num_tokens is not None and _int(f"{what}: extend_num_tokens", extend_num_tokens) != total
+            ):
+                self._explain_copies(what, {"prefix_lens": (prefix, prefix_lens_cpu), "seq_lens": (seq, seq_lens_cpu)})
+                raise ValueError(f"{what}: extend_num_tokens {extend_num_tokens} != {total} tokens asked")
+        swa_n = _tail_pages(one[0], one[1], cast(int, swa_tail_len), self.page_size) if tail else None
+        with self.arena.atomic():  # relief, bind and slots: all or nothing
             if self._fused():
-                return self._bind_slots(n, self._extend_slots(prefix, seq, loc, total))
-            ids = self._take_pages(n)
+                return self._bind_slots(n, self._extend_slots(prefix, seq, loc, total), swa_n)
+            ids = self._take_pages(n, swa_n=swa_n)
             return None if ids is None else self._slots(prefix, seq, loc, new, lens, ids, total)
+
+    @staticmethod
+    def _lengths(tail: bool, prefix: torch.Tensor, seq: torch.Tensor) -> list[torch.Tensor]:
+        """The one request's two lengths, for a tail's read (none otherwise)."""
+        return [prefix.sum(), seq.sum()] if tail else []
 
     def _extend_slots(self, prefix: torch.Tensor, seq: torch.Tensor, loc: torch.Tensor, total: int) -> launches.Slots:
         out = torch.empty(total, dtype=I64, device=self.device)
@@ -1362,6 +1416,77 @@ class _WithSWA(_Composite):
         ps = self.page_size
         first = next(t for t in reps.tolist() if t < -1 or t // ps >= end)
         raise ValueError(f"free_swa: pool 'swa': token {first} out of range [-1, {end * ps})")
+
+    def tail_demand(self, prefix_len: int, seq_len: int, swa_tail_len: int) -> tuple[int, int]:
+        """``alloc_extend_swa_tail``'s uneven demand for one request, as
+        ``(tokens, swa_tokens)`` (docs/design.md §11, §13); as the spec's.
+        Host ints.
+
+        Raises:
+            ValueError: lengths outside ``0 <= prefix <= seq`` and ``0 <=
+                tail <= seq - prefix``.
+        """
+        ps = self.page_size
+        swa_pages = _tail_pages(prefix_len, seq_len, swa_tail_len, ps)
+        return (_cdiv(seq_len, ps) - _cdiv(prefix_len, ps)) * ps, swa_pages * ps
+
+    def fits_tail(self, prefix_len: int, seq_len: int, swa_tail_len: int) -> bool:
+        """Would ``alloc_extend_swa_tail`` of this request succeed now,
+        without relief?  ``fits`` of its ``tail_demand``; as the spec's.
+
+        Raises:
+            ValueError: as ``tail_demand``.
+        """
+        tokens, swa_tokens = self.tail_demand(prefix_len, seq_len, swa_tail_len)
+        return self.fits(tokens, swa_tokens=swa_tokens)
+
+    def alloc_extend_swa_tail(
+        self,
+        prefix_lens: IntsLike,
+        seq_lens: IntsLike,
+        last_loc: IntsLike,
+        check: bool = True,
+        *,
+        swa_tail_len: int,
+        prefix_lens_cpu: IntsLike | None = None,
+        seq_lens_cpu: IntsLike | None = None,
+        extend_num_tokens: int | None = None,
+    ) -> torch.Tensor | None:
+        """A PD decode node's preallocation of one transferred request: full
+        slots for every new position, and SWA entries only for the new pages
+        that hold the last ``swa_tail_len`` tokens (docs/design.md §13); as
+        the spec's.  ``alloc_extend``'s path, checks, host copies and one
+        read, with the request's two lengths in that read when the host
+        copies are not given; its gate is the uneven demand's.
+
+        Args:
+            prefix_lens: the request's tokens already allocated (one entry).
+            seq_lens: its length after the call (one entry).
+            last_loc: its slot of position ``prefix - 1``, or ``-1``.
+            check: False for the trusted path (as ``alloc_extend``'s).
+            swa_tail_len: the window's tail, ``0 <= tail <= seq - prefix``.
+            prefix_lens_cpu: the engine's host copy of ``prefix_lens``.
+            seq_lens_cpu: the engine's host copy of ``seq_lens``.
+            extend_num_tokens: ``seq - prefix``, or None.
+
+        Returns:
+            The slots (int64), or None on a shortfall relief could not cover.
+
+        Raises:
+            ValueError: not exactly one request, a tail outside ``[0, seq -
+                prefix]``, or anything ``alloc_extend`` refuses; nothing changed.
+        """
+        return self._extend(
+            "alloc_extend_swa_tail",
+            prefix_lens,
+            seq_lens,
+            last_loc,
+            check,
+            prefix_lens_cpu,
+            seq_lens_cpu,
+            extend_num_tokens,
+            swa_tail_len,
+        )
 
     def swa_available_size(self) -> int:
         """Swa's own view in tokens: ``arena.available_size("swa")`` (docs/design.md §5, §6).

@@ -50,6 +50,7 @@ DIFF_PAIRS = (
     ("kvarena.spec.policy.short_side_decision", f"{IMPL_MODULE}.short_side_decision"),
     ("kvarena.spec.arith.two_end_joint_pages", f"{IMPL_MODULE}.two_end_joint_pages"),
     ("kvarena.spec.arith.two_end_uneven_fits", f"{IMPL_MODULE}.two_end_uneven_fits"),
+    ("kvarena.spec.arith.swa_tail_pages", f"{IMPL_MODULE}.swa_tail_pages"),
 )
 DIFF_PER_CONDITION_S = 4.0
 DIFF_WALL_S = 90

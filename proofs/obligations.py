@@ -4,12 +4,13 @@
 z3 time limit, builder of hypotheses and goal, expected result).  The
 obligations themselves live by topic in ``layout``, ``golden``,
 ``invariants``, ``capacity``, ``policy``, ``planner``, ``composites``, ``views``,
-``inflight`` and ``hold``; the runner is ``core``.
+``inflight``, ``hold`` and ``disagg``; the runner is ``core``.
 """
 
 from . import (  # noqa: F401  (they register)
     capacity,
     composites,
+    disagg,
     golden,
     hold,
     inflight,

@@ -24,13 +24,14 @@ May import: nothing outside ``kvarena.spec``: the standard library only
 (z3 only inside the ``arith`` shim, when the proofs hand it z3 terms).
 """
 
-from .arena import Arena
+from .arena import GATES, Arena
 from .composites import HybridSWA, MambaHybrid, TriPool, swa_window_end
 from .evict import MAX_EVICT_ROUNDS
 from .geometry import POLICIES, AccountingError, Geometry, Layout, SubPool, make_layout
 from .policy import short_side_decision
 
 __all__ = [
+    "GATES",
     "MAX_EVICT_ROUNDS",
     "POLICIES",
     "AccountingError",

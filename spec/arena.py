@@ -26,6 +26,10 @@ from .evict import MAX_EVICT_ROUNDS, Evictor, evicted
 from .geometry import AccountingError, Geometry, SubPool, borrowing, check_policy, lazy_ends, make_layout
 
 SIDES = ("low", "high")
+# Who closes the gate (docs/design.md §13): a host transfer (HiCache) and a
+# KV transfer between the nodes of a disaggregated server (PD).  One hold,
+# two sources: moves are held while either is closed.
+GATES = ("host", "disagg")
 
 
 def _index(i: SupportsIndex) -> int:
@@ -96,7 +100,7 @@ class Arena:
             chain.Shape(b.grow, b.geom.epp, b.geom.num_pages, b.geom.min_page, b.lazy) for b in self.bands.values()
         )
         self.in_flight = False  # a forward launched and not yet settled (docs/design.md §12)
-        self.gate_closed = False  # a host transfer in flight holds every move (docs/design.md §13)
+        self.closed_gates: frozenset[str] = frozenset()  # the GATES closed now (docs/design.md §13)
         self.verify()
 
     def state(self) -> chain.Chain:
@@ -996,10 +1000,15 @@ class Arena:
 
     # ------------------------------------ host transfers: gates and reservations
 
+    @property
+    def gate_closed(self) -> bool:
+        """Whether any source holds the gate closed (``closed_gates``)."""
+        return bool(self.closed_gates)
+
     def moves_held(self) -> bool:
-        """Whether every move is held (docs/design.md §13): the gate is
-        closed (a host transfer is in flight) or a band holds a reserved
-        page (its load is queued on that physical page).
+        """Whether every move is held (docs/design.md §13): a gate is
+        closed (a host transfer or a PD transfer is in flight) or a band
+        holds a reserved page (its load is queued on that physical page).
 
         While held, no live page changes its physical page: a flush only
         absorbs, a slide or pack that would move a page does nothing, and
@@ -1019,30 +1028,50 @@ class Arena:
                     "build the arena with lazy ENDs"
                 )
 
-    def close_gate(self) -> None:
-        """A host transfer is in flight: hold every move until ``open_gate``
-        (docs/design.md §13).  The engine's transfer reads or writes pages
-        by the physical ids it resolved when it queued, so none may move.
-        No count changes; only the views that credit a move change (an
-        END's schedulable view).
+    @staticmethod
+    def _gate(source: str) -> str:
+        if source not in GATES:
+            raise ValueError(f"gate source {source!r}: expected one of {GATES}")
+        return source
+
+    def close_gate(self, source: str = "host") -> None:
+        """A transfer of ``source`` is in flight: hold every move until every
+        source has opened (docs/design.md §13).  The engine's transfer reads
+        or writes pages by the physical ids it resolved when it queued, so
+        none may move.  No count changes; only the views that credit a move
+        change (an END's schedulable view).
+
+        Args:
+            source: who closes it, one of ``GATES``: ``"host"`` (HiCache's
+                host transfers) or ``"disagg"`` (PD's KV transfers).
 
         Raises:
-            ValueError: an END of this arena is eager (named): its frees move
-                pages.  Nothing has changed.
+            ValueError: an unknown source, or an END of this arena is eager
+                (named): its frees move pages.  Nothing has changed.
 
         post: self.gate_closed and self.moves_held()
+        post: self.closed_gates == __old__.self.closed_gates | {source}
         raises: ValueError
         """
+        source = self._gate(source)
         self._require_lazy("close_gate")
-        self.gate_closed = True
+        self.closed_gates = self.closed_gates | {source}
 
-    def open_gate(self) -> None:
-        """Every host transfer is done: moves may run again, unless a
-        reservation still holds them (docs/design.md §13).
+    def open_gate(self, source: str = "host") -> None:
+        """Every transfer of ``source`` is done.  Moves may run again once
+        no other source holds the gate and no reservation holds them
+        (docs/design.md §13).
 
-        post: not self.gate_closed
+        Args:
+            source: one of ``GATES``.
+
+        Raises:
+            ValueError: an unknown source.  Nothing has changed.
+
+        post: self.closed_gates == __old__.self.closed_gates - {source}
+        raises: ValueError
         """
-        self.gate_closed = False
+        self.closed_gates = self.closed_gates - {self._gate(source)}
 
     def reserve(self, name: str, n: int) -> list[int] | None:
         """Reserve ``n`` pages for a host transfer's load; return the physical
@@ -1563,6 +1592,6 @@ class Arena:
             "policy": self.policy,
             "chain": list(self.chain),
             "in_flight": self.in_flight,
-            "gate_closed": self.gate_closed,
+            "closed_gates": sorted(self.closed_gates),
             "pools": pools,
         }

@@ -621,3 +621,45 @@ def two_end_joint_pages(gap: int, epp_a: int, holes_a: int, room_a: int, epp_b: 
     one_side = lo + fdiv(gap, e1)  # (P - lo)*e1 <= gap
     both = hi + fdiv(gap - (hi - lo) * e1, epp_a + epp_b)  # (hi - lo)*e1 + (P - hi)*(epp_a + epp_b) <= gap
     return min_(min_(one_side, both), min_(holes_a + room_a, holes_b + room_b))
+
+
+# ------------------------------------------------- disaggregation (PD)
+
+
+def swa_tail_pages(prefix_len: int, seq_len: int, swa_tail_len: int, page_size: int) -> int:
+    """The new pages that hold any of a request's last ``swa_tail_len``
+    tokens: the SWA pages a PD decode node binds when it preallocates a
+    transferred request (docs/design.md §13, "PD disaggregation").
+
+    The extend takes the new pages ``[cdiv(prefix, ps), cdiv(seq, ps))``;
+    the tail's tokens ``[seq - tail, seq)`` lie on pages from ``(seq -
+    tail) // ps`` on.  The pages bound are the new pages from the later of
+    the two: the last ``cdiv(seq, ps) - max(cdiv(prefix, ps), (seq - tail)
+    // ps)`` new pages (0 for an empty tail).  A tail page carried in from
+    the prefix costs nothing here: it is no new page.  Proved to be at most
+    the new pages, to cover every tail token on a new page and to hold a
+    tail token on each page it names (``disagg.tail.*``).
+
+    Args:
+        prefix_len: the tokens already allocated.
+        seq_len: the request's length after the extend, ``>= prefix_len``.
+        swa_tail_len: the window's tail, ``0 <= tail <= seq - prefix``.
+        page_size: tokens per page, ``> 0``.
+
+    Returns:
+        The count of new pages the SWA side binds: the last ones.
+
+    Raises:
+        ValueError: on ints, arguments outside the domain above (the
+            implementation's twin raises the same).
+
+    pre: page_size > 0 and 0 <= prefix_len <= seq_len and 0 <= swa_tail_len <= seq_len - prefix_len
+    post: 0 <= __return__ <= cdiv(seq_len, page_size) - cdiv(prefix_len, page_size)
+    """
+    if _concrete(prefix_len, seq_len, swa_tail_len, page_size) and not (
+        page_size > 0 and 0 <= prefix_len <= seq_len and 0 <= swa_tail_len <= seq_len - prefix_len
+    ):
+        raise ValueError("swa_tail_pages: need page_size > 0 and 0 <= prefix <= seq, 0 <= tail <= seq - prefix")
+    first_new = cdiv(prefix_len, page_size)
+    first_tail = fdiv(seq_len - swa_tail_len, page_size)
+    return ite(swa_tail_len > 0, cdiv(seq_len, page_size) - max_(first_new, first_tail), 0)

@@ -194,9 +194,10 @@ class _Composite:
 
     # ---------------------------------------------------- the coupled step
 
-    def _bind(self, n: int) -> list[int] | None:
-        """Bind ``n`` new pages: ids from full's FIFO, the same
-        ids in swa where present, full first.  Returns the ids, or None.
+    def _bind(self, n: int, swa_n: int | None = None) -> list[int] | None:
+        """Bind ``n`` new pages: ids from full's FIFO, then in swa (where
+        present) the last ``swa_n`` of the same ids (None: all), full
+        first.  Returns the ids, or None.
 
         Called only once ``_coupled`` said it fits: a half-done bind never
         happens.
@@ -204,7 +205,8 @@ class _Composite:
         ids = self.arena.alloc(FULL, n)
         if ids is None:
             return None
-        if self._has(SWA) and self.arena.alloc(SWA, n, ids=ids) is None:
+        tail = ids if swa_n is None else ids[n - swa_n :]
+        if self._has(SWA) and tail and self.arena.alloc(SWA, len(tail), ids=tail) is None:
             return None
         return ids
 
@@ -257,21 +259,23 @@ class _Composite:
                 hi = mid - 1
         return lo
 
-    def _take_pages(self, n: int) -> list[int] | None:
-        """The gate of one batch that needs ``n`` new pages (docs/design.md §6).
+    def _take_pages(self, n: int, swa_n: int | None = None) -> list[int] | None:
+        """The gate of one batch that needs ``n`` new pages, swa binding the
+        last ``swa_n`` of them (None: all) (docs/design.md §6, §11).
 
-        Decided by ``_coupled``; on a shortfall the relief ladder runs without
-        eviction (flush, slide) and the gate is asked once more.  None
-        means no id was allocated on any side (relief moves may have
-        happened).
+        Decided by ``_coupled``; on a shortfall the relief ladder runs
+        without eviction (flush, slide) for the same demand, and the gate
+        is asked once more.  None means no id was allocated on any side
+        (relief moves may have happened).
         """
         if n == 0:
             return []
-        if not self._coupled(self.arena.state(), n):
-            self.relieve(tokens=n * self.page_size)
-            if not self._coupled(self.arena.state(), n):
+        if not self._coupled(self.arena.state(), n, swa_n):
+            ps = self.page_size
+            self.relieve(tokens=n * ps, swa_tokens=None if swa_n is None else swa_n * ps)
+            if not self._coupled(self.arena.state(), n, swa_n):
                 return None
-        ids = self._bind(n)
+        ids = self._bind(n, swa_n)
         assert ids is not None, "coupled_fits said the coupled bind fits"
         return ids
 
@@ -324,7 +328,7 @@ class _Composite:
                 continued[page] = i
         return list(zip(prefix, seq, last))
 
-    def _alloc(self, reqs: list[Request]) -> list[int] | None:
+    def _alloc(self, reqs: list[Request], swa_n: int | None = None) -> list[int] | None:
         """docs/anchor.md §1, to the slot.
 
         Request ``i`` needs ``ceil(seq/ps) - ceil(prefix/ps)`` new pages;
@@ -334,11 +338,12 @@ class _Composite:
         (1) ``last_loc+1, last_loc+2, ...`` continuing the partly filled
         page, for ``min(seq, ceil(prefix/ps)*ps) - prefix`` tokens; (2) its
         whole new pages; (3) a partly filled new page for the tail.  A slot
-        on a new page is ``page*ps + position % ps``.
+        on a new page is ``page*ps + position % ps``.  ``swa_n``: swa
+        binds only the batch's last ``swa_n`` new pages (None: all).
         """
         ps = self.page_size
         counts = [arith.cdiv(s, ps) - arith.cdiv(p, ps) for p, s, _ in reqs]
-        pages = self._take_pages(sum(counts))
+        pages = self._take_pages(sum(counts), swa_n)
         if pages is None:
             return None
         out, k = [], 0
@@ -1026,6 +1031,125 @@ class _WithSWA(_Composite):
         if num_live is not None and _int("free_swa: num_live", num_live) != len(pages):
             raise ValueError(f"free_swa: pool 'swa': num_live {num_live} disagrees with the {len(pages)} live pages")
         self.arena.free(SWA, pages)
+
+    def tail_demand(self, prefix_len: int, seq_len: int, swa_tail_len: int) -> tuple[int, int]:
+        """The demand of ``alloc_extend_swa_tail`` for one request, as
+        ``(tokens, swa_tokens)``, the uneven demand ``fits`` and ``relieve``
+        price (docs/design.md §11): full's new pages and the new pages
+        holding the tail (``arith.swa_tail_pages``), in tokens.
+
+        Args:
+            prefix_len: the tokens already allocated.
+            seq_len: the request's length after the extend.
+            swa_tail_len: the window's tail, ``0 <= tail <= seq - prefix``.
+
+        Returns:
+            ``(tokens, swa_tokens)``, whole pages each.
+
+        Raises:
+            ValueError: lengths outside ``0 <= prefix <= seq`` and ``0 <=
+                tail <= seq - prefix``.
+        """
+        ps = self.page_size
+        prefix_len, seq_len = _count("prefix_len", prefix_len), _count("seq_len", seq_len)
+        tail = _count("swa_tail_len", swa_tail_len)
+        if not (prefix_len <= seq_len and tail <= seq_len - prefix_len):
+            raise ValueError(
+                f"alloc_extend_swa_tail: swa_tail_len {tail} is not within the {seq_len - prefix_len} new tokens "
+                f"(prefix_len {prefix_len}, seq_len {seq_len})"
+            )
+        new = arith.cdiv(seq_len, ps) - arith.cdiv(prefix_len, ps)
+        return new * ps, arith.swa_tail_pages(prefix_len, seq_len, tail, ps) * ps
+
+    def fits_tail(self, prefix_len: int, seq_len: int, swa_tail_len: int) -> bool:
+        """Would ``alloc_extend_swa_tail`` of this request succeed now,
+        without relief?  ``fits`` of its ``tail_demand``: the one gate the
+        call itself asks (docs/design.md §13).
+
+        Args:
+            prefix_len: the tokens already allocated.
+            seq_len: the request's length after the extend.
+            swa_tail_len: the window's tail.
+
+        Returns:
+            Whether it fits now.
+
+        Raises:
+            ValueError: as ``tail_demand``.
+        """
+        tokens, swa_tokens = self.tail_demand(prefix_len, seq_len, swa_tail_len)
+        return self.fits(tokens, swa_tokens=swa_tokens)
+
+    def _swa_took(self, old: "_WithSWA", prefix_len: int, seq_len: int, swa_tail_len: int) -> bool:
+        """Contract helper: swa holds ``swa_tail_pages`` more live pages than ``old``."""
+        grew = self.arena.live_pages(SWA) - old.arena.live_pages(SWA)
+        return grew == arith.swa_tail_pages(prefix_len, seq_len, swa_tail_len, self.page_size)
+
+    def alloc_extend_swa_tail(
+        self,
+        prefix_lens: Sequence[int],
+        seq_lens: Sequence[int],
+        last_loc: Sequence[int],
+        *,
+        swa_tail_len: int,
+        prefix_lens_cpu: Sequence[int] | None = None,
+        seq_lens_cpu: Sequence[int] | None = None,
+        extend_num_tokens: int | None = None,
+    ) -> list[int] | None:
+        """A PD decode node's preallocation for one transferred request:
+        full slots for every new position, and SWA entries only for the new
+        pages that hold the last ``swa_tail_len`` tokens (docs/design.md
+        §13, "PD disaggregation"; SGLang's ``alloc_extend_swa_tail``).
+
+        The slots are ``alloc_extend``'s for the one request.  Full binds
+        its ``P_f`` new pages; swa binds the last ``P_s =
+        arith.swa_tail_pages(...)`` of those ids, and the others are left
+        unbound: they read as the sink and a free skips them, the state a
+        window free leaves.  A partly filled prefix page continued here is
+        no new page and costs nothing.  The gate is the uneven demand's
+        (``tail_demand``): ``fits(*tail_demand)`` now means this call
+        succeeds without relief, and a shortfall runs ``relieve`` for that
+        demand (no eviction) and asks again, as ``alloc_extend`` does.
+
+        Args:
+            prefix_lens: the request's tokens already allocated (one entry).
+            seq_lens: its length after the call (one entry).
+            last_loc: its slot of position ``prefix - 1``, or ``-1``.
+            swa_tail_len: the window's tail, ``0 <= tail <= seq - prefix``.
+            prefix_lens_cpu: the engine's host copy of ``prefix_lens``, or None.
+            seq_lens_cpu: the engine's host copy of ``seq_lens``, or None.
+            extend_num_tokens: ``seq - prefix``, or None.
+
+        Returns:
+            Token ids for every new position, in position order; None on a
+                shortfall, with no id allocated on either side.
+
+        Raises:
+            ValueError: not exactly one request, a tail outside ``[0, seq -
+                prefix]``, or anything ``alloc_extend`` refuses; nothing has
+                changed.
+
+        post: __return__ is None or len(__return__) == seq_lens[0] - prefix_lens[0]
+        post: __return__ is not None or not __old__.self.fits_tail(prefix_lens[0], seq_lens[0], swa_tail_len)
+        post: __return__ is None or self._swa_took(__old__.self, prefix_lens[0], seq_lens[0], swa_tail_len)
+        post: __return__ is not None or self.arena.live_pages("swa") == __old__.self.arena.live_pages("swa")
+        raises: ValueError
+        """
+        what = "alloc_extend_swa_tail"
+        prefix = _ints(f"{what}: prefix_lens", prefix_lens)
+        seq = _ints(f"{what}: seq_lens", seq_lens)
+        if len(prefix) != 1:
+            raise ValueError(f"{what}: one request at a time, got {len(prefix)} prefix_lens")
+        _same_host_copy(what, "prefix_lens", prefix, prefix_lens_cpu)
+        _same_host_copy(what, "seq_lens", seq, seq_lens_cpu)
+        reqs = self._requests(what, prefix, seq, _ints(f"{what}: last_loc", last_loc))
+        if (
+            extend_num_tokens is not None
+            and _int(f"{what}: extend_num_tokens", extend_num_tokens) != seq[0] - prefix[0]
+        ):
+            raise ValueError(f"{what}: extend_num_tokens {extend_num_tokens} != {seq[0] - prefix[0]} tokens asked")
+        _, swa_tokens = self.tail_demand(prefix[0], seq[0], swa_tail_len)
+        return self._alloc(reqs, swa_tokens // self.page_size)
 
     def swa_available_size(self) -> int:
         """Tokens swa alone could take now (``arena.available_size("swa")``;

@@ -69,10 +69,10 @@ def _zeroing(kind: type) -> type:
     class Zeroing(kind):  # type: ignore[misc, valid-type]
         on_fresh: Any = None
 
-        def _take_pages(self, n: int, slots: Any = None) -> torch.Tensor | None:
-            ids = super()._take_pages(n, slots)
+        def _take_pages(self, n: int, slots: Any = None, swa_n: int | None = None) -> torch.Tensor | None:
+            ids = super()._take_pages(n, slots, swa_n)
             if ids is not None and ids.numel() and self.on_fresh is not None:  # numel: a shape
-                self.on_fresh(ids)
+                self.on_fresh(ids, swa_n)
             return ids
 
     Zeroing.__name__ = Zeroing.__qualname__ = kind.__name__  # snapshots and memo keys name the composite
@@ -258,15 +258,19 @@ class _Dropin(InFlightForwards, HostTransfers):
             self._twin = twin
         return self._twin
 
-    def _zero_fresh(self, ids: torch.Tensor) -> None:
+    def _zero_fresh(self, ids: torch.Tensor, swa_n: int | None = None) -> None:
         """Zero the page envelopes just bound to ``ids``, through SGLang's own
         ``zero_physical_pages``, in every pool SGLang zeroes on hand-out: some
         attention kernels load whole pages (trtllm_mha's fmha_v2 prefill, fp8
         XQA decode, MLA) and a NaN left past ``seq_len`` (a former mamba
-        state's bytes, say) reaches their output.  On the device, no read."""
+        state's bytes, say) reaches their output.  ``swa_n``: SWA bound only
+        the last ``swa_n`` ids (a PD preallocation); the others have no SWA
+        page to zero.  On the device, no read."""
         arena = self.composite.arena
         for name in self._zeroed:
-            self._pools[name].zero_physical_pages(arena.v2p_at(name, ids))
+            bound = ids if name != SWA or swa_n is None else ids[ids.numel() - swa_n :]
+            if bound.numel():
+                self._pools[name].zero_physical_pages(arena.v2p_at(name, bound))
 
     def _move_pages(self, name: str, dst: torch.Tensor, src: torch.Tensor) -> None:
         """The arena's mover: SGLang's own page copy of that sub-pool."""

@@ -151,8 +151,11 @@ IN_FLIGHT = (
 )
 # The host-transfer rules' own events (docs/design.md §13), counted by tests/verification/test_differential.py.
 HOLDS = (
-    "hold: gate closed",
+    "hold: gate closed by host",
+    "hold: gate closed by disagg",
+    "hold: gate closed by both sources",
     "hold: gate opened",
+    "hold: one source opened, the other holds",
     "hold: reserved",
     "hold: reservation short",
     "hold: bound",
@@ -316,8 +319,9 @@ class DiffMachine(RuleBasedStateMachine):
         self.S = S  # after the hooks: a traced machine records what it is handed here
         self.floats = self.S.chain[1:-1]
         self.lender = dict(borrow or {})  # borrower -> lender
-        # Host transfers (docs/design.md §13): the machine's own model of the hold.
-        self.gate = False
+        # Host transfers (docs/design.md §13): the machine's own model of the hold, by gate source.
+        self.gates: set[str] = set()
+        self.transfers = 0  # transfers started: whose turn it is to close the gate
         self.loads = {n: [] for n in S.chain}  # reserved pages in order: (page, owner id, generation)
         self.eager = [n for n in S.chain if S.pool(n).grow != "float" and not S.is_lazy(n)]
         self.holds = self.host_transfers and not self.eager
@@ -688,7 +692,7 @@ class DiffMachine(RuleBasedStateMachine):
 
     def held(self):
         """Whether moves are held, by the machine's own model (docs/design.md §13)."""
-        return self.gate or any(self.loads.values())
+        return bool(self.gates) or any(self.loads.values())
 
     def held_moves(self, moved, case):
         """A moving call returned ``moved``: while moves are held it must be 0.
@@ -866,24 +870,30 @@ class DiffMachine(RuleBasedStateMachine):
                     return
 
     def transfer_starts(self, data):
-        """A host transfer starts: the gate closes, or a load reserves pages
-        in a pool (and its bytes land there), or both."""
+        """A transfer starts: a source (HiCache's host transfers, PD's KV
+        transfers) closes the gate, or a load reserves pages in a pool (and
+        its bytes land there), or both."""
         close = data.draw(st.sampled_from(["both", "load", "gate"]))
+        # the sources take turns, drawing nothing: a draw here reshapes the seeded runs' programs
+        source = spec.GATES[self.transfers % len(spec.GATES)]
+        self.transfers += 1
         name = self.pick(data)
         if self.eager:
             if close == "load":
                 self.refused(self.eager[0], lambda a: a.reserve(name, 1))
             else:
-                self.refused(self.eager[0], lambda a: a.close_gate())
+                self.refused(self.eager[0], lambda a: a.close_gate(source))
             note("hold: refused (eager END)")
             return
         if not self.holds:  # host_transfers off, or an eager END
             return
         if close != "load":
-            self.S.close_gate()
-            self.I.close_gate()
-            self.gate = True
-            note("hold: gate closed")
+            self.S.close_gate(source)
+            self.I.close_gate(source)
+            self.gates.add(source)
+            note(f"hold: gate closed by {source}")
+            if len(self.gates) > 1:
+                note("hold: gate closed by both sources")
         if close != "gate":
             avail = self.S.available_pages(name)
             mode = data.draw(st.sampled_from(["small", "small", "exact", "over", "zero"]))
@@ -921,12 +931,13 @@ class DiffMachine(RuleBasedStateMachine):
                 cancel = list(dict.fromkeys(orphans + data.draw(st.lists(st.sampled_from(rest), max_size=2))))
             if cancel:
                 self.cancel_both(name, cancel)
-        if self.gate and (everything or data.draw(st.booleans())):
-            self.S.open_gate()
-            self.I.open_gate()
-            self.gate = False
-            self.hold_may_end()
-            note("hold: gate opened")
+        for source in sorted(self.gates):
+            if everything or data.draw(st.booleans()):
+                self.S.open_gate(source)
+                self.I.open_gate(source)
+                self.gates.discard(source)
+                note("hold: gate opened" if not self.gates else "hold: one source opened, the other holds")
+        self.hold_may_end()
 
     def transfer_bad(self, data):
         """Bad input to the host-transfer calls is a ``ValueError`` naming
@@ -1271,7 +1282,7 @@ class DiffMachine(RuleBasedStateMachine):
         either twin (``placement``: the public tables, no arena code)."""
         S, Im = self.S, self.I
         held = self.held()
-        assert S.gate_closed == Im.gate_closed == self.gate
+        assert set(S.closed_gates) == set(Im.closed_gates) == self.gates
         assert S.moves_held() == Im.moves_held() == held
         for n, loads in self.loads.items():
             pages = [p for p, _, _ in loads]

@@ -98,13 +98,22 @@ REQUIRED = (
     "composite urgent settle",
     "composite walk stopped by a pin",
     "composite pending page reused",
+    "PD preallocation binds the tail",
+    "PD preallocation continues a request",
 )
 # Counted, not required: since the ladder compacts only surplus holes, a fit part-way is rare in
 # a fixed-seed run and its count moved with Hypothesis's version and the test order (0 to 18);
 # tests/api/test_relief_steps.py and the vectors (composites/relief-*) pin that path on both packages.
 OBSERVED = ("relief stopped before the ENDs were packed",)
 # The move gate's own events (docs/design.md §13), counted by tests/verification/test_differential_composites.py.
-HOLDS = ("composite gate closed", "composite gate opened", "composite gate refused", "composite relief under the gate")
+HOLDS = (
+    "composite gate closed by host",
+    "composite gate closed by disagg",
+    "composite gate opened by host",
+    "composite gate opened by disagg",
+    "composite gate refused",
+    "composite relief under the gate",
+)
 # The in-flight rules' own events, counted by tests/verification/test_differential_composites.py.
 IN_FLIGHT = (
     "composite launch",
@@ -184,7 +193,7 @@ class CompositeMachine(RuleBasedStateMachine):
         kind, total, full, swa, state, ps, lazy, window = setup
         self.kernels = kernel_draws(self.device, setup, policy, lent)
         self.kind, self.ps, self.window, self.lazy = kind, ps, window, lazy
-        self.gate = False  # HiCache's move gate on the arena, by the machine's own model
+        self.gates: set[str] = set()  # the arena's closed gate sources, by the machine's own model
         S = build(spec, kind, total, full, swa, state, ps, lazy, {}, policy)
         extra = {"device": self.device}
         self.lent = lent  # before ``self.S``: a traced machine records it with the spec object
@@ -305,7 +314,28 @@ class CompositeMachine(RuleBasedStateMachine):
             self.finish(data)
         self.admit_one(data.draw(st.integers(1, self.ps)))
 
-    def admit_one(self, prompt, with_state=True):
+    @rule(data=st.data())
+    def pd_prealloc(self, data):
+        """A PD decode node admits a transferred request (docs/design.md
+        §13): full slots for its whole length, SWA entries only for the
+        pages that hold its window's tail (SGLang's tail, now and then any
+        tail).  ``fits_tail`` before it is the verdict without relief."""
+        if not self.has_swa:
+            return
+        if data.draw(st.booleans()):  # PD's gate: closed while the node's transfers are in flight
+            self.host_gate("disagg")
+        seq = min(self.most, data.draw(st.integers(1, 8 * self.ps + 3)))
+        if data.draw(st.booleans()):  # SGLang's: from the page that holds the window's first token
+            tail = seq - max(0, seq - self.window) // self.ps * self.ps
+        else:
+            tail = data.draw(st.integers(0, seq))
+        self.admit_one(seq, tail=tail, trusted=data.draw(st.booleans()))
+
+    def admit_one(self, prompt, with_state=True, tail=None, trusted=False):
+        """Admit one request of ``prompt`` tokens (a state slot first, where
+        there is a state pool); with ``tail``, as a PD decode node
+        preallocates it (``alloc_extend_swa_tail``, ``trusted``: the
+        implementation on its trusted path with the host copies)."""
         slot = None
         if self.has_state and with_state:
             starving = self.S.state_available_size() == 0
@@ -317,7 +347,10 @@ class CompositeMachine(RuleBasedStateMachine):
                 note("state starvation relieved without eviction")
         joint = self.S.available_size()
         parts = [self.S.full_available_size()] + ([self.S.swa_available_size()] if self.has_swa else [])
-        tokens = self.both(lambda c: c.alloc_extend([0], [prompt], [-1]))
+        if tail is None:
+            tokens = self.both(lambda c: c.alloc_extend([0], [prompt], [-1]))
+        else:
+            tokens = self.tail_both(0, prompt, -1, tail, trusted)
         if tokens is None:
             if joint < prompt <= min(parts):
                 note("joint-view exhaustion")
@@ -325,9 +358,40 @@ class CompositeMachine(RuleBasedStateMachine):
                 self.both(lambda c: c.free_state(slot))
                 self.forget_dead()
             return
-        self.reqs[self.next_rid] = {"tokens": tokens, "slot": slot, "freed": 0}
+        # the window starts at the tail's page: every page before it has no swa entry
+        freed = 0 if tail is None else (prompt - tail) // self.ps * self.ps
+        self.reqs[self.next_rid] = {"tokens": tokens, "slot": slot, "freed": freed}
         self.next_rid += 1
         self.stamp(tokens)
+
+    def tail_both(self, prefix, seq, last, tail, trusted):
+        """``alloc_extend_swa_tail`` of one request on both twins, checked
+        against what ``fits_tail`` promised and against the pages the tail
+        needs: swa binds exactly the new pages that hold a tail token."""
+        promised = self.S.fits_tail(prefix, seq, tail)
+        assert promised == self.I.fits_tail(prefix, seq, tail), (prefix, seq, tail)
+        copies = {"prefix_lens_cpu": torch.tensor([prefix]), "seq_lens_cpu": torch.tensor([seq])}
+        tokens = self.both(
+            lambda c: c.alloc_extend_swa_tail([prefix], [seq], [last], swa_tail_len=tail),
+            (
+                lambda c: c.alloc_extend_swa_tail(
+                    self.tensor([prefix]), self.tensor([seq]), self.tensor([last]), False, swa_tail_len=tail, **copies
+                )
+            )
+            if trusted
+            else None,
+        )
+        if promised:
+            assert tokens is not None, "fits_tail promised what alloc_extend_swa_tail refused"
+        if tokens is None:
+            note("PD preallocation short")
+            return None
+        ps, swa = self.ps, self.S.arena.v2p("swa")
+        new = sorted({t // ps for t in tokens} - ({(last // ps)} if prefix % ps else set()))
+        want = sorted({t // ps for t in tokens[len(tokens) - tail :]} & set(new)) if tail else []
+        assert [v for v in new if swa[v] > 0] == want, (prefix, seq, tail, new, want)
+        note("PD preallocation binds the tail" if want != new else "PD preallocation binds every new page")
+        return tokens
 
     @rule(data=st.data())
     def extend(self, data):
@@ -337,6 +401,13 @@ class CompositeMachine(RuleBasedStateMachine):
         seq = len(self.reqs[rid]["tokens"])
         k = min(self.most - seq, data.draw(st.integers(1, 4 * self.ps + 1)))
         if k <= 0:
+            return
+        if self.has_swa and data.draw(st.integers(0, 3)) == 0:  # a PD preallocation continuing a load-back
+            new = self.tail_both(seq, seq + k, self.last(rid), data.draw(st.integers(0, k)), data.draw(st.booleans()))
+            if new is not None:
+                note("PD preallocation continues a request")
+                self.reqs[rid]["tokens"] += new
+                self.stamp(new)
             return
         if data.draw(st.booleans()):  # the engine's host copies: checked on the spec, sizing the impl's trusted path
             note("extend with host copies")
@@ -663,9 +734,14 @@ class CompositeMachine(RuleBasedStateMachine):
             self.next_rid += 1
             self.stamp(tokens)
 
-    def host_gate(self):
-        """HiCache's move gate (docs/design.md §13): a host transfer starts
-        (the gate closes) or every one has ended (it opens).  While it is
+    @property
+    def gate(self) -> bool:
+        return bool(self.gates)
+
+    def host_gate(self, source: str = "host"):
+        """A source's move gate (docs/design.md §13: HiCache's host
+        transfers, PD's KV transfers): a transfer starts (its gate closes)
+        or every one has ended (it opens).  While any source holds it
         closed no page may move; an arena with an eager END refuses it in
         both twins, naming the END, and nothing changes."""
         a, b = self.S.arena, self.I.arena
@@ -673,20 +749,22 @@ class CompositeMachine(RuleBasedStateMachine):
             before = a.snapshot()
             for arena in (a, b):
                 with raises_value_error(a.chain[0]):
-                    arena.close_gate()
+                    arena.close_gate(source)
             assert a.snapshot() == before == b.snapshot()
             note("composite gate refused")
             return
         if not self.holds:  # host_transfers off
             return
-        call = "open_gate" if self.gate else "close_gate"
+        call = "open_gate" if source in self.gates else "close_gate"
         for arena in (a, b):
-            getattr(arena, call)()
+            getattr(arena, call)(source)
         record = getattr(self.S, "record_arena_call", None)  # kvarena fuzz's traced machine: a vector step
         if record is not None:
-            record(call)
-        self.gate = not self.gate
-        note("composite gate closed" if self.gate else "composite gate opened")
+            record(call, source=source)
+        self.gates ^= {source}
+        note(f"composite gate {'closed' if source in self.gates else 'opened'} by {source}")
+        if len(self.gates) > 1:
+            note("composite gate closed by both sources")
 
     @rule(data=st.data())
     def too_long(self, data):
@@ -707,7 +785,7 @@ class CompositeMachine(RuleBasedStateMachine):
         transfer starts or ends first (``host_gate``), so relief runs under
         the gate as often as not (a transfer in flight ends sooner than one starts)."""
         if data.draw(st.integers(0, 2 if self.gate else 5)) == 0:
-            self.host_gate()
+            self.host_gate("host")
         if data.draw(st.booleans()):  # around what fits now
             tokens = self.S.available_size() + data.draw(st.integers(-self.ps, 6 * self.ps + 4))
             slots = data.draw(st.integers(0, 2)) if self.has_state else 0

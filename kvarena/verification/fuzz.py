@@ -250,11 +250,11 @@ class Recording:
 
         return call
 
-    def record_arena_call(self, call):
-        """The machine made ``call`` (no arguments: the move gate's) on the
-        composite's arena, on both twins: a step of the composite's vector
-        (``vectors.ARENA_OF_COMPOSITE``)."""
-        self._trace.record(call, {})
+    def record_arena_call(self, call, **kwargs):
+        """The machine made ``call`` (the move gate's, with its source) on
+        the composite's arena, on both twins: a step of the composite's
+        vector (``vectors.ARENA_OF_COMPOSITE``)."""
+        self._trace.record(call, kwargs)
 
     def record_fault(self, call, at, kernels, *args, **kwargs):
         """The machine made ``call`` on the implementation alone, with its

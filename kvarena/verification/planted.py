@@ -167,12 +167,12 @@ MUTATIONS = [
         "impl/composites.py",
         [
             (
-                "        if n > self.joint_pages():\n"
-                "            self.relieve(tokens=n * self.page_size)\n"
-                "            if n > self.joint_pages():",
-                "        if n > self.arena.available_pages(FULL):\n"
-                "            self.relieve(tokens=n * self.page_size)\n"
-                "            if n > self.arena.available_pages(FULL):",
+                "            if n > self.joint_pages():\n"
+                "                self.relieve(tokens=n * self.page_size)\n"
+                "                if n > self.joint_pages():",
+                "            if n > self.arena.available_pages(FULL):\n"
+                "                self.relieve(tokens=n * self.page_size)\n"
+                "                if n > self.arena.available_pages(FULL):",
             ),
             (
                 "        return self.arena.bind_with_borrowers(FULL, n, slots)\n",
@@ -461,6 +461,30 @@ PROOF_PLANTS = [
         [("    m_b = max_(0, pages_b - holes_b)\n", "    m_b = max_(0, pages_b)\n")],
         proof_only=("composite.hybrid.uneven_tight",),
     ),
+    Mutation(
+        "pd-tail-one-page-short",
+        "a PD decode node's preallocation binds one SWA page too few: the window's first tail token has no entry",
+        "spec/arith.py",
+        [
+            (
+                "    first_tail = fdiv(seq_len - swa_tail_len, page_size)\n",
+                "    first_tail = fdiv(seq_len - swa_tail_len, page_size) + 1\n",
+            )
+        ],
+        proof_only=("disagg.tail.covers",),
+    ),
+    Mutation(
+        "pd-tail-one-page-long",
+        "a PD decode node's preallocation binds one SWA page too many: a page of no tail token takes SWA bytes",
+        "spec/arith.py",
+        [
+            (
+                "    first_tail = fdiv(seq_len - swa_tail_len, page_size)\n",
+                "    first_tail = fdiv(seq_len - swa_tail_len, page_size) - 1\n",
+            )
+        ],
+        proof_only=("disagg.tail.exact",),
+    ),
 ]
 MUTATIONS += PROOF_PLANTS
 
@@ -569,7 +593,7 @@ HOLD_PLANTS = [
         "hold-gate-around-the-memo",
         "the gate is written around its capacity field: a memoised schedulable view outlives a close or an open",
         "impl/arena.py",
-        [("            self.gate_closed = closed\n", '            self.__dict__["gate_closed"] = closed\n')],
+        [("            self.closed_gates = gates\n", '            self.__dict__["closed_gates"] = gates\n')],
         unit=HOLD_UNIT,
     ),
     Mutation(
@@ -578,6 +602,19 @@ HOLD_PLANTS = [
         "never delivers them (an over-promise)",
         "impl/arena.py",
         [("        if not b.is_end or self.moves_held():  # a held flush", "        if not b.is_end:  # a held flush")],
+        unit=HOLD_UNIT,
+    ),
+    Mutation(
+        "hold-ignored-on-the-up-end",
+        "the gate is ignored on one member: the up END (SWA's or the state's) compacts while a transfer "
+        "(HiCache's or PD's) addresses its pages by physical page",
+        "impl/arena.py",
+        [
+            (
+                "        if self.moves_held():\n            max_moves = 0  # a host transfer",
+                '        if self.moves_held() and b.grow != "up":\n            max_moves = 0  # a host transfer',
+            )
+        ],
         unit=HOLD_UNIT,
     ),
 ]

@@ -481,6 +481,7 @@ ARENA_CONFIGS = {
     ),
     "arena/relieve-ladder": lambda p: tri_arena(p),
     "arena/hold-gate-and-loads": lambda p: tri_arena(p, lazy=True),
+    "arena/hold-two-sources": lambda p: tri_arena(p, lazy=True),
     "arena/fault-in-flight": lambda p: tri_arena(p, lazy=True),
     "arena/relieve-evictor-frees-but-returns-0": lambda p: tri_arena(p),
     "arena/open-short-side-both-short": lambda p: tri_arena(p),
@@ -769,6 +770,49 @@ def _composite_gate(r, ps=4):
     return "the move gate on a composite: while it is closed no page moves, relief included", ()
 
 
+def _pd_prealloc(r, ps=4):
+    """PD's decode-side preallocation under PD's gate (docs/design.md §13)."""
+    a = r("alloc_extend", prefix_lens=[0], seq_lens=[ps + 1], last_loc=[-1])  # a partly filled page
+    b = r("alloc_extend", prefix_lens=[0], seq_lens=[3 * ps], last_loc=[-1])
+    r("free", token_ids=b)  # holes below a live request: compaction would move it
+    r.start()
+    r("close_gate", source="disagg")  # PD's transfers in flight: nothing may move
+    r("fits_tail", prefix_len=0, seq_len=5 * ps + 2, swa_tail_len=ps + 3)
+    t = r("alloc_extend_swa_tail", prefix_lens=[0], seq_lens=[5 * ps + 2], last_loc=[-1], swa_tail_len=ps + 3)
+    # continuing the partly filled page: the tail's pages only, the continued page costs nothing
+    r("alloc_extend_swa_tail", prefix_lens=[ps + 1], seq_lens=[4 * ps], last_loc=[a[-1]], swa_tail_len=2)
+    r("alloc_extend_swa_tail", prefix_lens=[0], seq_lens=[2 * ps], last_loc=[-1], swa_tail_len=2 * ps + 1)  # bad
+    r("alloc_extend_swa_tail", prefix_lens=[0], seq_lens=[r("full_available_size") + ps], last_loc=[-1], swa_tail_len=1)
+    r("free", token_ids=t)  # full's pages and the tail's swa pages; the rest had none
+    r("open_gate", source="disagg")
+    r("close_gate", source="disagg")  # the post state is held
+    return (
+        "a PD decode node's preallocation: full for every new token, SWA only for the pages holding the "
+        "window's tail, under PD's move gate; a short tail fits where the coupled extend would not",
+        (),
+    )
+
+
+scenario("composites/pd-prealloc-binds-the-tail", "HybridSWA")(_pd_prealloc)
+scenario("composites/tri-pd-prealloc-binds-the-tail", "TriPool")(_pd_prealloc)
+
+
+@scenario("arena/hold-two-sources", "arena")
+def _hold_two_sources(r):
+    full = r("alloc", name="full", n=8)
+    r("free", name="full", ids=full[1:4])  # holes below live pages, which a flush would move
+    r.start()
+    r("close_gate", source="host")  # HiCache's transfer
+    r("close_gate", source="disagg")  # and PD's: one hold, two sources
+    r("open_gate", source="host")
+    r("flush", name="full", max_moves=None)  # PD still holds: it absorbs, and moves nothing
+    r("close_gate", source="pd")  # bad input: no such source
+    r("open_gate", source="disagg")
+    r("flush", name="full", max_moves=None)  # the hold is over: the flush compacts
+    r("close_gate", source="disagg")
+    return "two sources close the one gate: it holds until both have opened", ()
+
+
 @scenario("composites/fault-after-the-forward-lands", "TriPool")
 def _composite_fault(r, ps=1):
     reqs = [r("alloc_extend", prefix_lens=[0], seq_lens=[n], last_loc=[-1]) for n in (3, 2, 1)]
@@ -794,6 +838,8 @@ COMPOSITE_CONFIGS = {
     "composites/relief-short-swa-end": lambda p: composite_cfg("HybridSWA", 1, p, pages=40, lazy=True),
     "composites/gate-holds-every-page": lambda p: composite_cfg("TriPool", 4, p, pages=40, lazy=True),
     "composites/fault-after-the-forward-lands": lambda p: composite_cfg("TriPool", 1, p, pages=40),
+    "composites/pd-prealloc-binds-the-tail": lambda p: composite_cfg("HybridSWA", 4, p, pages=40, lazy=True),
+    "composites/tri-pd-prealloc-binds-the-tail": lambda p: composite_cfg("TriPool", 4, p, pages=40, lazy=True),
 }
 LENT = {"composites/fault-after-the-forward-lands"}  # cases whose implementation runs on an engine's buffer
 

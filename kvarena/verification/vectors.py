@@ -184,6 +184,8 @@ COMPOSITE_CALLS = (
     "flush_opportunistic",
     "close_gate",
     "open_gate",
+    "alloc_extend_swa_tail",
+    "fits_tail",
 )
 # A composite's calls that are its arena's (HiCache's move gate, docs/design.md §13).
 ARENA_OF_COMPOSITE = ("close_gate", "open_gate")

@@ -120,7 +120,7 @@ def placements(c):
 
 def no_relief(c):
     """Disable relief on this instance: every gate is then the bare joint view."""
-    c.relieve = lambda tokens=0, state_slots=0, evict=None: False
+    c.relieve = lambda tokens=0, state_slots=0, evict=None, swa_tokens=None: False
     return c
 
 

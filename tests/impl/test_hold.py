@@ -257,9 +257,35 @@ def test_the_gate_ticks_the_memo_with_no_other_write():
     a.open_gate()
     assert a.schedulable_available_size("up") == credited
     a.schedulable_available_size("up")
-    a.__dict__["gate_closed"] = True  # around the descriptor: no tick
+    a.__dict__["closed_gates"] = frozenset({"host"})  # around the descriptor: no tick
     with pytest.raises(AccountingError, match="stale memo"):
         a.verify()
+
+
+def test_each_gate_source_ticks_the_memo_and_the_gate_opens_when_both_have():
+    """A second source (PD) closes the same gate: every change of the closed
+    set is a tick, and the spec and the implementation agree on the set."""
+    arenas = twins(4)
+    s, a = arenas
+    ids = a.alloc("down", 6)
+    s.alloc("down", 6)
+    both(arenas, lambda x: x.free("down", [int(i) for i in ids[1:4]]))
+    credited = a.schedulable_available_size("up")
+    both(arenas, lambda x: x.close_gate("disagg"))
+    assert a.schedulable_available_size("up") == a.available_size("up") < credited
+    both(arenas, lambda x: x.close_gate("host"))
+    a.schedulable_available_size("up")  # fills the memo
+    misses = a._memo.misses
+    s.open_gate("disagg")
+    a.open_gate("disagg")  # host still holds: the view is read afresh, unchanged
+    assert a.schedulable_available_size("up") == a.available_size("up") and a._memo.misses == misses + 2
+    assert s.snapshot()["closed_gates"] == a.snapshot()["closed_gates"] == ["host"]
+    both(arenas, lambda x: x.open_gate("host"))
+    assert a.schedulable_available_size("up") == s.schedulable_available_size("up") == credited
+    for x in arenas:
+        with pytest.raises(ValueError, match="gate source 'pd'"):
+            x.close_gate("pd")
+    a.verify()
 
 
 def test_with_a_forward_in_flight_a_reservation_settles_as_alloc_does():
@@ -298,7 +324,7 @@ def test_verify_rules_of_a_hold():
     with pytest.raises(AccountingError, match="reserved pages"):
         a.verify()
     _, e = twins(4, lazy={"up"})
-    e.gate_closed = True  # around close_gate's check
+    e.closed_gates = frozenset({"host"})  # around close_gate's check
     with pytest.raises(AccountingError, match="hold needs lazy ENDs"):
         e.verify()
 
@@ -308,7 +334,7 @@ def test_snapshots_name_the_same_keys():
     ref.reserve("f", 1), arena.reserve("f", 1)
     ref.close_gate(), arena.close_gate()
     s, i = ref.snapshot(), arena.snapshot()
-    assert s == i and s["gate_closed"] is True and s["pools"]["f"]["reserved"] == i["pools"]["f"]["reserved"]
+    assert s == i and s["closed_gates"] == ["host"] and s["pools"]["f"]["reserved"] == i["pools"]["f"]["reserved"]
 
 
 def test_loaded_bytes_survive_the_relief_after_the_gate_opens():

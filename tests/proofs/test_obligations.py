@@ -27,6 +27,7 @@ GROUPS = {
     "views",
     "inflight",
     "hold",
+    "disagg",
 }
 
 

@@ -75,7 +75,7 @@ def test_the_gate_holds_moves_and_changes_no_count():
     assert a.schedulable_available_size("u") > a.available_size("u")  # d's holes credited
     a.close_gate()
     assert a.gate_closed and a.moves_held() and a.state() == s
-    assert a.snapshot()["gate_closed"] is True
+    assert a.snapshot()["closed_gates"] == ["host"]
     for n in a.chain:  # only the view that credits a move changes
         assert a.schedulable_available_size(n) == a.available_size(n)
     a.close_gate()  # closing twice is closing
@@ -85,6 +85,30 @@ def test_the_gate_holds_moves_and_changes_no_count():
     assert a.schedulable_available_size("u") > a.available_size("u")
     a.open_gate()  # opening an open gate changes nothing
     check_all(a)
+
+
+def test_two_sources_hold_one_gate():
+    """HiCache and PD close the one gate each for itself: it opens when both have."""
+    a = duo()
+    s = a.state()
+    a.close_gate("host")
+    a.close_gate("disagg")
+    assert a.snapshot()["closed_gates"] == ["disagg", "host"]
+    a.open_gate("host")
+    assert a.gate_closed and a.moves_held() and a.closed_gates == {"disagg"}
+    assert a.flush("d", max_moves=None) == 0 and a.state() == s  # still held: the flush moves nothing
+    a.open_gate("disagg")
+    assert not a.moves_held()
+    assert a.flush("d", max_moves=None) > 0  # the hold is over: the flush compacts
+    check_all(a)
+
+
+def test_an_unknown_gate_source_changes_nothing():
+    a = duo()
+    with unchanged(a):
+        for call in (a.close_gate, a.open_gate):
+            with pytest.raises(ValueError, match="gate source 'pd': expected one of"):
+                call("pd")
 
 
 @pytest.mark.parametrize("lazy,eager", [(False, "u"), ({"u"}, "d"), ({"d"}, "u")])
@@ -455,7 +479,7 @@ def test_verify_catches_a_broken_reservation():
     with contracts.unchecked(), pytest.raises(AccountingError, match="live count"):
         a.verify()
     a = Arena(1600, [U, F, D], lazy={"d"})
-    a.gate_closed = True  # closed behind close_gate's back, with an eager END
+    a.closed_gates = frozenset({"host"})  # closed behind close_gate's back, with an eager END
     with contracts.unchecked(), pytest.raises(AccountingError, match="hold needs lazy ENDs"):
         a.verify()
 

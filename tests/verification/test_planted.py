@@ -90,10 +90,13 @@ HOLD_SITES = {
     "hold-reserve-uncounted": "reserve",
     "hold-schedulable-credits": "_FRESH",  # the views' table holds the function itself
 }
+# Caught by the unit tests, whose held flush of each END finds holes behind live pages at
+# once; the seeded machine meets a held flush of the up END with such holes only now and then.
+UNIT_ONLY = {"hold-gate-around-the-memo", "hold-ignored-on-the-up-end"}
 
 
-def test_every_hold_plant_but_the_memo_one_has_a_site():
-    assert set(HOLD_SITES) | {"hold-gate-around-the-memo"} == {m.name for m in planted.HOLD_PLANTS}
+def test_every_hold_plant_has_a_site_or_is_caught_by_the_unit_tests():
+    assert set(HOLD_SITES) | UNIT_ONLY == {m.name for m in planted.HOLD_PLANTS}
 
 
 @pytest.mark.parametrize("name", sorted(HOLD_SITES))
@@ -109,7 +112,7 @@ def test_the_differential_machine_catches_each_hold_plant(monkeypatch, name):
         differential.run_machine("cpu", derandomize=True, database=None, max_examples=20)
 
 
-@pytest.mark.parametrize("name", ["hold-flush-moves", "hold-reserve-uncounted"])
+@pytest.mark.parametrize("name", ["hold-flush-moves", "hold-reserve-uncounted", "hold-ignored-on-the-up-end"])
 def test_the_unit_tests_catch_a_flush_that_ignores_the_hold_and_an_uncounted_reservation(name):
     o = planted.run_mutation(planted.by_name(name), suites=("unit",))
     assert o.caught and o.caught_by == ["unit"], o
