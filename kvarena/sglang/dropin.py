@@ -61,6 +61,17 @@ def _dcp_size() -> int:
         return 1
 
 
+def _pool_page_size(unified_buffer, kvcache) -> int:
+    """The page size SGLang's unified buffer was built with (its sink and
+    first pages are sized by it): an allocator left at its default page
+    size takes it, as SGLang's factories pass it."""
+    for owner, attr in ((unified_buffer, "_page_size"), (kvcache, "page_size")):
+        value = getattr(owner, attr, None)
+        if isinstance(value, int) and not isinstance(value, bool):
+            return value
+    return 1
+
+
 def _zeroing(kind: type) -> type:
     """``kind`` whose coupled bind (every page it hands out for tokens) then
     calls ``on_fresh(ids)``: the drop-in zeroes those pages there, as SGLang's
@@ -152,6 +163,8 @@ class _Dropin(InFlightForwards, HostTransfers):
         policy = self.DEFAULT_POLICY if policy is None else policy
         if policy not in POLICIES:
             raise ValueError(f"policy must be one of {POLICIES}, got {policy!r}")
+        if page_size is None:  # left at its default: the pool's pages, which SGLang's factories pass
+            page_size = _pool_page_size(unified_buffer, kvcache)
         if isinstance(page_size, bool) or not isinstance(page_size, int) or page_size < 1:
             raise ValueError(f"pool 'full': page_size must be an int >= 1, got {page_size!r}")
         if (full_max_total_num_tokens is None) != (swa_max_total_num_tokens is None):

@@ -1,7 +1,8 @@
-"""Holds on the arena's moves, and the host transfers that need them
+"""Holds on the arena's moves, and the transfers that need them
 (docs/design.md §13): ``HostTransfers``, the mixin of ``_Dropin`` that
-SGLang's HiCache and retraction to host drive, and ``SWAHostTransfers``,
-the SWA stacks' load-back commit.
+SGLang's HiCache, PD disaggregation and retraction to host drive, and
+``SWAHostTransfers``, the SWA stacks' load-back commit and PD's decode-side
+preallocation.
 
 HiCache is supported: the move gate SGLang installs
 (``set_host_transfer_move_gate``) is read at every call and closes the
@@ -9,9 +10,13 @@ arena's gate while a host transfer is in flight, so no page moves under
 it; the SWA load-back's physical reservations (``swa_attn_allocator.alloc``,
 ``set_full_to_swa_mapping``) are the arena's ``reserve`` and
 ``bind_reserved``; the transfers' done events are waited on before
-anything moves again.  The gates are kept by slot (``_install_move_gate``)
-and the arena holds its moves while any reads closed, so another source of
-gates installs a slot of its own.
+anything moves again.  PD disaggregation is supported on both roles: its
+move gate (``set_disagg_move_gate``) is the hold's second source, the
+transfer engine's ids are the full read translation
+(``translate_kv_indices_for_transfer``), and a decode node preallocates a
+transferred request's SWA tail only (``alloc_extend_swa_tail``).  The gates
+are kept by slot (``_install_move_gate``), each slot closing the arena's
+gate for its source (``GATE_SOURCE``).
 """
 
 import operator
@@ -21,6 +26,9 @@ from typing import Any
 import torch
 
 from .views import FULL, I64, SGLANG_POOL, SWA, BandView, _pages_of, _tokens_of
+
+# SGLang's move-gate slots, and the source of the arena's one hold each closes (spec.GATES).
+GATE_SOURCE = {"host_transfer_move_gate": "host", "disagg_move_gate": "disagg"}
 
 
 class HostTransfers:
@@ -44,6 +52,7 @@ class HostTransfers:
     _size_swa: int
     _views: Callable[[], list[BandView]]
     _current_stream: Callable[[], Any]
+    _longer_than_any_state: Callable[[Any], bool]
 
     def _host_transfer_wiring(self, kvcache, unified_buffer) -> None:
         """What SGLang's composites set on the KV pools for HiCache: full
@@ -71,6 +80,26 @@ class HostTransfers:
         resolved.  As SGLang's, it needs lazy compaction (an eager free
         compacts at once); eager: ``ValueError`` naming the pool."""
         self._install_move_gate("host_transfer_move_gate", gate, "HiCache")
+
+    def set_disagg_move_gate(self, gate) -> None:
+        """SGLang's PD hook, at scheduler startup on both roles:
+        ``gate()`` is True when none of the node's KV transfers is in flight
+        (``unified_memory_disagg_move_gate``: the prefill node's inflight
+        queue and pending chunks, the decode node's transfer queue and
+        published destinations).  The arena's hold gets it as its second
+        source: while it reads False no page moves, because the transfer
+        engine addresses pages by the physical ids
+        ``translate_kv_indices_for_transfer`` gave it.  As SGLang's, it needs
+        lazy compaction; eager: ``ValueError`` naming the pool."""
+        self._install_move_gate("disagg_move_gate", gate, "PD disaggregation")
+
+    def translate_kv_indices_for_transfer(self, kv_indices: torch.Tensor) -> torch.Tensor:
+        """PD's KV transfer (both roles): virtual token ids to the full
+        pool's physical token ids, int64, which the transfer engine
+        addresses page envelopes by.  The full read translation; it stays
+        valid while the transfer runs because the node's move gate holds
+        every page where it is until the transfer ends.  On the device, no read."""
+        return self.full_attn_allocator.translate_kv_loc(kv_indices.to(I64))
 
     def _install_move_gate(self, slot: str, gate, feature: str) -> None:
         if not callable(gate):
@@ -103,12 +132,9 @@ class HostTransfers:
         (docs/design.md §13).  Once open, the transfers' done events are
         waited on (a device-side wait) before anything can move."""
         arena = self._composite.arena
-        closed = not all(gate() for gate in self._move_gates.values())
-        if closed != arena.gate_closed:
-            if closed:
-                arena.close_gate()
-            else:
-                arena.open_gate()
+        closed = {GATE_SOURCE[slot] for slot, gate in self._move_gates.items() if not gate()}
+        for source in sorted(closed ^ arena.closed_gates):  # the sources that flipped
+            (arena.close_gate if source in closed else arena.open_gate)(source)
         if not closed and self._transfer_events:
             self._wait_transfers()
 
@@ -213,6 +239,40 @@ class SWAHostTransfers(HostTransfers):
         ids = _pages_of(full_indices, ps, "set_full_to_swa_mapping")
         pages = _pages_of(swa_indices, ps, "set_full_to_swa_mapping")
         self.composite.arena.bind_reserved(SWA, ids, pages)
+
+    def alloc_extend_swa_tail(
+        self,
+        prefix_lens: torch.Tensor,
+        prefix_lens_cpu: torch.Tensor,
+        seq_lens: torch.Tensor,
+        seq_lens_cpu: torch.Tensor,
+        last_loc: torch.Tensor,
+        extend_num_tokens: int,
+        swa_tail_len: int,
+    ) -> torch.Tensor | None:
+        """A PD decode node's preallocation of one transferred request
+        (``alloc_for_decode_prealloc``, page size > 1): full slots for every
+        new position, SWA pages only for the new pages that hold the last
+        ``swa_tail_len`` tokens; the composite's ``alloc_extend_swa_tail`` on
+        its trusted path, no device read.  Its gate is the uneven demand
+        SGLang's admission priced (``ensure_capacity(new_pages*ps,
+        tail_pages*ps)``); the fresh pages are zeroed before SGLang sends
+        their ids.  None on a shortfall; bad input a ``ValueError``."""
+        try:
+            return self.composite.alloc_extend_swa_tail(
+                prefix_lens.to(I64),
+                seq_lens.to(I64),
+                last_loc.to(I64),
+                False,
+                swa_tail_len=operator.index(swa_tail_len),
+                prefix_lens_cpu=prefix_lens_cpu,
+                seq_lens_cpu=seq_lens_cpu,
+                extend_num_tokens=extend_num_tokens,
+            )
+        except ValueError:
+            if self._longer_than_any_state(seq_lens_cpu):
+                return None
+            raise
 
     def _compaction_allowed(self) -> bool:
         """Whether relief may move pages now: not while the arena holds its

@@ -10,9 +10,8 @@ Every member of SGLang's classes falls in one of three sets, which
   and gates the drop-in defines (``reclaim_plan``, ``can_reserve``, the
   prefill budget, ...), inherited as they are, so SGLang decides how much to
   evict and kvarena what fits.
-- **Unsupported** (``UNSUPPORTED``): PD disaggregation (retraction to host
-  aside: ``get_cpu_copy`` / ``load_cpu_copy`` are kvarena's), decode
-  context parallelism, post-capture backing, and SGLang's
+- **Unsupported** (``UNSUPPORTED``): decode context parallelism,
+  post-capture backing, and SGLang's
   own sub-allocator machinery that the composite replaces; each raises
   ``NotImplementedError`` naming the feature.
 """
@@ -58,9 +57,6 @@ INHERITED = frozenset(
 
 # SGLang's members kvarena does not support, and the feature each belongs to.
 UNSUPPORTED = {
-    "alloc_extend_swa_tail": "PD disaggregation (decode-node preallocation)",
-    "translate_kv_indices_for_transfer": "PD disaggregation (KV transfer)",
-    "set_disagg_move_gate": "PD disaggregation (move gates)",
     "resize": "post-capture KV backing",
     "swa_ring_cost_tokens": "the per-request SWA ring",
 }

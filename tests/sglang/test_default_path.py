@@ -162,7 +162,7 @@ def test_planted_no_zeroing_reads_nan_through_a_fresh_page(build, monkeypatch):
     hands out pages that read a former state slot's NaNs."""
     from kvarena.sglang import dropin
 
-    monkeypatch.setattr(dropin._Dropin, "_zero_fresh", lambda self, ids: None)
+    monkeypatch.setattr(dropin._Dropin, "_zero_fresh", lambda self, ids, swa_n=None: None)
     handed, nan = nan_over_former_state(build("kvarena", "mamba", 4, False))
     assert nan > 0 and handed >= nan
 

@@ -33,11 +33,10 @@ def _stack(kind: str, ps: int = 4, lazy: bool = True):
     return stacks.build(kind, page_size=ps, lazy=lazy)
 
 
-def test_the_hicache_calls_left_unsupported():
-    """The issue's list: HiCache's calls are kvarena's now; PD's still raise."""
+def test_the_hicache_calls_are_kvarenas():
+    """The issue's list: HiCache's calls are kvarena's (PD's too: tests/sglang/test_pd.py)."""
     assert not set(HICACHE) & set(surface.UNSUPPORTED)
     assert {"draft_virtual_id_space", "get_cpu_copy", "load_cpu_copy"}.isdisjoint(surface.UNSUPPORTED)
-    assert "set_disagg_move_gate" in surface.UNSUPPORTED
 
 
 @pytest.mark.parametrize("kind", stacks.KINDS)

@@ -183,10 +183,10 @@ def test_a_backup_that_does_not_settle_the_forward_is_caught(monkeypatch):
     assert bad > 0
 
 
-def test_retraction_to_host_is_supported():
-    """No longer in ``UNSUPPORTED``; the rest of PD disaggregation still is."""
-    assert "get_cpu_copy" not in surface.UNSUPPORTED and "load_cpu_copy" not in surface.UNSUPPORTED
-    assert "alloc_extend_swa_tail" in surface.UNSUPPORTED
+def test_retraction_to_host_and_pd_are_supported():
+    """Neither retraction to host nor any of PD's three calls is in ``UNSUPPORTED``."""
+    pd = ("set_disagg_move_gate", "translate_kv_indices_for_transfer", "alloc_extend_swa_tail")
+    assert not {"get_cpu_copy", "load_cpu_copy", *pd} & set(surface.UNSUPPORTED)
 
 
 def _serve_sglang(kind: str, monkeypatch) -> dict:
