@@ -195,6 +195,7 @@ def test_every_required_pair_is_listed():
         "short_side_decision",
         "two_end_joint_pages",
         "two_end_uneven_fits",
+        "swa_tail_pages",
     } == fns
     for a, b in C.DIFF_PAIRS:
         assert b.startswith(C.IMPL_MODULE + ".") and a.rsplit(".", 1)[1] == b.rsplit(".", 1)[1]
