@@ -16,12 +16,13 @@ May import: ``kvarena.spec``.
 Imports from ``kvarena.spec``: ``geometry`` (``AccountingError``, ``Geometry``,
 ``SubPool``, ``borrowing``, ``check_policy``, ``lazy_ends``, ``make_layout``),
 ``planner`` (``End``, ``Float``, ``move_order``, ``plan_chain``), ``evict``
-(``MAX_EVICT_ROUNDS``, ``evicted``).
+(``MAX_EVICT_ROUNDS``, ``evicted``), ``arena`` (``GATES``).
 
 The first is the boot-time layout, its validation and its types; the
 second is the chain planner's decision, which ``Arena.plan_floats`` calls
 on the arena's host counters every time it runs; the third is the eviction
-callback's contract (its rounds, and the check of the count it returns).
+callback's contract (its rounds, and the check of the count it returns);
+the fourth names the move gate's sources (docs/design.md §13).
 Nothing else: every other per-operation step is written here.
 """
 

@@ -2019,7 +2019,7 @@ class Arena:
 
     @property
     def gate_closed(self) -> bool:
-        """Whether any source holds the gate closed (``closed_gates``)."""
+        """Whether any source holds the gate closed (``closed_gates``; docs/design.md §13)."""
         return bool(self.closed_gates)
 
     def moves_held(self) -> bool:
@@ -2081,6 +2081,9 @@ class Arena:
         """Every transfer of ``source`` is done: moves may run again once no
         other source and no reservation holds them (docs/design.md §13); as
         the spec's.  One ``atomic()`` scope (docs/design.md §9c).
+
+        Args:
+            source: one of ``GATES``.
 
         Raises:
             ValueError: an unknown source.  Nothing has changed.

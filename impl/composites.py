@@ -1422,6 +1422,14 @@ class _WithSWA(_Composite):
         ``(tokens, swa_tokens)`` (docs/design.md §11, §13); as the spec's.
         Host ints.
 
+        Args:
+            prefix_len: the tokens already allocated.
+            seq_len: the request's length after the extend.
+            swa_tail_len: the window's tail, ``0 <= tail <= seq - prefix``.
+
+        Returns:
+            ``(tokens, swa_tokens)``, whole pages each.
+
         Raises:
             ValueError: lengths outside ``0 <= prefix <= seq`` and ``0 <=
                 tail <= seq - prefix``.
@@ -1432,7 +1440,16 @@ class _WithSWA(_Composite):
 
     def fits_tail(self, prefix_len: int, seq_len: int, swa_tail_len: int) -> bool:
         """Would ``alloc_extend_swa_tail`` of this request succeed now,
-        without relief?  ``fits`` of its ``tail_demand``; as the spec's.
+        without relief?  ``fits`` of its ``tail_demand``; as the spec's
+        (docs/design.md §13).
+
+        Args:
+            prefix_len: the tokens already allocated.
+            seq_len: the request's length after the extend.
+            swa_tail_len: the window's tail.
+
+        Returns:
+            Whether it fits now.
 
         Raises:
             ValueError: as ``tail_demand``.

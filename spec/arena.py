@@ -1002,7 +1002,7 @@ class Arena:
 
     @property
     def gate_closed(self) -> bool:
-        """Whether any source holds the gate closed (``closed_gates``)."""
+        """Whether any source holds the gate closed (``closed_gates``; docs/design.md §13)."""
         return bool(self.closed_gates)
 
     def moves_held(self) -> bool:
