@@ -9,7 +9,11 @@ draft's K/V lanes fused into the full entries (the draft phase: the
 draft's bytes must survive every relocation as the target's do), then
 with HiCache's load-back driven through SGLang's own controller calls
 (the HiCache phase: every loaded byte must land where the copy was
-resolved to, under SGLang's move gate); then ``uninstall()``
+resolved to, under SGLang's move gate), then with PD disaggregation
+between a prefill node and a decode node through SGLang's own queues and
+sender path (the PD phase: every transferred byte must arrive where the
+decode node reads it, and no page move while SGLang's gate is closed);
+then ``uninstall()``
 and the factories build SGLang's allocators again.  Prints what held and
 exits non-zero on any failure."""
 
@@ -50,6 +54,12 @@ def add_arguments(c: argparse.ArgumentParser) -> None:
         type=int,
         default=40,
         help="steps per stack with HiCache load-backs landing late, forwards in flight (default 40; 0 skips it)",
+    )
+    c.add_argument(
+        "--pd-requests",
+        type=int,
+        default=8,
+        help="requests per stack through PD disaggregation, prefill node to decode node (default 8; 0 skips it)",
     )
     c.add_argument("--page-sizes", type=int, nargs="+", default=[1, 4], help="page sizes (default 1 4)")
     c.add_argument("--policy", choices=["planner", "anchor"], default="planner", help="kvarena's relief policy")
@@ -165,6 +175,8 @@ def run(args: argparse.Namespace) -> int:
         failures += _draft_phase(args, workload, stacks, console, reports)
     if args.hicache_steps:
         failures += _hicache_phase(args, workload, stacks, console, reports)
+    if args.pd_requests:
+        failures += _pd_phase(args, console, reports)
     factories.uninstall()
     back = {kind: type(stacks.build(kind).token_to_kv_pool_allocator) for kind in stacks.KINDS}
     failures += [
@@ -403,6 +415,40 @@ def _hicache_phase(args: argparse.Namespace, workload, stacks, console, reports:
         failures += [f"{where}: {e}" for e in r.errors[:3]]
         if not r.loads_landed or not r.backups:
             failures.append(f"{where}: nothing was loaded back or backed up")
+    console.print(table)
+    return failures
+
+
+def _pd_phase(args: argparse.Namespace, console, reports: list[dict]) -> list[str]:
+    """PD disaggregation (``pd.run``): a prefill node and a decode node, both
+    on kvarena, their queues and sender path SGLang's own, the bytes copied
+    by a loopback transfer engine; every transferred byte checked where the
+    decode node reads it, every decode allocator call under SGLang's closed
+    move gate watched, both nodes audited.  The SWA stack again with a
+    crowded decode node, whose later requests need relief the gate must
+    hold back.  Adds the runs to ``reports`` and returns the failures."""
+    from . import pd
+
+    table = _table(
+        "PD phase: prefill node to decode node through SGLang's queues, every transferred byte checked",
+        ("stack", "ps", "crowded", "requests", "bytes checked", "differ", "calls under gate", "moved", "bytes"),
+    )
+    failures = []
+    prompts = pd.prompts(args.pd_requests)
+    runs = [(kind, ps, False) for kind in pd.KINDS for ps in args.page_sizes]
+    runs += [("swa", ps, True) for ps in args.page_sizes]
+    for kind, ps, crowded in runs:
+        r = pd.run(kind, ps, prompts=prompts, crowded=crowded)
+        reports.append({"phase": "pd", **r.__dict__})
+        counts = (str(r.requests), f"{r.bytes_checked:,}", f"{r.mismatches:,}", str(r.gated_calls))
+        table.add_row(kind, str(ps), "yes" if crowded else "no", *counts, str(r.moved_under_gate), _bytes(r))
+        where = f"pd {kind} ps={ps}{' crowded' if crowded else ''}"
+        problems = r.errors + r.audit
+        if r.mismatches:
+            problems.append(f"{r.mismatches} of {r.bytes_checked} transferred bytes differ")
+        failures += [f"{where}: {e}" for e in problems[:3]]
+        if r.requests != len(prompts) or not r.bytes_checked:
+            failures.append(f"{where}: {r.requests} of {len(prompts)} requests transferred")
     console.print(table)
     return failures
 
