@@ -575,13 +575,15 @@ class _Dropin(InFlightForwards, HostTransfers):
     # ---------------------------------------------------- maintenance
 
     def flush_opportunistic(self) -> int:
-        """0: kvarena settles lazy holes when a demand runs short (the relief
-        ladder), never between steps.  Measured (issue 40): compacting every
-        step changed no refusal or admission, the settles by -5 to +11 a run,
-        and moved 2 to 83 times the pages in the check's workload, 0.57 to
-        0.98 bytes per byte allocated in the simulator against 0 to 0.13
-        (docs/guides/integrating.md, "The rest of SGLang's default path")."""
-        return 0
+        """SGLang's sync point (an overlap-off boundary, or fully idle: its
+        forward stream drained): the composite's non-urgent flush of each
+        lazy END, as SGLang's lazy mode compacts there; pages moved.  A
+        node whose waiting requests SGLang admits on the views alone needs
+        it: a PD decode node's preallocation queue runs no relief, so a
+        request whose room only a compaction frees waited forever
+        (``tests/sglang/test_pd.py``).  While a gate or a reservation holds
+        the moves, the flush only absorbs (docs/design.md §13)."""
+        return int(self.composite.flush_opportunistic())
 
     def prewarm_compaction(self) -> None:
         """SGLang's startup hook, before graph capture and KV sizing: compile

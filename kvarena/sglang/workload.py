@@ -393,7 +393,7 @@ class Workload:
         """Not a call SGLang's scheduler makes: the allocator's non-urgent
         compaction while a forward runs (kvarena's composite's
         ``flush_opportunistic``; SGLang's allocator's own), a stress of the
-        in-flight guards.  kvarena's drop-in's ``flush_opportunistic`` is 0."""
+        in-flight guards (SGLang calls it only with nothing in flight)."""
         composite = getattr(self.alloc, "composite", None)
         (self.alloc.flush_opportunistic if composite is None else composite.flush_opportunistic)()
 
