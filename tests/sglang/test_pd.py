@@ -191,6 +191,53 @@ def test_a_tri_pool_allocator_left_at_its_default_page_size_takes_the_pools(ps, 
         construct()
 
 
+def _full_only(kind: str, ps: int, who: str):
+    """``full_attn_allocator.alloc_extend`` of one request on ``who``'s
+    allocator, then a tail continuing it: the ids, and which of the first
+    extend's pages hold SWA."""
+    import kvarena.sglang as ks
+
+    one = lambda x: torch.tensor([x], dtype=torch.int64)  # noqa: E731
+    if who == "kvarena":
+        ks.install()
+    try:
+        with stacks.cpu_kernels():
+            a = stacks.build(kind, page_size=ps, lazy=True).token_to_kv_pool_allocator
+        seq = 2 * ps + 1
+        with stacks.cpu_kernels():
+            out = a.full_attn_allocator.alloc_extend(
+                one(0), one(0), one(seq), one(seq), one(-1), seq, num_new_pages=-(-seq // ps)
+            )
+            swa = a.swa_attn_allocator.virtual_to_physical
+            bound = [int(swa[t // ps]) > 0 for t in out.tolist()[::ps]]
+            more = a.alloc_extend_swa_tail(
+                one(seq), one(seq), one(seq + 3 * ps), one(seq + 3 * ps), out[-1:], 3 * ps, ps
+            )
+        assert a.verify_byte_accounting() == []
+        return out.tolist(), bound, more.tolist(), a
+    finally:
+        ks.uninstall()
+
+
+@pytest.mark.parametrize("kind", ["swa", "mamba_swa"])
+def test_the_full_view_extends_full_alone_as_sglangs(kind):
+    """``full_attn_allocator.alloc_extend`` (SGLang's own PD preallocation
+    tests set a prefix up with it): full's pages alone, the SWA side left
+    unbound, then a tail continuing it, as on SGLang's allocator; a batch or
+    a wrong ``num_new_pages`` is a ``ValueError`` naming the pool."""
+    ids, bound, more, a = _full_only(kind, 4, "kvarena")
+    assert (ids, bound, more) == _full_only(kind, 4, "sglang")[:3]
+    assert not any(bound)
+    two = torch.tensor([0, 0], dtype=torch.int64)
+    with pytest.raises(ValueError, match="pool 'full': alloc_extend: one request"):
+        a.full_attn_allocator.alloc_extend(two, two, two + 4, two + 4, two - 1, 8)
+    one = torch.tensor([0], dtype=torch.int64)
+    with pytest.raises(ValueError, match="pool 'full': alloc_extend: num_new_pages 5"):
+        a.full_attn_allocator.alloc_extend(one, one, one + 4, one + 4, one - 1, 4, num_new_pages=5)
+    with pytest.raises(ValueError, match="pool 'swa'"):
+        a.swa_attn_allocator.alloc_extend(one, one, one + 4, one + 4, one - 1, 4)
+
+
 def _check(capsys, *extra: str) -> tuple[int, str]:
     p = argparse.ArgumentParser()
     cli.add_arguments(p)
