@@ -175,9 +175,9 @@ class BandView:
     ) -> torch.Tensor | None:
         """Full: SGLang's sub-allocator extend, full's pages alone, the SWA
         side left unbound as SGLang's full sub-allocator leaves it: the
-        composite's ``alloc_extend_swa_tail`` with no tail (a composite
-        without SWA: its ``alloc_extend``), for one request, as SGLang's
-        composite calls it; virtual token ids, or None.  A batch, a
+        drop-in's ``alloc_extend_swa_tail`` with no tail (a stack without
+        SWA: its ``alloc_extend``), for one request, as SGLang's composite
+        calls it; virtual token ids, or None.  A batch, a
         ``num_new_pages`` that is not the request's new pages, or the SWA
         view (whose ids are full's) is a ``ValueError`` naming the pool."""
         if self._name != FULL:
@@ -187,16 +187,11 @@ class BandView:
         p, s, ps = int(prefix_lens_cpu[0]), int(seq_lens_cpu[0]), self._owner.page_size
         if num_new_pages is not None and num_new_pages != -(-s // ps) - -(-p // ps):  # cdiv(s) - cdiv(p)
             raise ValueError(f"pool 'full': alloc_extend: num_new_pages {num_new_pages} is not the request's")
-        c = self._owner.composite
-        host = {
-            "prefix_lens_cpu": prefix_lens_cpu,
-            "seq_lens_cpu": seq_lens_cpu,
-            "extend_num_tokens": extend_num_tokens,
-        }
-        args = (prefix_lens.to(I64), seq_lens.to(I64), last_loc.to(I64), False)
-        if hasattr(c, "alloc_extend_swa_tail"):
-            return c.alloc_extend_swa_tail(*args, swa_tail_len=0, **host)
-        return c.alloc_extend(*args, **host)
+        args = (prefix_lens, prefix_lens_cpu, seq_lens, seq_lens_cpu, last_loc, extend_num_tokens)
+        owner: Any = self._owner  # a stack with SWA has SWAHostTransfers' alloc_extend_swa_tail
+        if SWA in owner.CHAIN:
+            return owner.alloc_extend_swa_tail(*args, 0)
+        return owner.alloc_extend(*args)
 
     def free(self, free_index: torch.Tensor) -> None:
         """Full: free these tokens' pages (SWA entries that are live go with

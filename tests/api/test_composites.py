@@ -23,7 +23,6 @@ import pytest
 import torch
 
 from kvarena import impl, spec
-from kvarena.spec import contracts
 from tests.api.test_relief_steps import moved, placed
 from tests.support import check_content, ints, live_ids, unchanged
 
@@ -34,17 +33,6 @@ PAGE_SIZES = (1, 16, 64)
 KINDS = ("hybrid", "mamba", "tri")
 SWA_KINDS = ("hybrid", "tri")
 IMPL_COMPOSITES = (impl.HybridSWA, impl.MambaHybrid, impl.TriPool)
-
-
-@pytest.fixture(params=["spec", "spec-contracts", "impl"])
-def pkg(request):
-    """The package under test; ``spec-contracts`` checks every spec contract
-    while the test runs."""
-    if request.param == "spec-contracts":
-        with contracts.checking():
-            yield spec
-    else:
-        yield spec if request.param == "spec" else impl
 
 
 def make(pkg, kind, ps, pages=40, lazy=False, **kw):

@@ -19,26 +19,11 @@ import random
 import pytest
 import torch
 
-from kvarena import spec
+from kvarena import impl, spec
 from kvarena.spec import contracts
 from tests.api.test_composites import ids_of, make, on_impl, vec
 
 SWA_KINDS = ("hybrid", "tri")
-
-
-@pytest.fixture(params=["spec", "spec-contracts", "impl"])
-def pkg(request):
-    if request.param == "spec-contracts":
-        with contracts.checking():
-            yield spec
-    else:
-        yield spec if request.param == "spec" else impl_pkg()
-
-
-def impl_pkg():
-    from kvarena import impl
-
-    return impl
 
 
 def tail_pages(prefix, seq, tail, ps):
@@ -221,4 +206,4 @@ def test_bad_input_is_a_value_error_and_changes_nothing(pkg, kind):
 def test_a_composite_without_swa_has_no_tail_preallocation():
     for kind in ("mamba",):
         assert not hasattr(make(spec, kind, 4), "alloc_extend_swa_tail")
-        assert not hasattr(make(impl_pkg(), kind, 4), "alloc_extend_swa_tail")
+        assert not hasattr(make(impl, kind, 4), "alloc_extend_swa_tail")

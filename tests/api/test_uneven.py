@@ -26,15 +26,6 @@ KINDS = ("hybrid", "mamba", "tri")
 SWA_KINDS = ("hybrid", "tri")
 
 
-@pytest.fixture(params=["spec", "spec-contracts", "impl"])
-def pkg(request):
-    if request.param == "spec-contracts":
-        with contracts.checking():
-            yield spec
-    else:
-        yield spec if request.param == "spec" else impl
-
-
 def oracle(arena, ps, tokens, slots, swa):
     """The uneven bind on a copy of a spec ``arena``, by the arena's own
     calls: state slots, ``P_f`` full pages, then the last ``P_s`` of their
