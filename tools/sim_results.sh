@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Every figure in docs/results/simulator.md and simulator-tables.md, by the
-# commands the page names (about half an hour on two cores).  Usage:
+# commands the page names (about an hour on two cores).  Usage:
 #
 #   tools/sim_results.sh OUT_DIR [MOONCAKE_TRACE]
 #
@@ -19,13 +19,11 @@ run() {  # NAME ARGS...: one documented command
   echo "== $name: kvarena simulate $*" >&2
   kvarena simulate "$@" --json "$out/$name.json" >"$out/$name.txt"
 }
-run grid --preset all --trace all --requests 1000
-run lmsys-cache --preset all --trace lmsys --requests 1000 --prefix-cache on
-run lmsys-no-buffer --preset qwen3-next-80b-a3b,nemotron-h-8b,tri-synthetic --trace lmsys --requests 1000 \
-  --prefix-cache on --mamba-radix-cache-strategy no_buffer --setups unified,static-best,vllm-padded
-run mixed --preset all --trace balanced,mooncake --requests 1000 --enable-mixed-chunk \
-  --setups unified,static-best,vllm-padded
-run bands --preset tri-synthetic --trace shift --requests 2000 --seeds 1 --plot docs/results/sim-bands.png
+run phases --preset qwen3-next-80b-a3b,nemotron-h-8b,gpt-oss-120b,tri-synthetic --trace phases --requests 1000 \
+  --seeds 3
+run phase-bands --preset qwen3-next-80b-a3b --trace phases --requests 1000 --seeds 1 \
+  --setups unified,static-default,static-best --plot docs/results/sim-phase-bands.png
+run grid --preset all --trace balanced,long,short,mooncake,lmsys --requests 1000 --seeds 3
 run sweep --preset tri-synthetic --trace balanced --requests 1000 --seeds 3 --rates 10,20,30,40,60,80,160 \
   --plot docs/results/sim-sweep.png
 cp "$out/sweep.json" docs/results/sim-sweep-tri-synthetic.json
@@ -33,8 +31,8 @@ rm -f docs/results/sim-sweep.png  # the sweep's band picture: the page shows the
 if [ -n "$trace" ]; then
   head -1000 "$trace" >"$out/mooncake-1000.jsonl"
   run replay --preset all --trace-file "$out/mooncake-1000.jsonl" --prefix-cache both \
-    --setups unified,static-default,static-best,static-shipped,vllm-padded
-  run replay-no-buffer --preset qwen3-next-80b-a3b,nemotron-h-8b,tri-synthetic --trace-file "$out/mooncake-1000.jsonl" \
-    --prefix-cache on --mamba-radix-cache-strategy no_buffer --setups unified,static-default,vllm-padded
+    --setups unified,unified-uncapped,static-default,static-best,vllm-padded
 fi
+run mixed --preset all --trace balanced,mooncake --requests 1000 --seeds 3 --enable-mixed-chunk \
+  --setups unified,static-best,vllm-padded
 python "$(dirname "$0")/sim_tables.py" "$out"  # docs/results/simulator-tables.md from the reports

@@ -20,36 +20,36 @@ The per-setup tables behind [the simulator's results](simulator.md), as the comm
 (`tools/sim_results.sh` runs them all on this repo's 2-core machine; `tools/sim_tables.py` writes this page from
 their reports).  Every figure is the mean over the seeds (with its 95% interval where there are several); the
 ratios lead with output tokens a second and goodput; `alloc launches/step` and `alloc time` are the allocator's
-torch operations a step and their share of the clock (`--alloc-cost launches`, the default).  Each report ends
-with the run's KV budget, computed from the accelerator, and each engine's limits, among them how it runs a
-prefill chunk (SGLang: a pass of its own; vLLM: mixed into a decode iteration).
+kernel launches a step and their share of the clock, as a GPU runs it (`--alloc-cost gpu`, the default).  Each
+report ends with the run's KV budget, computed from the accelerator, and each engine's limits, among them how it
+runs a prefill chunk (SGLang: a pass of its own; vLLM: mixed into a decode iteration).
 """
 
 # (report, title, what the section says before its command, the commands)
 SECTIONS = (
-    ("grid", "Saturating traces, five seeds", "", ["kvarena simulate --preset all --trace all --requests 1000"]),
+    (
+        "phases",
+        "Phase-shift traces, three seeds",
+        "Chat and long-context phases alternating, sized by work; the split is chosen once for the whole trace, "
+        "and `static-phase-oracle` re-splits perfectly at every phase boundary.",
+        [
+            "kvarena simulate --preset qwen3-next-80b-a3b,nemotron-h-8b,gpt-oss-120b,tri-synthetic --trace phases "
+            "--requests 1000 --seeds 3"
+        ],
+    ),
+    (
+        "grid",
+        "Stationary traces, prefix cache on, three seeds",
+        "",
+        ["kvarena simulate --preset all --trace balanced,long,short,mooncake,lmsys --requests 1000 --seeds 3"],
+    ),
     (
         "mixed",
         "SGLang with `--enable-mixed-chunk`",
         "Prefill chunks ride decode iterations on the SGLang setups too, as vLLM's always do.",
         [
-            "kvarena simulate --preset all --trace balanced,mooncake --requests 1000 --enable-mixed-chunk "
+            "kvarena simulate --preset all --trace balanced,mooncake --requests 1000 --seeds 3 --enable-mixed-chunk "
             "--setups unified,static-best,vllm-padded"
-        ],
-    ),
-    (
-        "lmsys-cache",
-        "Prefix caching on `lmsys`, SGLang's `extra_buffer` checkpoints",
-        "",
-        ["kvarena simulate --preset all --trace lmsys --requests 1000 --prefix-cache on"],
-    ),
-    (
-        "lmsys-no-buffer",
-        "Prefix caching on `lmsys`, SGLang's `no_buffer` checkpoints",
-        "",
-        [
-            "kvarena simulate --preset qwen3-next-80b-a3b,nemotron-h-8b,tri-synthetic --trace lmsys --requests 1000 "
-            "--prefix-cache on --mamba-radix-cache-strategy no_buffer --setups unified,static-best,vllm-padded"
         ],
     ),
     (
@@ -69,16 +69,7 @@ SECTIONS = (
         [
             "head -1000 conversation_trace.jsonl > mooncake-1000.jsonl",
             "kvarena simulate --preset all --trace-file mooncake-1000.jsonl --prefix-cache both "
-            "--setups unified,static-default,static-best,static-shipped,vllm-padded",
-        ],
-    ),
-    (
-        "replay-no-buffer",
-        "The same replay under SGLang's `no_buffer` checkpoints",
-        "",
-        [
-            "kvarena simulate --preset qwen3-next-80b-a3b,nemotron-h-8b,tri-synthetic --trace-file mooncake-1000.jsonl "
-            "--prefix-cache on --mamba-radix-cache-strategy no_buffer --setups unified,static-default,vllm-padded"
+            "--setups unified,unified-uncapped,static-default,static-best,vllm-padded",
         ],
     ),
 )
@@ -111,7 +102,7 @@ def main(argv: list[str]) -> int:
         print(__doc__.split("\n\n")[1], file=sys.stderr)
         return 2
     out = Path(argv[0]).resolve()
-    day = datetime.date.fromtimestamp((out / "grid.txt").stat().st_mtime).isoformat()
+    day = datetime.date.fromtimestamp((out / "phases.txt").stat().st_mtime).isoformat()
     PAGE.write_text(page(out, day))
     print(f"wrote {PAGE}")
     return 0

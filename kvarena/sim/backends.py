@@ -32,11 +32,6 @@ import torch
 from kvarena.impl import MAX_EVICT_ROUNDS
 
 KINDS = ("state", "swa", "full")
-# SGLang's MAMBA_CACHE_SIZE_MAX_RUNNING_REQUESTS_RATIO (mem_cache/kv_cache_configurator.py):
-# with the radix cache on, max running requests = mamba slots // (3 + a request's tracking slots)
-# (ratio 1 with it off).  Only the "static, as SGLang ships it" setup applies it: the cache's
-# checkpoints yield under pressure (kvarena.sim.prefix), and the other setups run what their memory holds.
-MAMBA_RUNNING_RATIO = 3
 
 
 def _slack(epp):
@@ -51,15 +46,19 @@ def count_moves(arena):
     (``Arena._move``): pairs whose source holds a live page and moves.
     Eager compaction pads its move sets with dead self-copies; those move
     nothing and are not counted.  Instrumentation: a host read per move,
-    which a simulator or an untimed pass can afford.  Returns a one-item
+    which a simulator or an untimed pass can afford, and outside any
+    launch-counting mode, so the clock does not charge it to the allocator.  Returns a one-item
     list that the count accumulates in."""
+    from torch.utils._python_dispatch import _disable_current_modes
+
     moved = [0]
     move = arena._move
 
     def counted(band, dst, src, disjoint=False):
         if src.numel():
-            alive = (band.p2v.index_select(0, src) >= 0) & (src != dst)
-            moved[0] += int(alive.sum()) * band.geom.epp
+            with _disable_current_modes():  # instrumentation: not the allocator's launches (kvarena.sim.launches)
+                alive = (band.p2v.index_select(0, src) >= 0) & (src != dst)
+                moved[0] += int(alive.sum()) * band.geom.epp
         return move(band, dst, src, disjoint)
 
     arena._move = counted
@@ -71,8 +70,9 @@ class Unified:
 
     static = False
 
-    def __init__(self, sizes, policy="anchor", lazy=True):
+    def __init__(self, sizes, policy="anchor", lazy=True, max_running=None):
         self.sizes = sizes
+        self.max_running = max_running  # the engine's cap on running requests (engines.Engine.running_cap)
         self.c = sizes.build(policy=policy, lazy=lazy)
         self.arena = self.c.arena
         self.has_swa = "swa" in self.arena.chain
@@ -219,7 +219,7 @@ class StaticSplit:
 
     static = True
 
-    def __init__(self, sizes, split, prefix_cache=False, shipped_cap=False, track_slots=0):
+    def __init__(self, sizes, split, max_running=None):
         self.sizes, self.split = sizes, split
         kinds = sizes.preset.kinds
         self.has_swa, self.has_state = "swa" in kinds, "state" in kinds
@@ -229,11 +229,8 @@ class StaticSplit:
         if self.has_state:
             self.pools["state"] = FreeList("state", split.slots, sizes.slot)
         self.swa_of = [0] * (split.full_units + 1)
-        # SGLang with its radix cache caps running requests at the mamba slots
-        # over 3 plus a request's tracking slots, the rest kept for the cache's
-        # checkpoints (``shipped_cap``; kv_cache_configurator.py, _calculate_mamba_ratio).
-        shipped = shipped_cap and prefix_cache and self.has_state
-        self.max_running = split.slots // (MAMBA_RUNNING_RATIO + track_slots) if shipped else None
+        self.max_running = max_running  # the engine's cap on running requests (engines.Engine.running_cap)
+        self.full_units = split.full_units  # the engine's running limit reads its full pool
         self.epp = {n: p.epp for n, p in self.pools.items()}
         self.unit_bytes = self.epp["full"] + self.epp.get("swa", 0)
         self.slack_bytes = _slack(self.epp)

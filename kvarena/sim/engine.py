@@ -21,8 +21,12 @@ decoding request gains one unit (a page), since the model is page-granular
    then the queue in order.  A chunk is admitted while the setup's gate
    says its state slot (a request's first chunk) and ``chunk`` units would
    be served now, exactly, with a reserve held back (``admits``), the
-   reserve being ``reserve_ratio`` of the output the decoding requests
-   still owe: the unified arena prices the reserve in free bytes (the
+   reserve being a ratio of the output the decoding requests still owe
+   (SGLang's ``new_token_ratio``, ``NewTokenRatio``: from 0.7, decaying
+   each decode iteration to 0.098, set from the batch after a retraction,
+   back to 0.7 when idle; ``Config.reserve_ratio`` holds it constant
+   instead; an engine without ``decode_reserve``, vLLM, holds none): the
+   unified arena prices the reserve in free bytes (the
    decodes that take it run the ladder then), a static setup in its own
    pools.  When the gate says no, and the free bytes could cover chunk,
    slot and reserve, ``relieve`` without eviction runs once for the chunk
@@ -84,19 +88,70 @@ BLOCK_CAUSES = (
     "gate after relief",  # the ladder said it fits, the gate still said no (expected never)
     "state slot",  # the gate said yes, alloc_state said no (expected never)
     "extend",  # the gate said yes, alloc_extend said no (expected never)
-    "running cap",  # SGLang as shipped (static-shipped): running requests at its mamba slots // (3 + tracking slots)
+    "running cap",  # SGLang's mamba cap: its slots over a request's share (engines.Engine.running_cap)
 )
-ALLOC_COSTS = ("launches", "cpu")  # how the clock charges the allocator (kvarena.sim.launches; measured CPU time)
+# how the clock charges the allocator: its launches as a GPU runs it (default), as its CPU torch path dispatches
+# them (both kvarena.sim.launches), or its measured CPU time
+ALLOC_COSTS = ("gpu", "torch", "cpu")
+
+# SGLang 0.5.23's decode reserve, its ``new_token_ratio`` (``NewTokenRatio``),
+# at its defaults (sglang/srt/environ.py; schedule_conservativeness 1.0,
+# sglang/srt/arg_groups/fields/schedule.py).
+SGLANG_INIT_NEW_TOKEN_RATIO = 0.7  # SGLANG_INIT_NEW_TOKEN_RATIO
+SGLANG_MIN_NEW_TOKEN_RATIO_FACTOR = 0.14  # SGLANG_MIN_NEW_TOKEN_RATIO_FACTOR: the floor is init times this
+SGLANG_NEW_TOKEN_RATIO_DECAY_STEPS = 600  # SGLANG_NEW_TOKEN_RATIO_DECAY_STEPS: decode iterations from init to floor
+SGLANG_RETRACT_DECODE_STEPS = 20  # SGLANG_RETRACT_DECODE_STEPS: tokens a retraction assumes each request decodes
+
+
+class NewTokenRatio:
+    """SGLang's ``new_token_ratio``: the share of the running requests'
+    remaining output (``max_new_tokens`` less what each has decoded) that
+    admission holds back (sglang/srt/managers/schedule_policy.py,
+    ``PrefillAdder._get_running_request_total_token_offset``).  As
+    sglang/srt/managers/scheduler_components/new_token_ratio_tracker.py
+    keeps it: it starts at ``init`` (0.7 x schedule_conservativeness, at
+    most 1), falls by ``(init - min) / decay_steps`` every decode iteration
+    that retracts nothing, to ``min`` (``init x 0.14`` = 0.098: 600
+    iterations), is set after a retraction to the estimate of the batch that
+    remains, ``min(1, (tokens decoded + 20 x requests) / (max_new_tokens
+    summed + 1))`` (``estimate_new_token_ratio_after_retract``, applied in
+    sglang/srt/managers/scheduler.py's ``update_running_batch``), and goes
+    back to ``init`` when the server is idle (scheduler.py, ``on_idle``).
+    SGLang clips each request's remaining output at 4,096 tokens
+    (``CLIP_MAX_NEW_TOKENS``); no generated trace's outputs reach it."""
+
+    def __init__(
+        self,
+        init=SGLANG_INIT_NEW_TOKEN_RATIO,
+        min_factor=SGLANG_MIN_NEW_TOKEN_RATIO_FACTOR,
+        decay_steps=SGLANG_NEW_TOKEN_RATIO_DECAY_STEPS,
+    ):
+        self.init = min(init, 1.0)
+        self.min = min(self.init * min_factor, 1.0)
+        self.decay = (self.init - self.min) / decay_steps
+        self.current = self.init
+
+    def decay_step(self, iterations=1):
+        """``iterations`` decode iterations that retracted nothing."""
+        self.current = max(self.current - self.decay * iterations, self.min)
+
+    def reset(self):
+        self.current = self.init
+
+    def after_retract(self, decoded_tokens, max_new_tokens, requests):
+        """The estimate from the batch left after a retraction: its
+        ``requests``, the tokens they decoded and their ``max_new_tokens``."""
+        self.current = min(1.0, (decoded_tokens + SGLANG_RETRACT_DECODE_STEPS * requests) / (max_new_tokens + 1))
 
 
 @dataclass(frozen=True)
 class Config:
     chunk_tokens: int = 8192
-    reserve_ratio: float = 0.3
+    reserve_ratio: float | None = None  # the decode reserve held constant (None: SGLang's decaying NewTokenRatio)
     max_steps: int = 2_000_000
     record: bool = True  # keep per-step series (for the plot)
     accelerator: str = "h200"  # timing.ACCELERATORS
-    alloc_cost: str = "launches"  # ALLOC_COSTS: the allocator's kernel launches (default) or its measured CPU time
+    alloc_cost: str = "gpu"  # ALLOC_COSTS: the allocator's launches on a GPU (default), on CPU torch, or its CPU time
     slo_ttft: float = 2.0  # seconds
     slo_itl: float = 0.05  # seconds, a request's mean inter-token latency
     prefix_cache: bool = False  # a radix-style prefix cache on every setup (kvarena.sim.prefix)
@@ -108,7 +163,7 @@ class Config:
 
         if self.chunk_tokens < 1:
             raise ValueError(f"simulate: chunk_tokens must be >= 1, got {self.chunk_tokens}")
-        if not 0 <= self.reserve_ratio <= 1:
+        if self.reserve_ratio is not None and not 0 <= self.reserve_ratio <= 1:
             raise ValueError(f"simulate: reserve_ratio must be in [0, 1], got {self.reserve_ratio}")
         if not (self.slo_ttft > 0 and self.slo_itl > 0):
             raise ValueError(f"simulate: SLOs must be > 0, got ttft {self.slo_ttft}, itl {self.slo_itl}")
@@ -160,7 +215,7 @@ class Result:
     goodput: float = 0.0  # requests a second that met both SLOs
     slo_met: int = 0
     alloc_seconds: float = 0.0  # the allocator's time, all steps: its launches, or its measured CPU time
-    launches: int = 0  # the allocator's kernel launches, all steps (alloc_cost "launches")
+    launches: int = 0  # the allocator's kernel launches, all steps (alloc_cost "gpu" or "torch")
     copy_seconds: float = 0.0  # relocation at copy bandwidth, all steps
     prompt_tokens: int = 0  # prompt tokens of every admission (a retracted request's again)
     cache_hit_tokens: int = 0  # of those, tokens read from the prefix cache, not computed
@@ -242,9 +297,16 @@ class _Sim:
         from kvarena.sim import launches, timing
 
         cfg.check()
-        self.max_running = engine.running_limit(sizes) if engine else None
+        self.max_running = engine.running_limit(sizes, getattr(backend, "full_units", None)) if engine else None
         graph = engine.graph_batch if engine else None
-        self.reserve_ratio = cfg.reserve_ratio if engine is None or engine.decode_reserve else 0.0
+        self.new_token_ratio = None  # SGLang's decaying reserve ratio (None: held at reserve_ratio)
+        if engine is not None and not engine.decode_reserve:
+            self.reserve_ratio = 0.0  # vLLM holds none
+        elif cfg.reserve_ratio is not None:
+            self.reserve_ratio = cfg.reserve_ratio
+        else:
+            self.new_token_ratio = NewTokenRatio()
+            self.reserve_ratio = self.new_token_ratio.current
         self.clock = timing.clock(
             sizes.preset.name,
             cfg.accelerator,
@@ -255,8 +317,9 @@ class _Sim:
             chunk_tokens=cfg.chunk_tokens,
             mixed=cfg.enable_mixed_chunk or (engine is not None and engine.mixed_chunk),
         )
-        wrap = launches.Counted if cfg.alloc_cost == "launches" else _Timed
-        self.b, self.sizes, self.cfg = wrap(backend), sizes, cfg
+        counted = cfg.alloc_cost in launches.RULES
+        self.b = launches.Counted(backend, cfg.alloc_cost) if counted else _Timed(backend)
+        self.sizes, self.cfg = sizes, cfg
         self.pt = sizes.page_tokens
         self.window = sizes.preset.window
         self.chunk = sizes.units(cfg.chunk_tokens)
@@ -324,7 +387,7 @@ class _Sim:
         moved = self.b.moved_bytes
         copy = self.clock.copy_seconds((moved - self.moved_before) * self.sizes.byte_scale)
         self.moved_before = moved
-        if self.cfg.alloc_cost == "launches":
+        if self.cfg.alloc_cost != "cpu":  # counted launches (launches.RULES)
             n = self.b.take_launches()
             self.res.launches += n
             alloc = self.clock.launch_seconds(n)
@@ -382,6 +445,7 @@ class _Sim:
 
     def _decode(self):
         batch = [r for r in self.running if r.decoding]
+        idle, retractions = not self.running, self.res.retractions
         stalled = False
         while batch:
             ids = self.b.decode([len(r.ids) + 1 for r in batch], [r.ids[-1] for r in batch])
@@ -397,6 +461,7 @@ class _Sim:
             self.b.relieve(len(batch), 0, evict=self._evict)
             stalled = self.res.retractions == before
             batch = [r for r in batch if r.admitted]
+        self._decay_reserve(batch, self.res.retractions > retractions, idle)
         if not batch:
             return
         p, pt = self.sizes.preset, self.pt
@@ -426,6 +491,27 @@ class _Sim:
                 self.finished_ids.add(r.rid)
                 self.tokens += r.prompt_len + r.output_len
                 self._follow(r.rid, True)
+
+    def _decay_reserve(self, batch, retracted, idle):
+        """SGLang's reserve ratio after this step's retractions, before its
+        ``page_tokens`` decode iterations (``NewTokenRatio``): back to its
+        start after an idle spell (nothing ran since the last step); after
+        a retraction, the estimate from the batch that remains (its tokens
+        decoded so far, none of this step's), then ``page_tokens - 1``
+        iterations of decay; else ``page_tokens`` of them.  A batch that
+        retraction emptied leaves it as it was."""
+        t = self.new_token_ratio
+        if t is None:
+            return
+        if idle:
+            t.reset()
+        elif retracted and batch:
+            pt = self.pt
+            t.after_retract(sum(r.generated for r in batch) * pt, sum(r.out_units for r in batch) * pt, len(batch))
+            t.decay_step(pt - 1)
+        elif batch:
+            t.decay_step(self.pt)
+        self.reserve_ratio = t.current
 
     # --------------------------------------------------------- prefix cache
 

@@ -30,8 +30,9 @@ installed (paths under ``sglang/srt/``), vLLM 0.34.0's wheel (paths under
   (``v1/core/sched/scheduler.py``), and its graphs hold batches up to 512
   tokens (FULL_AND_PIECEWISE, ``config/compilation.py``);
 - the **decode reserve**: SGLang holds back a share of the running
-  requests' remaining output at admission (the simulator's
-  ``reserve_ratio``); vLLM holds none, and when a decode finds no free
+  requests' remaining output at admission, its ``new_token_ratio``
+  decaying from 0.7 to 0.098 (the simulator's ``engine.NewTokenRatio``);
+  vLLM holds none, and when a decode finds no free
   block it preempts the newest request and recomputes it later (the
   simulator's retraction, whose recompute the clock charges as prefill);
 - the **mamba SSM state dtype**: SGLang keeps it in fp32
@@ -60,12 +61,28 @@ installed (paths under ``sglang/srt/``), vLLM 0.34.0's wheel (paths under
   state blocks (``v1/core/single_type_kv_cache_manager.py``,
   ``MambaManager``), and hits land on whole blocks.
 
-The running limit is one rule for every setup of an engine: it does not
-depend on the split.  SGLang's static mamba split with its radix cache also
-caps running requests at ``max_mamba_cache_size // (3 + tracking slots)``
-(``kv_cache_configurator.py``, ``_calculate_mamba_ratio``); that cap is the
-``static-shipped`` setup's alone, as SGLang ships it: the other setups run
-what their memory holds.
+The running limit is one rule for every setup of an engine, read from the
+setup's own full-attention pool (a static split's full pages; the unified
+allocator's full view, ``allocator.size_full``, which is the whole buffer:
+``kv_cache_configurator.py``, ``hybrid_swa_token_capacity``).  On a model
+with recurrent state SGLang also caps running requests at its **mamba
+slots over a request's share** (``Engine.running_cap``):
+``max_mamba_cache_size // ratio`` with ratio 1 without the radix cache and
+``3 + tracking slots`` with it (``kv_cache_configurator.py``,
+``resolve_max_num_reqs`` and ``_calculate_mamba_ratio``).  It applies to
+every SGLang setup, ``--enable-unified-memory`` included: SGLang sizes
+``max_mamba_cache_size`` from ``--mamba-full-memory-ratio`` whatever the
+pool (``_handle_max_mamba_cache``), and kvarena's drop-in replaces only the
+pool factories, so kvarena inside SGLang inherits the default split's cap.
+The simulator's ``unified-uncapped`` setup lifts it, to show what the cap
+costs; it is not how SGLang 0.5.23 runs.
+
+SGLang 0.5.23 turns hybrid SWA memory off for Gemma 2 and 3
+(``arg_groups/model_overrides/gemma2_gemma3.py``: ``disable_hybrid_swa_memory``),
+so it keeps every layer's KV at full length there (``Engine.runs_hybrid``),
+and ``--enable-unified-memory`` refuses a model that is not hybrid
+(``kv_cache_configurator.py``, "only supports hybrid Mamba and hybrid
+sliding-window-attention models"): kvarena cannot engage on Gemma today.
 """
 
 import math
@@ -74,6 +91,9 @@ from dataclasses import dataclass
 MAMBA_STRATEGIES = ("extra_buffer", "no_buffer")  # SGLang's --mamba-radix-cache-strategy, as resolved
 SGLANG_TRACK_INTERVAL = 256  # --mamba-track-interval's default (arg_groups/fields/exec_.py)
 SGLANG_RUNNING_FLOOR, SGLANG_RUNNING_CEIL = 2048, 4096  # resolve_max_num_reqs's clamp
+# MAMBA_CACHE_SIZE_MAX_RUNNING_REQUESTS_RATIO (kv_cache_configurator.py): with the
+# radix cache on, a running request's share of the mamba slots is 3 + its tracking slots.
+MAMBA_RUNNING_RATIO = 3
 
 
 @dataclass(frozen=True)
@@ -101,16 +121,37 @@ class Engine:
     prefill_graph: int | None  # the most tokens a prefill or mixed pass's CUDA graph holds
     ssm_dtype_bytes: int  # the mamba SSM state's element size
     ssm_dtype_overrides: tuple = ()  # (preset, bytes): a model hook's own dtype
+    mamba_cap: bool = False  # running requests capped at the mamba slots over a request's share
+    hybrid_swa_off: tuple = ()  # presets whose SWA layers the engine keeps at full length
     source: str = ""
 
-    def running_limit(self, sizes):
-        """The running limit on ``sizes``'s buffer."""
+    def running_limit(self, sizes, full_units=None):
+        """The running limit of a setup whose full-attention pool holds
+        ``full_units`` pages (None: the whole buffer as full pages, the
+        unified allocator's full view)."""
         if self.max_running is not None:
             return self.max_running
-        # SGLang: the token capacity is the full-attention pages the buffer holds
-        tokens = sizes.total // sizes.unit_full * sizes.page_tokens
+        if full_units is None:
+            full_units = sizes.total // sizes.unit_full
+        tokens = full_units * sizes.page_tokens  # SGLang's token capacity: the full pool's tokens
         est = int(tokens / sizes.preset.context_len * 512)
         return min(max(min(est, SGLANG_RUNNING_CEIL), SGLANG_RUNNING_FLOOR), tokens // 2)
+
+    def running_cap(self, p, slots, prefix_cache, strategy="extra_buffer"):
+        """The cap on running requests that ``slots`` mamba slots give on
+        preset ``p`` (None: no cap).  SGLang: ``slots // ratio``, ratio 1
+        without the radix cache and 3 plus a request's tracking slots with it
+        (``resolve_max_num_reqs``, ``_calculate_mamba_ratio``)."""
+        if not (self.mamba_cap and p.state_bytes):
+            return None
+        if not prefix_cache:
+            return slots
+        ck = self.checkpoints(p, strategy)
+        return slots // (MAMBA_RUNNING_RATIO + (ck.track_slots if ck else 0))
+
+    def runs_hybrid(self, p):
+        """Does this engine keep ``p``'s sliding-window layers at their window?"""
+        return bool(p.swa_bytes) and p.name not in self.hybrid_swa_off
 
     def ssm_bytes_for(self, p):
         return dict(self.ssm_dtype_overrides).get(p.name, self.ssm_dtype_bytes)
@@ -142,7 +183,10 @@ SGLANG = Engine(
     mixed_chunk=False,
     prefill_graph=8192,
     ssm_dtype_bytes=4,
-    source="SGLang 0.5.23: kv_cache_configurator.py resolve_max_num_reqs; memory_hook.py; mamba_utils.py; schedule.py",
+    mamba_cap=True,
+    hybrid_swa_off=("gemma-3-27b",),
+    source="SGLang 0.5.23: kv_cache_configurator.py resolve_max_num_reqs; memory_hook.py; mamba_utils.py; schedule.py; "
+    "model_overrides/gemma2_gemma3.py",
 )
 VLLM = Engine(
     "vllm",

@@ -43,6 +43,17 @@ class Preset:
             self, state_bytes=self.state_bytes - self.ssm_bytes * (4 - n) // 4, ssm_bytes=self.ssm_bytes * n // 4
         )
 
+    def at_full_length(self):
+        """This model with its sliding-window layers kept at full length, as
+        an engine without hybrid SWA memory keeps them (SGLang on Gemma 2
+        and 3: ``engines.Engine.runs_hybrid``)."""
+        if not self.swa_bytes:
+            return self
+        full, swa, state = self.layers or (0, 0, 0)
+        return replace(
+            self, full_bytes=self.full_bytes + self.swa_bytes, swa_bytes=0, window=0, layers=(full + swa, 0, state)
+        )
+
     @property
     def kinds(self):
         """Which kinds of state the model keeps: a subset of full, swa, state."""

@@ -1,27 +1,36 @@
 """``kvarena simulate``: the unified arena against static splits and vLLM's
 padded pool, on the same traces, buffer and model geometry.
 
-Six setups, each under its engine's own defaults (``kvarena.sim.engines``):
+Seven setups, each under its engine's own defaults (``kvarena.sim.engines``),
+SGLang's running cap on a model with recurrent state included
+(``Engine.running_cap``: its mamba slots over a request's share):
 
-- ``unified``: the preset's composite (``kvarena.impl``), anchor policy, lazy;
-- ``planner``: the same with ``policy="planner"`` (reported as unavailable
+- ``unified``: the preset's composite (``kvarena.impl``), anchor policy,
+  lazy, as kvarena runs inside SGLang: with the cap SGLang sizes from its
+  default split, which the drop-in inherits;
+- ``unified-uncapped``: the same with that cap lifted, to show what it costs
+  (only where it exists; not how SGLang 0.5.23 runs);
+- ``planner``: ``unified`` with ``policy="planner"`` (reported as unavailable
   where this build does not have the planner);
-- ``static-default``: a static split at the engine defaults (SWA-to-full
-  token ratio 0.8, mamba-to-full memory ratio 0.9; docs/anchor.md §2);
-- ``static-shipped``: the default split with SGLang's shipped running cap
-  (with the radix cache on a model with state: the slots over 3 plus a
-  request's tracking slots); never a candidate for the best split;
-- ``static-best``: the static split that, in hindsight, served best
-  (output tokens a second, then goodput, then mean admitted concurrency
-  over its memory-bound steps), found by a grid
-  search over each ratio's whole range (SWA tokens per full token in (0, 1],
-  state's share in (0, 1)) and ``REFINE_ROUNDS`` rounds of midpoints around
-  the best point, a range's open end counting as a neighbour, so an optimum
-  near an edge is approached; where the best is still the outermost value
-  tried toward an open end, the report says ``edge``.  A split that has to
-  reject a request the unified arena served, or that memory hardly bound,
-  is not a candidate; where memory binds no split that serves the trace,
-  no split is best and the report says so instead of naming one;
+- ``static-default``: what SGLang runs by default: a static split at its
+  defaults (SWA-to-full token ratio 0.8, mamba-to-full memory ratio 0.9;
+  docs/anchor.md §2), capped from its own slots; on a model whose hybrid SWA
+  memory SGLang turns off (Gemma 2 and 3), one pool with every layer's KV at
+  full length, where kvarena cannot engage;
+- ``static-best``: the configuration that, in hindsight, served best
+  (output tokens a second, then goodput, then mean admitted concurrency),
+  found by a grid search over each ratio's whole range (SWA tokens per full
+  token in (0, 1], state's share in (0, 1)) and ``REFINE_ROUNDS`` rounds of
+  midpoints around the best point, a range's open end counting as a
+  neighbour, so an optimum near an edge is approached; where the best is
+  still the outermost value tried toward an open end, the report says
+  ``edge``.  Every split that serves the trace (rejects no request the
+  unified arena served) competes, and so does ``static-default``, so
+  ``static-best`` is never below it.  It is chosen once for the whole
+  trace, as a deployment chooses its split at boot;
+- ``static-phase-oracle``: on a trace with phases (``traces``' ``phases``
+  kind), the best split of each phase on its own, as if the engine re-split
+  perfectly at every phase boundary (``kvarena.sim.oracle``);
 - ``vllm-padded``: vLLM v1's hybrid allocator, one block pool with every
   kind's page padded to one size (``kvarena.sim.padded``).
 
@@ -32,12 +41,12 @@ The runs are independent and run in parallel, one process per core
 (``--jobs``); ``--merge`` reports the ``--json`` files of runs made
 elsewhere (one job per seed on a cluster) as one.
 
-``--prefix-cache on`` (or ``both``: each run off and on) gives every setup
-the same radix-style prefix cache (``kvarena.sim.prefix``), with each
+The prefix cache is on by default, as both engines ship it: every setup
+gets the same radix-style prefix cache (``kvarena.sim.prefix``), with each
 engine's own mamba checkpoints (``kvarena.sim.engines``: SGLang's
 ``--mamba-radix-cache-strategy``, ``extra_buffer`` by default; vLLM's
-``align`` mode); only ``static-shipped`` caps the running requests at
-SGLang's share of the mamba slots (``backends.MAMBA_RUNNING_RATIO``).
+``align`` mode); ``--prefix-cache off`` runs without it, and ``both`` runs
+each trace off and on.
 
 Saturating runs queue every request at time 0; ``--rates`` adds, per seed,
 one run per arrival rate (``--arrivals poisson`` or ``bursty``), with
@@ -56,10 +65,19 @@ band boundaries over time with the static walls drawn (and with
 """
 
 import argparse
+import copy
 import json
 import time
 
-SETUPS = ("unified", "planner", "static-default", "static-best", "static-shipped", "vllm-padded")
+SETUPS = (
+    "unified",
+    "unified-uncapped",
+    "planner",
+    "static-default",
+    "static-best",
+    "static-phase-oracle",
+    "vllm-padded",
+)
 ENGINE_OF = {"vllm-padded": "vllm"}  # every other setup runs under SGLang's defaults
 # The best split's search covers each ratio's whole range: SWA tokens per full
 # token in (0, 1] (a request never holds more SWA than full KV), state's share
@@ -78,15 +96,52 @@ REFINE_ROUNDS = 3
 # ----------------------------------------------------------------- setups
 
 
-def _static(sizes, trace, cfg, swa_ratio, state_share, name):
-    from kvarena.sim import backends, engine, engines, presets
+class Unbootable(ValueError):
+    """A split SGLang refuses to start with."""
 
-    split = presets.static_split(sizes, swa_ratio, state_share / (1 - state_share))
-    res = engine.run(backends.StaticSplit(sizes, split, cfg.prefix_cache), sizes, trace, cfg, name, engines.SGLANG)
+
+def _sglang_static(sizes, split, trace, cfg, name):
+    """``split`` under SGLang's defaults, its running capped as SGLang caps
+    it from the split's own mamba slots (``engines.Engine.running_cap``)."""
+    from kvarena.sim import backends, engine, engines
+
+    sglang = engines.SGLANG
+    cap = sglang.running_cap(sizes.preset, split.slots, cfg.prefix_cache, cfg.mamba_strategy)
+    if cap is not None and cap < 1:  # SGLang refuses to start ("state cache is too small to serve any requests")
+        raise Unbootable(f"{split.slots} state slots cap running requests at {cap}")
+    res = engine.run(backends.StaticSplit(sizes, split, max_running=cap), sizes, trace, cfg, name, sglang)
     res.split = {
         "swa_ratio": split.swa_ratio,
-        "state_share": round(state_share, 4) if "state" in sizes.preset.kinds else 0.0,
+        "state_share": _share(split.mamba_ratio) if "state" in sizes.preset.kinds else 0.0,
     }
+    return res
+
+
+def _static(sizes, trace, cfg, swa_ratio, state_share, name):
+    from kvarena.sim import presets
+
+    split = presets.static_split(sizes, swa_ratio, state_share / (1 - state_share))
+    res = _sglang_static(sizes, split, trace, cfg, name)
+    if "state" in sizes.preset.kinds:
+        res.split["state_share"] = round(state_share, 4)
+    return res, split
+
+
+FULL_LENGTH = "full-length"  # run_one's best_split where the full-length pool won the search
+
+
+def _full_length(sizes, trace, cfg, name):
+    """What SGLang runs on a model whose hybrid SWA memory it turns off
+    (``engines.Engine.runs_hybrid``): one full-attention pool, every
+    layer's KV at full length, on the same budget."""
+    from kvarena.sim import presets
+
+    own = presets.Sizes.of(
+        sizes.preset.at_full_length(), page_tokens=sizes.page_tokens, budget_bytes=sizes.budget_bytes
+    )
+    split = presets.static_split(own)
+    res = _sglang_static(own, split, trace, cfg, name)
+    res.split = {"full_length": True}
     return res, split
 
 
@@ -115,26 +170,34 @@ def _neighbours(vals, x, rng):
     return out
 
 
-def best_static(sizes, trace, cfg, max_rejected=0, progress=None):
+def best_static(sizes, trace, cfg, max_rejected=0, progress=None, others=()):
     """Grid search over the split's ratios, then ``REFINE_ROUNDS`` rounds of
     midpoints around the best (``_neighbours``); returns ``(result, split,
-    runs)``.  ``result.split["edge"]`` names each ratio whose best value is
-    the outermost one tried toward an open end of its range: there the
-    optimum may lie further out than the search went.  Where splits serve
-    the trace but memory binds none of them, no split is best:
-    ``result.split["unbound"]`` is True, the result is one that serves it,
-    and the report names no split."""
+    runs)``.  Every split that serves the trace (rejects no more than
+    ``max_rejected`` requests and leaves none stuck) competes, ranked by
+    ``_better``; the engine's default split is one of the points tried, and
+    ``others`` (``(result, split)`` pairs, e.g. what the engine runs where
+    it runs no split) compete too, so the best is never below any of them.
+    Where no split serves the trace, the one that rejects least, then admits
+    most, is returned.  ``result.split["edge"]`` names each ratio whose best
+    value is the outermost one tried toward an open end of its range: there
+    the optimum may lie further out than the search went."""
+    from kvarena.sim import presets
+
     kinds = sizes.preset.kinds
     tri = "swa" in kinds and "state" in kinds
     axes, ranges, names = [], [], []
+    default = []
     if "swa" in kinds:
         axes.append(sorted(TRI_SWA_GRID if tri else SWA_GRID))
         ranges.append(SWA_RANGE)
         names.append("swa")
+        default.append(presets.DEFAULT_SWA_RATIO)
     if "state" in kinds:
         axes.append(sorted(TRI_STATE_GRID if tri else STATE_GRID))
         ranges.append(STATE_RANGE)
         names.append("state")
+        default.append(_share(presets.DEFAULT_MAMBA_RATIO))
     seen = {}
 
     def key(p):
@@ -145,24 +208,30 @@ def best_static(sizes, trace, cfg, max_rejected=0, progress=None):
         if p not in seen:
             swa = p[0] if "swa" in kinds else 0.8
             state = p[-1] if "state" in kinds else 0.5
-            seen[p] = _static(sizes, trace, cfg, swa, state, "static-best")
-            if progress:
-                progress(f"static split {p}: mean concurrency {seen[p][0].mean_concurrency:.1f}")
+            try:
+                seen[p] = _static(sizes, trace, cfg, swa, state, "static-best")
+            except Unbootable:
+                seen[p] = (None, None)  # tried, and not a candidate
+            if progress and seen[p][0] is not None:
+                progress(f"static split {p}: {seen[p][0].output_tokens_per_s:,.0f} output tok/s")
         return seen[p]
 
     def ok(r):
-        return r.rejected <= max_rejected and r.stuck == 0 and _bound(r)
+        return r is not None and r.rejected <= max_rejected and r.stuck == 0
 
     grid = [()]
     for axis in axes:
         grid = [g + (x,) for g in grid for x in axis]
     best = None
-    for p in grid:
+    for p in [*grid, tuple(default)]:
         r, _ = point(p)
         if ok(r) and (best is None or _better(r, seen[best][0])):
             best = key(p)
-    if best is None:  # no split qualifies: the one that rejects least, then admits most
-        best = min(seen, key=lambda k: (seen[k][0].rejected, -seen[k][0].mean_concurrency_all))
+    if best is None:  # no split serves the trace: the one that rejects least, then admits most
+        booted = [k for k in seen if seen[k][0] is not None]
+        if not booted:
+            raise ValueError(f"simulate: preset {sizes.preset.name!r}: SGLang starts with no split of this buffer")
+        best = min(booted, key=lambda k: (seen[k][0].rejected, -seen[k][0].mean_concurrency_all))
     for _ in range(REFINE_ROUNDS):
         for d, rng in enumerate(ranges):
             vals = sorted({q[d] for q in seen})
@@ -172,74 +241,98 @@ def best_static(sizes, trace, cfg, max_rejected=0, progress=None):
                 r, _ = point(p)
                 if ok(r) and _better(r, seen[best][0]):
                     best = key(p)
-    served = [k for k, (r, _) in seen.items() if r.rejected <= max_rejected and r.stuck == 0]
-    unbound = not ok(seen[best][0]) and bool(served)  # splits serve the trace, but memory bound none of them
-    if unbound:  # no split is best: any that serves the trace serves it alike
-        best = max(served, key=lambda k: (seen[k][0].mean_concurrency_all, seen[k][0].tokens_per_step))
     r, split = seen[best]
     edge = []
     for d, rng in enumerate(ranges):
         vals = sorted({q[d] for q in seen})
         if best[d] == vals[0] or (best[d] == vals[-1] and not (rng[2] and best[d] >= rng[1])):
             edge.append(names[d])
-    r.split["edge"] = [] if unbound else edge
-    if unbound:
-        r.split["unbound"] = True
+    r.split["edge"] = edge
+    for other, other_split in others:
+        if ok(other) and (not ok(r) or _better(other, r)):
+            r, split = copy.copy(other), other_split  # its own split dict: the caller annotates it
+            r.split = dict(other.split, edge=[])
     return r, split, len(seen)
 
 
-def run_one(sizes, trace, cfg, setups=SETUPS, progress=None, best_split=None):
+def run_one(sizes, trace, cfg, setups=SETUPS, progress=None, best_split=None, oracle_split=None):
     """Every setup on one trace: ``{setup: Result or {"unavailable": why}}``,
     the default and best splits, and timings.  ``best_split`` (``(swa_ratio,
     state_share)``) fixes ``static-best`` instead of searching: a sweep over
     arrival rates uses the split found on the saturating trace.  Each setup
-    runs under its engine's defaults (``ENGINE_OF``, ``kvarena.sim.engines``);
-    ``static-shipped`` runs only where it differs from ``static-default``
-    (SGLang's cap: its radix cache on a model with state)."""
+    runs under its engine's defaults (``ENGINE_OF``, ``kvarena.sim.engines``),
+    SGLang's running cap included (``Engine.running_cap``: the unified setups
+    inherit the default split's, as kvarena's drop-in does);
+    ``unified-uncapped`` runs only where that cap exists, and
+    ``static-phase-oracle`` only on a trace with phases (``oracle_split``,
+    the oracle's ``split`` from the saturating trace, fixes its phases'
+    splits instead of searching, as ``best_split`` does static-best's)."""
     from kvarena.sim import backends, engine, engines, presets
 
     sglang = engines.SGLANG
+    p = sizes.preset
+    default_slots = presets.static_split(sizes).slots
     out, splits, seconds = {}, {}, {}
     for name in setups:
         t = time.perf_counter()
-        if name in ("unified", "planner"):
-            policy = "anchor" if name == "unified" else "planner"
+        if name in ("unified", "planner", "unified-uncapped"):
+            policy = "planner" if name == "planner" else "anchor"
+            cap = sglang.running_cap(p, default_slots, cfg.prefix_cache, cfg.mamba_strategy)
+            if name == "unified-uncapped":
+                if cap is None:
+                    continue  # the same as unified
+                cap = None
+            if cap is not None and cap < 1:
+                out[name] = {
+                    "unavailable": f"SGLang refuses to start: its default split's {default_slots} state slots "
+                    f"cap running requests at {cap}"
+                }
+                continue
             try:
-                backend = backends.Unified(sizes, policy=policy)
+                backend = backends.Unified(sizes, policy=policy, max_running=cap)
             except ValueError as e:
                 if "policy" not in str(e):
                     raise
                 out[name] = {"unavailable": f"policy={policy!r} is not in this build ({e})"}
                 continue
             out[name] = engine.run(backend, sizes, trace, cfg, name, sglang)
-        elif name in ("static-default", "static-shipped"):
-            shipped = name == "static-shipped"
-            if shipped and not (cfg.prefix_cache and "state" in sizes.preset.kinds):
-                continue  # the same as static-default
-            split = presets.static_split(sizes)
-            ck = sglang.checkpoints(sizes.preset, cfg.mamba_strategy)
-            backend = backends.StaticSplit(
-                sizes, split, cfg.prefix_cache, shipped_cap=shipped, track_slots=ck.track_slots if ck else 0
-            )
-            out[name] = engine.run(backend, sizes, trace, cfg, name, sglang)
-            out[name].split = {"swa_ratio": split.swa_ratio, "state_share": _share(split.mamba_ratio)}
+        elif name == "static-default":
+            try:
+                if sglang.runs_hybrid(p) or not p.swa_bytes:
+                    split = presets.static_split(sizes)
+                    out[name] = _sglang_static(sizes, split, trace, cfg, name)
+                else:
+                    out[name], split = _full_length(sizes, trace, cfg, name)
+            except Unbootable as e:
+                out[name] = {"unavailable": f"SGLang refuses to start: {e}"}
+                continue
             splits[name] = split
         elif name == "vllm-padded":
             from kvarena.sim import padded
 
             vllm = engines.VLLM
-            own = presets.Sizes.of(
-                vllm.preset(sizes.preset), page_tokens=sizes.page_tokens, budget_bytes=sizes.budget_bytes
-            )
+            own = presets.Sizes.of(vllm.preset(p), page_tokens=sizes.page_tokens, budget_bytes=sizes.budget_bytes)
             out[name] = engine.run(padded.PaddedPool(own, cfg.prefix_cache), own, trace, cfg, name, vllm)
+        elif name == "static-best" and best_split == FULL_LENGTH:
+            out[name], splits[name] = _full_length(sizes, trace, cfg, name)
+            out[name].split["from"] = "the saturating trace's search"
         elif name == "static-best" and best_split is not None:
             out[name], splits[name] = _static(sizes, trace, cfg, *best_split, name)
             out[name].split["from"] = "the saturating trace's search"
         elif name == "static-best":
             unified = out.get("unified")
             limit = unified.rejected if hasattr(unified, "rejected") else 0
-            out[name], splits[name], runs = best_static(sizes, trace, cfg, limit, progress)
+            default = out.get("static-default")
+            others = [(default, splits["static-default"])] if hasattr(default, "steps") else []
+            out[name], splits[name], runs = best_static(sizes, trace, cfg, limit, progress, others)
             out[name].split["grid_runs"] = runs
+        elif name == "static-phase-oracle":
+            if not any(r.phase >= 0 for r in trace):
+                continue  # a trace without phases
+            from kvarena.sim import oracle
+
+            fixed = oracle.fixed(oracle_split) if oracle_split else None
+            out[name] = oracle.per_phase(sizes, trace, cfg, progress=progress, splits=fixed)
         else:
             raise ValueError(f"unknown setup {name!r}; setups: {', '.join(SETUPS)}")
         seconds[name] = time.perf_counter() - t
@@ -263,7 +356,8 @@ METRICS = (
     ("goodput", "goodput"),
     ("mean_concurrency", "mean admitted concurrency"),
 )
-BASELINES = ("static-default", "static-best", "static-shipped", "vllm-padded")
+BASELINES = ("static-default", "static-best", "static-phase-oracle", "vllm-padded")
+UNIFIED = ("unified", "unified-uncapped", "planner")
 
 
 def _bound(res):
@@ -276,7 +370,7 @@ def ratios(results):
     baseline's figure is 0, and for concurrency where memory hardly bound
     one side (the ratio would compare ramps)."""
     out = {m: {} for m, _ in METRICS}
-    for u in ("unified", "planner"):
+    for u in UNIFIED:
         for b in BASELINES:
             x, y = results.get(u), results.get(b)
             if not (hasattr(x, "steps") and hasattr(y, "steps")):
@@ -315,14 +409,16 @@ SUMMARY_RATIOS = (
     ("output_tokens_per_s", "unified / static-default", "out tok/s: unified / static default"),
     ("output_tokens_per_s", "unified / vllm-padded", "out tok/s: unified / vLLM padded"),
     ("goodput", "unified / vllm-padded", "goodput: unified / vLLM padded"),
-    ("output_tokens_per_s", "unified / static-shipped", "out tok/s: unified / SGLang as shipped"),
+    ("output_tokens_per_s", "unified-uncapped / static-default", "out tok/s: cap lifted / static default"),
+    ("output_tokens_per_s", "unified / static-phase-oracle", "out tok/s: unified / per-phase oracle"),
     ("mean_concurrency", "unified / static-best", "concurrency: unified / static best"),
 )
 LABELS = {
     "unified": "one buffer",
     "planner": "one buffer, planner policy",
     "static-default": "engine default",
-    "static-shipped": "static, as SGLang ships it: default split, running cap of slots // (3 + tracking slots)",
+    "unified-uncapped": "one buffer, SGLang's mamba running cap lifted (not how SGLang 0.5.23 runs)",
+    "static-phase-oracle": "each phase's best split, re-split at every boundary (an upper bound)",
     "vllm-padded": "one padded block pool",
 }
 
@@ -350,8 +446,10 @@ def _cell(col, cols):
 
 
 def _split_label(split):
-    if split.get("unbound"):  # no best split to name (best_static)
-        return "none: memory never binds a split that serves the trace"
+    if split.get("full_length"):  # engines.Engine.runs_hybrid
+        return "every layer at full length (SGLang turns hybrid SWA memory off here)"
+    if split.get("phases"):  # oracle.per_phase: one split a phase
+        return "per phase: " + " | ".join(_split_label(x) for x in split["phases"])
     parts = []
     if split.get("swa_ratio"):
         parts.append(f"swa {split['swa_ratio']:.3g}")
@@ -398,7 +496,19 @@ def aggregate(runs):
         for m, _ in METRICS
     }
     splits = [r["setups"]["static-best"]["split"] for r in runs if "static-best" in r["setups"]]
-    return {"seeds": [r["seed"] for r in runs], "setups": setups, "ratios": ratios_, "best_splits": splits}
+    # A setup whose configuration is not its label's: the full-length pool, the oracle's splits.
+    labels = {
+        name: "; ".join(sorted({_split_label(r["setups"][name]["split"]) for r in runs}))
+        for name in ("static-default", "static-phase-oracle")
+        if name in runs[0]["setups"] and (runs[0]["setups"][name].get("split") or {}).keys() & {"full_length", "phases"}
+    }
+    return {
+        "seeds": [r["seed"] for r in runs],
+        "setups": setups,
+        "ratios": ratios_,
+        "best_splits": splits,
+        "splits": labels,
+    }
 
 
 def table(agg):
@@ -411,6 +521,8 @@ def table(agg):
             continue
         if name == "static-best":
             label = "; ".join(sorted({_split_label(c) for c in agg["best_splits"]}))
+        elif agg["splits"].get(name):
+            label = agg["splits"][name]
         else:
             label = LABELS[name]
         cells = [_cell(col, cols) for col in COLUMNS]
@@ -461,6 +573,19 @@ def report(preset, trace_name, n, runs, seconds):
     agg = aggregate(runs)
     k = len(runs)
     load = _load(runs[0])
+    from kvarena.sim import engines, presets
+
+    p = presets.preset(preset)
+    hybrid_off = (
+        [
+            f"SGLang 0.5.23 turns hybrid SWA memory off for {preset} and its --enable-unified-memory refuses a "
+            "model that is not hybrid: kvarena cannot engage here today.  static-default is what SGLang runs; "
+            "unified and static-best are what a hybrid layout would serve.",
+            "",
+        ]
+        if p.swa_bytes and not engines.SGLANG.runs_hybrid(p)
+        else []
+    )
     head = f"### {preset} / {trace_name} / {load} ({n:,} requests, {k} seed{'s' if k > 1 else ''}: {agg['seeds']})"
     bad = [
         f"seed {r['seed']}, {name}: finished {x['finished']}, rejected {x['rejected']}, stuck {x['stuck']}, "
@@ -478,6 +603,7 @@ def report(preset, trace_name, n, runs, seconds):
     secs = ", ".join(f"{name} {v:.0f}s" for name, v in seconds.items())
     return "\n".join(
         [head, ""]
+        + hybrid_off
         + ratio_lines(agg)
         + ["", table(agg), ""]
         + _limits_line(runs[0])
@@ -563,9 +689,10 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     )
     p.add_argument(
         "--prefix-cache",
-        default="off",
+        default="on",
         choices=("off", "on", "both"),
-        help="a radix-style prefix cache on every setup (kvarena.sim.prefix); both: each run twice, off and on",
+        help="a radix-style prefix cache on every setup (kvarena.sim.prefix), on by default as both engines "
+        "ship it; both: each run twice, off and on",
     )
     p.add_argument(
         "--mamba-radix-cache-strategy",
@@ -590,13 +717,15 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     )
     p.add_argument(
         "--alloc-cost",
-        default="launches",
-        choices=("launches", "cpu"),
-        help="how the clock charges the allocator, on every setup: 'launches' (default): the torch operations "
-        "each setup's calls dispatch, counted in the run (kvarena.sim.launches; the static and padded pools "
-        "priced as a torch free list's), at the accelerator's launch cost (h200 and h100: 5 us a launch, a "
-        "stated assumption); 'cpu': the allocator's CPU time measured in this process (times then vary run "
-        "to run; on a CPU it includes the moves the copy term already prices)",
+        default="gpu",
+        choices=("gpu", "torch", "cpu"),
+        help="how the clock charges the allocator, on every setup (kvarena.sim.launches): 'gpu' (default): the "
+        "kernel launches each setup makes as a GPU runs it, counted as `kvarena bench --only ops` counts them "
+        "(the unified arena's calls on their Triton path, its ladder's moves on torch, the static and padded "
+        "pools as a torch free list's), at the accelerator's launch cost (h200 and h100: 5 us a launch, a "
+        "stated assumption); 'torch': every torch operation each setup's calls dispatch on the CPU torch path "
+        "(the rule before 'gpu'), at the same cost; 'cpu': the allocator's CPU time measured in this process "
+        "(times then vary run to run; on a CPU it includes the moves the copy term already prices)",
     )
     p.add_argument(
         "--budget-gib",
@@ -616,8 +745,10 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--reserve-ratio",
         type=float,
-        default=0.3,
-        help="share of the running requests' remaining output reserved at admission",
+        default=None,
+        help="hold the share of the running requests' remaining output reserved at admission constant at this "
+        "value (default: SGLang's decaying new_token_ratio, 0.7 to 0.098 over 600 decode iterations, "
+        "engine.NewTokenRatio)",
     )
     p.add_argument("--setups", default=",".join(SETUPS), help="setups to run, comma-separated")
     p.add_argument("--json", metavar="PATH", help="write every number as JSON")
@@ -694,7 +825,17 @@ def budget(pname, settings):
 
 
 def run_unit(
-    pname, tname, seed, settings, setups, trace_file=None, plot=False, load=None, best_split=None, cache=False
+    pname,
+    tname,
+    seed,
+    settings,
+    setups,
+    trace_file=None,
+    plot=False,
+    load=None,
+    best_split=None,
+    cache=False,
+    oracle_split=None,
 ):
     """One (preset, trace, seed, load, prefix cache on or off): every setup,
     as a ``--json`` run entry (and the results and splits the plot needs
@@ -709,7 +850,8 @@ def run_unit(
     if trace_file:
         trace = traces.read_jsonl(trace_file)
     else:
-        trace = traces.generate(tname, settings["requests"], seed, arrivals, rate)
+        footprint = traces.footprint(presets.preset(pname))  # a phases trace's work, as SGLang keeps the state
+        trace = traces.generate(tname, settings["requests"], seed, arrivals, rate, footprint=footprint)
     kv = budget(pname, settings)
     sizes = presets.Sizes.of(presets.preset(pname), page_tokens=settings["page_tokens"], budget_bytes=kv["bytes"])
     cfg = engine.Config(
@@ -724,7 +866,7 @@ def run_unit(
         mamba_strategy=settings.get("mamba_radix_cache_strategy", "extra_buffer"),
         enable_mixed_chunk=settings.get("enable_mixed_chunk", False),
     )
-    results, splits, seconds = run_one(sizes, trace, cfg, setups, best_split=best_split)
+    results, splits, seconds = run_one(sizes, trace, cfg, setups, best_split=best_split, oracle_split=oracle_split)
     entry = {
         "preset": pname,
         "trace": tname,
@@ -779,6 +921,8 @@ def _best_split(entry):
     b = entry["setups"].get("static-best")
     if not b or "unavailable" in b:
         return None
+    if b["split"].get("full_length"):
+        return FULL_LENGTH
     share = b["split"]["state_share"] or 0.5  # 0.5: no state pool, the share is not used
     return (b["split"]["swa_ratio"] or 0.8, share)
 
@@ -873,6 +1017,7 @@ def run(args: argparse.Namespace) -> int:
                 (args.arrivals, r),
                 _best_split(e),
                 e["prefix_cache"],
+                (e["setups"].get("static-phase-oracle") or {}).get("split"),
             )
             for e in dump
             for r in rates

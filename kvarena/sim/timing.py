@@ -23,11 +23,15 @@ a layer, ``Accelerator.launch_seconds`` each): a decode batch above the
 decode graphs, a prefill or mixed pass above the prefill graphs.
 On top of that, a step pays for the bytes its relocations moved (read and
 written once each, at ``COPY_EFFICIENCY`` of the memory bandwidth, the copy
-target of the hot path) and for the allocator's own work: by default its
-kernel launches (``alloc_seconds``: the torch operations its calls
-dispatched, counted in the run, at ``launch_seconds`` each), or its CPU
-time measured in this process.  No overlap is assumed between the
-allocator and the forward pass, which charges the allocator in full.
+target of the hot path) and for the allocator's own work (``alloc_seconds``):
+by default its kernel launches as a GPU runs it, at ``launch_seconds`` each
+(``--alloc-cost gpu``, ``kvarena.sim.launches``: each setup's calls at the
+launches ``kvarena bench --only ops`` counts, the unified arena's on its
+Triton path, its ladder's moves on torch, a static pool's as a torch free
+list's); or the torch operations its CPU torch path dispatches, at the same
+cost (``torch``); or its CPU time measured in this process (``cpu``).  No
+overlap is assumed between the allocator and the forward pass, which
+charges the allocator in full.
 
 The KV budget is what the engine leaves for the KV cache
 (``kv_budget_bytes``): the tensor-parallel group's memory times SGLang's

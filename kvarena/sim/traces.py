@@ -13,6 +13,8 @@ short         lognormal, median 128, sigma 0.6, [16, 1,024]    median 128, sigma
 shift         ``short`` for the first half, then ``long``      (as those)
 ============  ==============================================  ====================================
 
+and ``phases``, chat and long-context phases alternating (below).
+
 Three more kinds take their lengths from public datasets' published
 summaries (``PUBLISHED``, each with its source): ``sharegpt`` and
 ``mooncake`` are single requests, ``lmsys`` is multi-turn chat, whose turn
@@ -31,6 +33,43 @@ A seed's lengths are the same under every arrival process and rate (their
 own random stream), so a sweep over rates serves the same requests.
 ``read_jsonl`` reads any other trace, one JSON object a line with those
 three fields.
+
+**Phases** (``phases``): where a static split, tuned once at boot, must lose
+to one buffer, the mix of memory kinds shifting over time.  The trace
+alternates a **chat** phase (``PHASE_MIXES["chat"]``: many short requests,
+state-heavy on a model with recurrent state, and fitting inside a 1,024-token
+sliding window: prompt and output at most 512 tokens each) with a
+**long-context** phase (``PHASE_MIXES["long"]``: documents of 12,288 to
+32,768 prompt tokens with short outputs: KV-heavy), ``PHASE_REPEATS`` times
+(chat, long, chat, long).  Each request carries its phase's index
+(``Request.phase``; -1 in every other kind).
+
+The phases are sized by **work**, not by count, so that each takes about
+the same time on a memory-bound run.  A request's work is its
+``output_len`` times the memory it holds while it decodes, its
+**footprint**: on a memory-bound run the buffer is full, so a decode
+iteration costs about the same whatever runs (it reads about the buffer),
+and the iterations a phase takes are its work over the buffer.  Prefill is
+not counted (a document's prefill makes its phase somewhat longer).
+``generate(..., footprint=f)`` takes the footprint as ``f(prompt_len,
+output_len)`` in any unit, ``footprint(preset)`` gives a model's in bytes
+(its state, its full KV and its window's SWA at the mean length held,
+``prompt + output / 2``); without one it is that length in tokens, a model
+with full attention only.
+
+``n`` is the number of requests in all, approximately: each chat phase has
+``chat_n`` chats, with ``chat_n`` chosen so that ``PHASE_REPEATS`` pairs of
+a chat phase and the long phase that matches its work come to ``n`` at the
+mixes' mean work (``_per_request_work``), at least one a phase; each long
+phase then takes documents until its work is closest to its own chat
+phase's (so the two differ by at most half of one document's work).
+
+Arrivals: saturating, every request at time 0, queued in phase order.  At a
+``rate``, the rate **cycles**: the run spans ``len(trace) / rate`` seconds
+(the mean rate is ``rate``), each phase the same share of it, so each
+phase's own rate is its requests over its span; within a span the gaps are
+Poisson's or bursty's (``BURST_CV2``), scaled so that the phase's arrivals
+end inside its own span.
 """
 
 import json
@@ -51,6 +90,7 @@ class Request:
     blocks: tuple = ()
     block_tokens: int = 0
     after: int = -1  # a later turn: arrives no earlier than request ``after`` finishes
+    phase: int = -1  # the ``phases`` kind: the index of the phase it belongs to (-1: no phases)
 
 
 @dataclass(frozen=True)
@@ -135,7 +175,15 @@ PUBLISHED = {
 # credited at most one page more than it truly shares.
 CHAT_BLOCK_TOKENS = 16
 MAX_TURNS = 32
-KINDS = ("balanced", "long", "short", "shift", *PUBLISHED)
+# The ``phases`` kind (module docstring): its two phase mixes, alternated
+# chat first, PHASE_REPEATS times.
+PHASE_MIXES = {
+    "chat": Mix(128, 0.6, (16, 512), 128, 0.6, (16, 512)),
+    "long": Mix(20_000, 0.3, (12_288, 32_768), 128, 0.6, (16, 512)),
+}
+PHASE_CYCLE = ("chat", "long")
+PHASE_REPEATS = 2
+KINDS = ("balanced", "long", "short", "shift", *PUBLISHED, "phases")
 ARRIVALS = ("saturating", "poisson", "bursty")
 BURST_CV2 = 4.0  # squared coefficient of variation of a bursty trace's gaps (Poisson: 1)
 
@@ -162,12 +210,16 @@ def arrival_times(n, arrivals="saturating", rate=None, seed=0):
     return out
 
 
-def generate(kind, n, seed=0, arrivals="saturating", rate=None):
-    """``n`` requests of trace ``kind`` (see the module docstring)."""
+def generate(kind, n, seed=0, arrivals="saturating", rate=None, footprint=None):
+    """``n`` requests of trace ``kind`` (see the module docstring); the
+    ``phases`` kind about ``n``, sized by ``footprint(prompt_len,
+    output_len)`` (None: the tokens held; other kinds ignore it)."""
     if kind not in KINDS:
         raise ValueError(f"unknown trace {kind!r}; traces: {', '.join(KINDS)}")
     if n < 1:
         raise ValueError(f"trace {kind!r}: n must be >= 1, got {n}")
+    if kind == "phases":
+        return _phases(n, seed, arrivals, rate, footprint)
     times = arrival_times(n, arrivals, rate, seed)
     rng = random.Random(f"{kind}/{seed}")
     if kind in PUBLISHED:
@@ -183,6 +235,113 @@ def generate(kind, n, seed=0, arrivals="saturating", rate=None):
                 _length(rng, mix.output_median, mix.output_sigma, mix.output_range),
             )
         )
+    return out
+
+
+def footprint(p):
+    """Preset ``p``'s footprint for ``generate``: the bytes a request of
+    ``(prompt_len, output_len)`` holds at the mean length it decodes at,
+    ``prompt + output / 2``: its state, full KV over that length and SWA
+    over at most the window (``kvarena.sim.presets.Preset``)."""
+
+    def f(prompt_len, output_len):
+        held = prompt_len + output_len / 2
+        return p.state_bytes + p.full_bytes * held + p.swa_bytes * min(held, p.window + 1)
+
+    return f
+
+
+def _tokens_held(prompt_len, output_len):
+    return prompt_len + output_len / 2
+
+
+ESTIMATE_SAMPLES = 4096  # draws per mix for the mean work that sizes the chat phases
+
+
+def _work(footprint, prompt_len, output_len):
+    return output_len * footprint(prompt_len, output_len)
+
+
+def _per_request_work(mix, footprint):
+    """A phase mix's mean work a request, over a fixed sample (its own
+    stream: the same for every seed)."""
+    rng = random.Random("phases/estimate")
+    total = 0.0
+    for _ in range(ESTIMATE_SAMPLES):
+        p = _length(rng, mix.prompt_median, mix.prompt_sigma, mix.prompt_range)
+        o = _length(rng, mix.output_median, mix.output_sigma, mix.output_range)
+        total += _work(footprint, p, o)
+    return total / ESTIMATE_SAMPLES
+
+
+def phase_lengths(n, seed=0, footprint=None):
+    """The ``phases`` kind's lengths: one list of ``(prompt_len,
+    output_len)`` a phase, in order (the module docstring); arrivals play no
+    part, so they are the same under every arrival process and rate."""
+    fp = footprint or _tokens_held
+    chat, long = PHASE_MIXES["chat"], PHASE_MIXES["long"]
+    w_chat, w_long = _per_request_work(chat, fp), _per_request_work(long, fp)
+    if not (w_chat > 0 and w_long > 0):
+        raise ValueError(f"trace 'phases': a footprint must be > 0, got mean work {w_chat} (chat), {w_long} (long)")
+    # a pair of phases: chat_n chats and chat_n * w_chat / w_long documents
+    chat_n = max(1, round(n / PHASE_REPEATS / (1 + w_chat / w_long)))
+    rng = random.Random(f"phases/{seed}")
+
+    def draw(mix):
+        p = _length(rng, mix.prompt_median, mix.prompt_sigma, mix.prompt_range)
+        return p, _length(rng, mix.output_median, mix.output_sigma, mix.output_range)
+
+    out = []
+    for _ in range(PHASE_REPEATS):
+        chats = [draw(chat) for _ in range(chat_n)]
+        target = sum(_work(fp, p, o) for p, o in chats)
+        docs = [draw(long)]
+        work = _work(fp, *docs[0])
+        while work < target:
+            nxt = draw(long)
+            w = _work(fp, *nxt)
+            if work + w - target > target - work:  # the next one would overshoot more than stopping falls short
+                break
+            docs.append(nxt)
+            work += w
+        out += [chats, docs]
+    return out
+
+
+def phase_arrivals(counts, arrivals="saturating", rate=None, seed=0):
+    """Arrival times for phases of ``counts`` requests, one list a phase: at
+    0, or at a ``rate`` that cycles (each phase the same span of
+    ``sum(counts) / rate / len(counts)`` seconds; the module docstring)."""
+    if arrivals not in ARRIVALS:
+        raise ValueError(f"unknown arrivals {arrivals!r}; arrivals: {', '.join(ARRIVALS)}")
+    if arrivals == "saturating":
+        return [[0.0] * c for c in counts]
+    if rate is None or not rate > 0 or not math.isfinite(rate):
+        raise ValueError(f"arrivals {arrivals!r}: rate must be a number > 0 (requests a second), got {rate!r}")
+    span = sum(counts) / rate / len(counts)
+    rng = random.Random(f"arrivals/{arrivals}/{seed}/phases")
+    shape = 1 / BURST_CV2
+    out = []
+    for k, c in enumerate(counts):
+        # c + 1 gaps at the phase's own rate, scaled to the span: the phase's arrivals end inside it
+        gaps = [
+            rng.expovariate(1.0) if arrivals == "poisson" else rng.gammavariate(shape, 1 / shape) for _ in range(c + 1)
+        ]
+        scale, t, times = span / sum(gaps), k * span, []
+        for g in gaps[:-1]:
+            t += g * scale
+            times.append(min(t, (k + 1) * span))
+        out.append(times)
+    return out
+
+
+def _phases(n, seed, arrivals, rate, footprint):
+    phases = phase_lengths(n, seed, footprint)
+    times = phase_arrivals([len(ph) for ph in phases], arrivals, rate, seed)
+    out = []
+    for k, (ph, ts) in enumerate(zip(phases, times)):
+        for (p, o), t in zip(ph, ts):
+            out.append(Request(len(out), t, p, o, phase=k))
     return out
 
 
@@ -257,8 +416,9 @@ def read_jsonl(path):
     ``block_tokens``, and ``after``: the 0-based line of the request this
     turn follows), or a Mooncake trace's lines (``_row``).  Blank lines are
     skipped; requests are sorted by arrival (stable).  A bad line is a
-    ``ValueError`` naming the file and the line."""
-    rows = []
+    ``ValueError`` naming the file and the line.  An optional ``phase``
+    (the ``phases`` kind's index) is kept."""
+    rows, phases = [], []
     with open(path) as f:
         for no, line in enumerate(f, 1):
             if not line.strip():
@@ -269,6 +429,10 @@ def read_jsonl(path):
             except json.JSONDecodeError as e:
                 raise ValueError(f"{where}: not JSON ({e.msg})") from None
             rows.append(_row(row, where))
+            phase = row.get("phase", -1)
+            if isinstance(phase, bool) or not isinstance(phase, int) or phase < -1:
+                raise ValueError(f"{where}: phase must be an int >= -1, got {phase!r}")
+            phases.append(phase)
     if not rows:
         raise ValueError(f"trace {path}: no requests")
     sizes = {bt for *_, bt, _ in rows if bt}
@@ -280,8 +444,8 @@ def read_jsonl(path):
     order = sorted(range(len(rows)), key=lambda i: rows[i][0])
     new = {old: k for k, old in enumerate(order)}
     return [
-        Request(k, a, p, o, b, bt, new[after] if after >= 0 else -1)
-        for k, (a, p, o, b, bt, after) in enumerate(rows[i] for i in order)
+        Request(k, a, p, o, b, bt, new[after] if after >= 0 else -1, phases[i])
+        for k, (i, (a, p, o, b, bt, after)) in enumerate((i, rows[i]) for i in order)
     ]
 
 
@@ -293,4 +457,6 @@ def write_jsonl(requests, path):
                 row.update(blocks=list(r.blocks), block_tokens=r.block_tokens)
             if r.after >= 0:
                 row["after"] = r.after
+            if r.phase >= 0:
+                row["phase"] = r.phase
             f.write(json.dumps(row) + "\n")

@@ -17,7 +17,7 @@ import torch
 from kvarena import cli
 from kvarena.impl import Arena, SubPool
 from kvarena.impl.arena import VIEWS
-from kvarena.sim import bench
+from kvarena.sim import bench, freelist
 from kvarena.sim.backends import count_moves
 
 pytestmark = pytest.mark.usefixtures("one_thread")  # conftest: one torch thread, as the commands use
@@ -31,7 +31,7 @@ def loop_args(**kw):
 
 
 def test_static_twin_follows_the_anchor_slot_rules():
-    s = bench.StaticFreeList(64, 64, 4, "cpu")
+    s = freelist.StaticFreeList(64, 64, 4, "cpu")
     toks = s.alloc_extend(torch.tensor([0, 0]), torch.tensor([5, 3]), torch.tensor([-1, -1]))
     assert toks.tolist() == [4, 5, 6, 7, 8, 12, 13, 14]  # pages 1, 2 for request 0; 3 for request 1
     # seq 6 continues page 2 at last+1; seq 5 opens a new page (5 % 4 == 1): page 4, offset 0.
@@ -216,7 +216,7 @@ def test_op_count_sees_a_per_request_loop(monkeypatch):
 def test_op_counter_counts_the_allocator_only():
     """The loop's own tensor work is not counted: a do-nothing allocator
     call dispatches nothing."""
-    s = bench.StaticFreeList(64, 64, 4, "cpu")
+    s = freelist.StaticFreeList(64, 64, 4, "cpu")
     counter = bench._OpCounter(s)
     counter.translate(torch.tensor([4]), "full")  # one clone
     assert counter.launches == 1

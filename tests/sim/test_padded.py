@@ -11,7 +11,7 @@ from kvarena.sim import backends, engine, padded, presets, traces
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 
-EXACT = engine.Config(record=False)
+EXACT = engine.Config(record=False, reserve_ratio=0.3)  # a constant reserve: these tests compare layouts alone
 
 
 def layout(name):

@@ -132,9 +132,11 @@ def test_mooncake_lines_and_prefix_fields_read_back(tmp_path):
 
 SETUPS = {
     "unified": lambda s, cache: backends.Unified(s),
-    "static": lambda s, cache: backends.StaticSplit(s, presets.static_split(s), cache),
+    "static": lambda s, cache: backends.StaticSplit(s, presets.static_split(s)),
     "padded": lambda s, cache: padded.PaddedPool(s),
-    "shipped": lambda s, cache: backends.StaticSplit(s, presets.static_split(s), cache, shipped_cap=True),
+    "capped": lambda s, cache: backends.StaticSplit(
+        s, presets.static_split(s), engines.SGLANG.running_cap(s.preset, presets.static_split(s).slots, cache)
+    ),
 }
 
 
@@ -261,26 +263,27 @@ def test_cache_off_hits_nothing_and_a_cache_that_never_matches_is_seen(monkeypat
     assert never.cache_hit_tokens == 0
 
 
-def test_only_the_shipped_static_split_caps_running_requests_at_a_third_of_its_slots():
-    """One running rule for every setup (issue 41): a static mamba split with
-    the cache runs what its slots hold, the cache's checkpoints yielding
-    under pressure (at most two slots a running request); SGLang's cap of a
-    third of the slots is the ``static-shipped`` row's alone."""
+def test_sglangs_mamba_cap_holds_running_requests_at_a_fifth_of_the_slots_with_the_cache():
+    """SGLang 0.5.23 caps running requests at its mamba slots over a
+    request's share (``resolve_max_num_reqs``): 3 plus two tracking slots
+    with the radix cache (extra_buffer), 1 without.  A split without the cap
+    runs what its slots hold; with it, never more than the cap."""
     trace = traces.generate("lmsys", 200, seed=4)
     s = presets.Sizes.of(presets.preset("qwen3-next-80b-a3b"), 1.0)
     split = presets.static_split(s)
-    cap = split.slots // backends.MAMBA_RUNNING_RATIO
-    assert cap >= 1
+    cap = split.slots // (engines.MAMBA_RUNNING_RATIO + 2)
+    assert cap >= 1 and engines.SGLANG.running_cap(s.preset, split.slots, True) == cap
     _, free, fb = _sim("qwen3-next-80b-a3b", "static", trace)
     assert fb.max_running is None and free.blocked.get("running cap", 0) == 0
     assert free.peak_concurrency > cap
-    _, on, b = _sim("qwen3-next-80b-a3b", "shipped", trace)
+    _, on, b = _sim("qwen3-next-80b-a3b", "capped", trace)
     assert b.max_running == cap and on.peak_concurrency <= cap
     assert on.blocked.get("running cap", 0) > 0
-    _, off, ob = _sim("qwen3-next-80b-a3b", "shipped", trace, cache=False)  # the cap needs the radix cache
-    assert ob.max_running is None and off.peak_concurrency > cap
-    _, uni, ub = _sim("qwen3-next-80b-a3b", "unified", trace)
-    assert getattr(ub, "max_running", None) is None and uni.peak_concurrency > cap
+    # without the radix cache a request's share is one slot: the cap is the slots themselves
+    assert engines.SGLANG.running_cap(s.preset, split.slots, False) == split.slots
+    # no cap where the model keeps no state, nor under vLLM
+    assert engines.SGLANG.running_cap(presets.preset("gpt-oss-120b"), 100, True) is None
+    assert engines.VLLM.running_cap(s.preset, split.slots, True) is None
 
 
 def test_a_dropped_turn_drops_the_turns_after_it():
@@ -335,16 +338,20 @@ def test_simulate_reports_cache_on_and_off(tmp_path, capsys):
 
 
 @pytest.mark.parametrize("strategy, ratio", [("extra_buffer", 5), ("no_buffer", 3)])
-def test_shipped_cap_counts_sglangs_tracking_slots(strategy, ratio):
+def test_every_sglang_setup_is_capped_from_its_own_slots_and_unified_from_the_defaults(strategy, ratio):
     """SGLang 0.5.23, kv_cache_configurator.py _calculate_mamba_ratio: the
     running cap is the mamba slots over 3 plus a request's tracking slots
     (two under extra_buffer with the overlap scheduler, none under
-    no_buffer); ``run_one`` builds static-shipped with it."""
+    no_buffer).  ``run_one`` caps static-default from its split's slots,
+    the unified arena from the default split's (the drop-in inherits
+    SGLang's sizing), and unified-uncapped not at all."""
     from kvarena.sim import simulate
 
     trace = traces.generate("lmsys", 60, seed=4)
     s = presets.Sizes.of(presets.preset("qwen3-next-80b-a3b"), 4.0)
     cfg = engine.Config(record=False, prefix_cache=True, mamba_strategy=strategy)
-    out, splits, _ = simulate.run_one(s, trace, cfg, setups=("static-shipped",))
-    cap = splits["static-shipped"].slots // ratio
-    assert cap >= 2 and out["static-shipped"].peak_concurrency == cap  # a saturating trace reaches it
+    out, splits, _ = simulate.run_one(s, trace, cfg, setups=("unified", "unified-uncapped", "static-default"))
+    cap = splits["static-default"].slots // ratio
+    assert cap >= 2 and out["static-default"].peak_concurrency == cap  # a saturating trace reaches it
+    assert out["unified"].peak_concurrency == cap  # the same cap: the default split's slots
+    assert out["unified-uncapped"].peak_concurrency > cap
