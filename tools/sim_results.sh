@@ -19,8 +19,7 @@ run() {  # NAME ARGS...: one documented command
   echo "== $name: kvarena simulate $*" >&2
   kvarena simulate "$@" --json "$out/$name.json" >"$out/$name.txt"
 }
-run phases --preset qwen3-next-80b-a3b,nemotron-h-8b,gpt-oss-120b,tri-synthetic --trace phases --requests 1000 \
-  --seeds 3
+run phases --preset all --trace phases --requests 1000 --seeds 3
 run phase-bands --preset qwen3-next-80b-a3b --trace phases --requests 1000 --seeds 1 \
   --setups unified,static-default,static-best --plot docs/results/sim-phase-bands.png
 run grid --preset all --trace balanced,long,short,mooncake,lmsys --requests 1000 --seeds 3
@@ -33,6 +32,4 @@ if [ -n "$trace" ]; then
   run replay --preset all --trace-file "$out/mooncake-1000.jsonl" --prefix-cache both \
     --setups unified,unified-uncapped,static-default,static-best,vllm-padded
 fi
-run mixed --preset all --trace balanced,mooncake --requests 1000 --seeds 3 --enable-mixed-chunk \
-  --setups unified,static-best,vllm-padded
 python "$(dirname "$0")/sim_tables.py" "$out"  # docs/results/simulator-tables.md from the reports

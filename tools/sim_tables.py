@@ -32,25 +32,13 @@ SECTIONS = (
         "Phase-shift traces, three seeds",
         "Chat and long-context phases alternating, sized by work; the split is chosen once for the whole trace, "
         "and `static-phase-oracle` re-splits perfectly at every phase boundary.",
-        [
-            "kvarena simulate --preset qwen3-next-80b-a3b,nemotron-h-8b,gpt-oss-120b,tri-synthetic --trace phases "
-            "--requests 1000 --seeds 3"
-        ],
+        ["kvarena simulate --preset all --trace phases --requests 1000 --seeds 3"],
     ),
     (
         "grid",
         "Stationary traces, prefix cache on, three seeds",
         "",
         ["kvarena simulate --preset all --trace balanced,long,short,mooncake,lmsys --requests 1000 --seeds 3"],
-    ),
-    (
-        "mixed",
-        "SGLang with `--enable-mixed-chunk`",
-        "Prefill chunks ride decode iterations on the SGLang setups too, as vLLM's always do.",
-        [
-            "kvarena simulate --preset all --trace balanced,mooncake --requests 1000 --seeds 3 --enable-mixed-chunk "
-            "--setups unified,static-best,vllm-padded"
-        ],
     ),
     (
         "sweep",

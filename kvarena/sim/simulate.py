@@ -29,8 +29,10 @@ SGLang's running cap on a model with recurrent state included
   ``static-best`` is never below it.  It is chosen once for the whole
   trace, as a deployment chooses its split at boot;
 - ``static-phase-oracle``: on a trace with phases (``traces``' ``phases``
-  kind), the best split of each phase on its own, as if the engine re-split
-  perfectly at every phase boundary (``kvarena.sim.oracle``);
+  kind), the best split of each phase on its own, as if the engine drained
+  and re-split at every phase boundary (``kvarena.sim.oracle``; it loses
+  the overlap of one phase's tail with the next one's head, so it can fall
+  below ``static-best``);
 - ``vllm-padded``: vLLM v1's hybrid allocator, one block pool with every
   kind's page padded to one size (``kvarena.sim.padded``).
 
@@ -418,7 +420,7 @@ LABELS = {
     "planner": "one buffer, planner policy",
     "static-default": "engine default",
     "unified-uncapped": "one buffer, SGLang's mamba running cap lifted (not how SGLang 0.5.23 runs)",
-    "static-phase-oracle": "each phase's best split, re-split at every boundary (an upper bound)",
+    "static-phase-oracle": "each phase's best split, the phases run apart (a re-split at every drained boundary)",
     "vllm-padded": "one padded block pool",
 }
 
@@ -664,7 +666,10 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.description = __doc__
     p.add_argument("--preset", default="gpt-oss-120b", help="model preset(s), comma-separated, or 'all'")
     p.add_argument(
-        "--trace", default="balanced", help="trace kind(s), comma-separated, or 'all' (balanced, long, short, shift)"
+        "--trace",
+        default="balanced",
+        help="trace kind(s), comma-separated, or 'all' (balanced, long, short, shift, sharegpt, lmsys, mooncake, "
+        "phases)",
     )
     p.add_argument("--trace-file", metavar="JSONL", help="read the trace from a JSONL file instead (one seed)")
     p.add_argument("--requests", type=int, default=10_000, help="requests per generated trace")

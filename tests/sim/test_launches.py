@@ -106,13 +106,34 @@ def test_the_default_prices_a_unified_decode_at_the_triton_path(kind):
     assert counted.take_launches() == n[0] > 5 * launches.TRITON_OPS[kind]["decode"]
 
 
-@pytest.mark.parametrize("alloc_cost", launches.RULES)
-def test_the_static_setups_are_priced_at_the_free_list_table(alloc_cost):
-    """A static split's calls cost the free list's table for the rule: a
+def test_on_a_gpu_a_static_setup_is_priced_as_the_arenas_triton_path():
+    """``gpu``: a static split's calls cost what the unified arena's Triton
+    path launches for the same call on the same model (the arena cannot win
+    the allocator term but by its relocation); a full-attention-only pool
+    (Gemma at full length) takes HybridSWA's."""
+    s = sizes("TriPool")
+    table = launches.TRITON_OPS["TriPool"]
+    assert launches.free_list_table(s.preset) is table
+    full_only = presets.preset("gemma-3-27b").at_full_length()
+    assert launches.free_list_table(full_only) is launches.TRITON_OPS["HybridSWA"]
+    b = launches.Counted(backends.StaticSplit(s, presets.static_split(s)), "gpu")
+    slot = b.alloc_state()
+    ids = b.extend(0, 4, -1)
+    ids += b.decode([5], [ids[-1]])
+    b.free_window(ids[:2])
+    b.free_window([])
+    b.release(ids, [slot])
+    want = table["alloc_state"] + table["extend"] + table["decode"] + table["free_window"]
+    assert b.take_launches() == want + table["release"] + table["release_state"]
+    assert launches.free_list_ops("gpu")["decode"] > 5 * table["decode"]  # the torch twin would charge far more
+
+
+def test_on_the_torch_path_a_static_setup_is_priced_at_the_free_list_table():
+    """``torch``: a static split's calls cost the torch free list's table: a
     decode, a window free, a release (a put per pool it returns to), a slot."""
     s = sizes("TriPool")
-    table = launches.free_list_ops(alloc_cost)
-    b = launches.Counted(backends.StaticSplit(s, presets.static_split(s)), alloc_cost)
+    table = launches.free_list_ops("torch")
+    b = launches.Counted(backends.StaticSplit(s, presets.static_split(s)), "torch")
     slot = b.alloc_state()
     ids = b.extend(0, 4, -1)
     ids += b.decode([5], [ids[-1]])
@@ -201,7 +222,7 @@ def test_the_rule_is_one_sentence_for_each_alloc_cost():
     t = launches.TRITON_OPS["TriPool"]
     gpu = launches.rule("gpu")
     assert "kvarena bench --only ops" in gpu and f"a decode {t['decode']}," in gpu and "5 µs" in gpu
-    assert "Triton" in gpu and "torch free list" in gpu
+    assert "Triton" in gpu and "the same launches per call" in gpu and "cannot favour the arena" in gpu
     assert "CPU torch path" in launches.rule("torch") and "measured" in launches.rule("cpu")
     for cost in engine.ALLOC_COSTS:
         text = launches.rule(cost)
