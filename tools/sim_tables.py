@@ -31,34 +31,8 @@ SECTIONS = (
         "phases",
         "Phase-shift traces, three seeds",
         "Chat and long-context phases alternating, sized by work; the split is chosen once for the whole trace, "
-        "and `static-phase-oracle` re-splits perfectly at every phase boundary.",
+        "and `static-phase-oracle` gives each phase its own best split, the phases run apart.",
         ["kvarena simulate --preset all --trace phases --requests 1000 --seeds 3"],
-    ),
-    (
-        "grid",
-        "Stationary traces, prefix cache on, three seeds",
-        "",
-        ["kvarena simulate --preset all --trace balanced,long,short,mooncake,lmsys --requests 1000 --seeds 3"],
-    ),
-    (
-        "sweep",
-        "The rate sweep",
-        "",
-        [
-            "kvarena simulate --preset tri-synthetic --trace balanced --requests 1000 --seeds 3 "
-            "--rates 10,20,30,40,60,80,160 --json docs/results/sim-sweep-tri-synthetic.json"
-        ],
-    ),
-    (
-        "replay",
-        "Replaying Mooncake's conversation trace, prefix cache off and on",
-        "The first 1,000 requests of `FAST25-release/traces/conversation_trace.jsonl` "
-        "(github.com/kvcache-ai/Mooncake), one fixed trace, so one seed and no interval:",
-        [
-            "head -1000 conversation_trace.jsonl > mooncake-1000.jsonl",
-            "kvarena simulate --preset all --trace-file mooncake-1000.jsonl --prefix-cache both "
-            "--setups unified,unified-uncapped,static-default,static-best,vllm-padded",
-        ],
     ),
 )
 

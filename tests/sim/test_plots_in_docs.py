@@ -5,7 +5,7 @@ command that draws it; this runs that command as written (the plot path moved
 to a scratch folder) and requires the same bytes as the checked-in file, so a
 change to the simulator that moves a picture fails here until the picture is
 redrawn by the same command.  The band picture is simulated again (about a
-minute); the rate sweep's curves are redrawn from the runs its sweep saved.
+minute).
 """
 
 import re
@@ -18,8 +18,7 @@ from tests.support import ROOT
 
 PAGE = ROOT / "docs" / "results" / "simulator.md"
 PICTURES = [  # (picture, the --plot argument of the command that draws it)
-    ("sim-bands.png", "docs/results/sim-bands.png"),
-    ("sim-sweep-curves.png", "docs/results/sim-sweep.png"),
+    ("sim-phase-bands.png", "docs/results/sim-phase-bands.png"),
 ]
 
 
