@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Every figure in docs/results/simulator.md and simulator-tables.md, by the
-# commands the page names (about 20 minutes on two cores).  Usage:
+# commands the page names (about 70 minutes on two cores).  Usage:
 #
 #   tools/sim_results.sh OUT_DIR
 #
@@ -19,4 +19,5 @@ run() {  # NAME ARGS...: one documented command
 run phases --preset all --trace phases --requests 1000 --seeds 3
 run phase-bands --preset qwen3-next-80b-a3b --trace phases --requests 1000 --seeds 1 \
   --setups unified,static-default,static-best --plot docs/results/sim-phase-bands.png
+run grid --preset gpt-oss-120b,gemma-3-27b,qwen3-next-80b-a3b --trace mooncake --requests 1000 --seeds 3
 python "$(dirname "$0")/sim_tables.py" "$out"  # docs/results/simulator-tables.md from the reports

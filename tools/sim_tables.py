@@ -34,6 +34,15 @@ SECTIONS = (
         "and `static-phase-oracle` gives each phase its own best split, the phases run apart.",
         ["kvarena simulate --preset all --trace phases --requests 1000 --seeds 3"],
     ),
+    (
+        "grid",
+        "A stationary trace, three seeds",
+        "",
+        [
+            "kvarena simulate --preset gpt-oss-120b,gemma-3-27b,qwen3-next-80b-a3b --trace mooncake --requests 1000 "
+            "--seeds 3"
+        ],
+    ),
 )
 
 
