@@ -106,6 +106,17 @@ def test_the_default_prices_a_unified_decode_at_the_triton_path(kind):
     assert counted.take_launches() == n[0] > 5 * launches.TRITON_OPS[kind]["decode"]
 
 
+def one_of_each(b):
+    """A static split's calls, one of each: a slot, an extend, a decode, a
+    window free (and an empty one, which costs nothing), a release."""
+    slot = b.alloc_state()
+    ids = b.extend(0, 4, -1)
+    ids += b.decode([5], [ids[-1]])
+    b.free_window(ids[:2])
+    b.free_window([])
+    b.release(ids, [slot])
+
+
 def test_on_a_gpu_a_static_setup_is_priced_as_the_arenas_triton_path():
     """``gpu``: a static split's calls cost what the unified arena's Triton
     path launches for the same call on the same model (the arena cannot win
@@ -117,12 +128,7 @@ def test_on_a_gpu_a_static_setup_is_priced_as_the_arenas_triton_path():
     full_only = presets.preset("gemma-3-27b").at_full_length()
     assert launches.free_list_table(full_only) is launches.TRITON_OPS["HybridSWA"]
     b = launches.Counted(backends.StaticSplit(s, presets.static_split(s)), "gpu")
-    slot = b.alloc_state()
-    ids = b.extend(0, 4, -1)
-    ids += b.decode([5], [ids[-1]])
-    b.free_window(ids[:2])
-    b.free_window([])
-    b.release(ids, [slot])
+    one_of_each(b)
     want = table["alloc_state"] + table["extend"] + table["decode"] + table["free_window"]
     assert b.take_launches() == want + table["release"] + table["release_state"]
     assert launches.free_list_ops("gpu")["decode"] > 5 * table["decode"]  # the torch twin would charge far more
@@ -134,12 +140,7 @@ def test_on_the_torch_path_a_static_setup_is_priced_at_the_free_list_table():
     s = sizes("TriPool")
     table = launches.free_list_ops("torch")
     b = launches.Counted(backends.StaticSplit(s, presets.static_split(s)), "torch")
-    slot = b.alloc_state()
-    ids = b.extend(0, 4, -1)
-    ids += b.decode([5], [ids[-1]])
-    b.free_window(ids[:2])
-    b.free_window([])
-    b.release(ids, [slot])
+    one_of_each(b)
     want = table["alloc_state"] + table["extend"] + table["decode"] + table["free_window"] + 3 * table["release"]
     assert b.take_launches() == want
 
