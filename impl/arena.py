@@ -194,6 +194,12 @@ def _rebind(b: Band, ids: torch.Tensor, pages: torch.Tensor) -> None:
     b.p2v.index_copy_(0, pages, ids)
 
 
+def _packed(pages: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+    """``pages[mask]`` first, in their order, then the rest: a selection
+    with no host read (the caller reads how many with its plan)."""
+    return pages.index_select(0, torch.argsort((~mask).to(torch.int8), stable=True))
+
+
 def _unmove_rows(b: Band, dst: torch.Tensor, src: torch.Tensor, v: torch.Tensor, alive: torch.Tensor) -> None:
     """A move's table undo.  Every destination was free or a source, so
     clearing them and then putting each source's id ``v`` back restores
@@ -1412,7 +1418,9 @@ class Arena:
         """
         if self._kernels != "triton":
             return 0
-        return launches.prewarm(self.device, [b.free_ids is not None for b in self.bands.values()])
+        # a slide's copy, by each pool's word (none with a mover: it copies the bytes)
+        words = [] if self.mover is not None else [self._page_rows(n).dtype for n in self.chain]
+        return launches.prewarm(self.device, [b.free_ids is not None for b in self.bands.values()], words)
 
     @_all_or_nothing
     def free_live(self, name: str, tokens: torch.Tensor, page_size: int, count: int) -> None:
@@ -1709,6 +1717,8 @@ class Arena:
         if not cap.make_room_feasible(side == "low", below, above, region_lo, region_hi, b.live, g.epp, min_bytes):
             return 0
         edge_pages = cap.make_room_need(band_side, min_bytes, g.epp)  # pages to clear at ``side``
+        if self._kernels == "triton" and b.live and not self.moves_held():
+            return self._slide_on_device(b, side == "low", edge_pages, region_lo, region_hi)
         live = b.occupied_pages()  # SYNC: move sets depend on the live pages
         holes = b.holes
         if edge_pages >= b.live:  # leapfrog: pack everything against the far edge
@@ -1735,6 +1745,82 @@ class Arena:
         moved = self._move(b, dst, src)
         self._refit(b)
         return moved
+
+    def _slide_on_device(self, b: Band, low: bool, edge_pages: int, region_lo: int, region_hi: int) -> int:
+        """``make_room``'s slide on the Triton path: the plan the torch path
+        makes, computed on the device from the tables, and one launch that
+        moves the bytes and the tables (``kernels.move``; through the mover
+        when there is one).  One host read: the pages to move, which size
+        the launch, with the span and the hole count they leave
+        (docs/design.md §14, "Relocation").  Every destination is free, so
+        the sets are disjoint.  A leapfrog of a span with no hole that lies
+        wholly outside its target reads nothing: its sets are two runs."""
+        lo, hi, n, nh = b.lo, b.hi, b.live, b.n_holes
+        first = region_hi - n if low else region_lo  # a leapfrog's target: [first, first + n)
+        if edge_pages >= n and nh == 0 and (first >= hi or first + n <= lo):
+            # a leapfrog of a span with no hole, wholly outside the target: two runs, known on the host
+            src, dst, k = b.pages(lo, hi), b.pages(first, first + n), n
+            new_lo, new_hi, holes = first, first + n, b.holes[:0]
+        elif edge_pages >= n:  # leapfrog: every live page outside the packed target moves into its free pages
+            span, target = b.pages(lo, hi), b.pages(first, first + n)
+            outside = (b.p2v[lo:hi] >= 0) & ((span < first) | (span >= first + n))
+            src, dst = _packed(span, outside), _packed(target, b.p2v[first : first + n] < 0)
+            k = int(outside.sum())  # SYNC: the pages to move, which size the launch
+            new_lo, new_hi, holes = first, first + n, b.holes[:0]
+        else:
+            edge = lo + edge_pages if low else hi - edge_pages  # clear [lo, edge) or [edge, hi)
+            cleared, stay = (b.pages(lo, edge), b.pages(edge, hi)) if low else (b.pages(edge, hi), b.pages(lo, edge))
+            moving = b.p2v.index_select(0, cleared) >= 0
+            src, count = _packed(cleared, moving), moving.sum()
+            # the holes ascending, with a last entry no index past them reads
+            ordered = torch.cat([torch.sort(b.holes).values, b.holes.new_full((1,), -1)])
+            below = (ordered[:nh] < edge).sum()  # holes below the edge
+            r = torch.arange(edge_pages, device=self.device)
+            if low:  # into the holes above the edge, lowest first, then the gap above the span
+                above = nh - below
+                dst = torch.where(r < above, ordered[(below + r).clamp_max(nh)], hi + r - above)
+                m = torch.minimum(count, above)  # holes filled: the m lowest above the edge
+                top = ordered[(below + m - 1).clamp(0, nh)]
+                filled = (b.holes >= edge) & (b.holes <= top) & (m > 0)
+            else:  # into the holes below the edge, highest first, then the gap below the span; ascending
+                gap = (count - below).clamp_min(0)
+                dst = torch.where(r < gap, lo - gap + r, ordered[(below - count + r).clamp(0, nh)])
+                m = torch.minimum(count, below)  # holes filled: the m highest below the edge
+                bottom = ordered[(below - m).clamp(0, nh)]
+                filled = (b.holes < edge) & (b.holes >= bottom) & (m > 0)
+            held = b.p2v.index_select(0, stay) >= 0  # pages that stay: at least one, as live > edge_pages
+            first_held = stay[0] + torch.argmax(held.to(torch.int8))
+            last_held = stay[-1] - torch.argmax(torch.flip(held, (0,)).to(torch.int8))
+            last = dst[(count - 1).clamp_min(0)]
+            new_lo_t = torch.where(count > 0, torch.minimum(first_held, dst[0]), first_held)
+            new_hi_t = torch.where(count > 0, torch.maximum(last_held, last), last_held) + 1
+            keep = ~filled & (b.holes >= new_lo_t) & (b.holes < new_hi_t)
+            read = torch.stack(
+                [count, new_lo_t, new_hi_t, keep.sum()]
+            ).tolist()  # SYNC: the move's size and what it leaves
+            k, new_lo, new_hi, n_keep = read
+            assert n_keep == new_hi - new_lo - n, f"pool {b.name!r}: {n_keep} holes in [{new_lo}, {new_hi})"
+            holes = b.holes.index_select(0, torch.argsort((~keep).to(torch.int8), stable=True)[:n_keep])
+        if k or self._guarded_holes(b):
+            self.settle()  # the urgent path (docs/design.md §12)
+        if k:
+            self._move_fused(b, dst[:k], src[:k])
+        b.lo, b.hi, b.holes = new_lo, new_hi, holes
+        return k
+
+    def _move_fused(self, b: Band, dst: torch.Tensor, src: torch.Tensor) -> None:
+        """Relocate live pages ``src[i] -> dst[i]`` into free pages, bytes and
+        tables: one launch (``kernels.move``), or the mover and the tables'
+        writes; the undo recorded once it ran (``impl/journal.py``)."""
+        if self.mover is not None:
+            self._move(b, dst, src, True)
+            return
+        journal = self._open()
+        rows = self._page_rows(b.name)
+        journal.keep_rows(rows, dst)
+        v = launches.move(rows, dst, src, b.v2p, b.p2v)
+        journal.on_undo(self._copy_back, b.name, dst, src)
+        journal.on_undo(lambda: _unmove_rows(b, dst, src, v, v >= 0))  # no operation after the launch: it ran
 
     @_all_or_nothing
     def compact_holes(self, name: str, retreat_side: str) -> int:

@@ -34,6 +34,7 @@ KERNELS = ("torch", "triton")
 ENV = "KVARENA_KERNELS"  # "torch" or "triton": the default where an arena is built without a choice
 BLOCK = 128  # lanes a program: requests (decode), pages (bind, free), tokens (extend, translate)
 SORT_WIDTH = 4096  # free_live sorts in one block: more tokens than this go through torch's sort
+MOVE_CHUNK = 1024  # words a relocation program copies: 8 KiB of int64 words, many programs a page
 
 
 @functools.cache
@@ -337,7 +338,30 @@ def translate(tokens: torch.Tensor, out: torch.Tensor, v2p: torch.Tensor, n_ids:
     launch(_triton().translate_kernel, _blocks(n), tokens, out, n, v2p, n_ids, page_size, BLOCK=BLOCK)
 
 
-def prewarm(device: torch.device, queues: Iterable[bool]) -> int:
+def move(
+    rows: torch.Tensor, dst: torch.Tensor, src: torch.Tensor, v2p: torch.Tensor, p2v: torch.Tensor
+) -> torch.Tensor:
+    """Relocate pages ``src[i] -> dst[i]`` of ``rows``, bytes and tables: one
+    launch (docs/design.md §14, "Relocation").
+
+    Args:
+        rows: the pool's pages as rows of words (``Arena._page_rows``), contiguous.
+        dst: free destination pages, contiguous, at least one.
+        src: live source pages, as many, contiguous, none a destination.
+        v2p: the band's id -> page table.
+        p2v: the band's page -> id table.
+
+    Returns:
+        Each pair's id, as ``p2v[src]`` held before the move.
+    """
+    k, words = src.numel(), rows.shape[1]
+    ids = torch.empty_like(src)
+    grid = (k, -(-words // MOVE_CHUNK))
+    launch(_triton().move_kernel, grid, rows, words, dst, src, v2p, p2v, ids, CHUNK=MOVE_CHUNK)
+    return ids
+
+
+def prewarm(device: torch.device, queues: Iterable[bool], words: Iterable[torch.dtype] = ()) -> int:
     """Compile and run every variant of the step's kernels that serving can
     launch, each once on no work, before serving (SGLang's
     ``prewarm_compaction``; docs/design.md §14).  A first compile while
@@ -348,12 +372,14 @@ def prewarm(device: torch.device, queues: Iterable[bool]) -> int:
     a bind with and without a borrower (plain, decode, extend); a free and a
     window's free, into a ring or not (``queues``: a lender's band keeps
     one, a borrower's none), with and without a forward in flight, the
-    window's at every sort width; the translation.  Every count is 0: no
-    lane reads or writes a table.
+    window's at every sort width; the translation; a relocation's copy in
+    each word type (``words``).  Every count is 0: no lane reads or writes
+    a table; the copy moves one word of a scratch row onto itself.
 
     Args:
         device: where the arena's tables live.
         queues: for each band that frees, whether it keeps a free-id ring.
+        words: the word types of the pools a slide copies (``Arena._page_rows``).
 
     Returns:
         The launches made.
@@ -383,4 +409,7 @@ def prewarm(device: torch.device, queues: Iterable[bool]) -> int:
                     free_live(z[:width], 1, 1, 0, z, z, drop)
                     width *= 2
         launch(tk.translate_kernel, _blocks(0), none, none, 0, z, 1, 1, BLOCK=BLOCK)
+        for word in sorted(set(words), key=str):
+            pair = torch.zeros(1, dtype=torch.int64, device=device)  # page 0 onto itself; its id row 0
+            move(torch.zeros((1, 1), dtype=word, device=device), pair, pair, pair.clone(), pair.clone())
     return made

@@ -365,3 +365,40 @@ def translate_kernel(tokens, slots_out, n, v2p, n_ids, ps, BLOCK: tl.constexpr):
     phys = tl.load(v2p + row, mask=m, other=0)
     slot = tl.where(phys > 0, phys * ps + tl.where(t < 0, 0, t % ps), 0)
     tl.store(slots_out + i, slot, mask=m)
+
+
+@triton.jit(
+    do_not_specialize=["words"],
+    do_not_specialize_on_alignment=["rows", "dst", "src", "v2p", "p2v", "ids_out"],
+)
+def move_kernel(rows, words, dst, src, v2p, p2v, ids_out, CHUNK: tl.constexpr):
+    """A relocation's pairs, one launch: program ``(i, j)`` copies words
+    ``[j * CHUNK, (j + 1) * CHUNK)`` of page ``src[i]`` to page ``dst[i]``;
+    program ``(i, 0)`` also moves the pair's id in the tables and writes it
+    to ``ids_out[i]`` (the undo's).  The sets are disjoint (every
+    destination is free), so no program reads a row another writes
+    (docs/design.md §14, "Relocation").
+
+    Args:
+        rows (tensor): the pool's pages as rows of ``words`` words each.
+        words (int): words a page.
+        dst (tensor): destination pages, one a pair.
+        src (tensor): live source pages, one a pair.
+        v2p (tensor): the band's id -> page table.
+        p2v (tensor): the band's page -> id table.
+        ids_out (tensor): out: each pair's id (``-1``: none).
+        CHUNK (tl.constexpr): words a program copies.
+    """
+    i = tl.program_id(0).to(tl.int64)
+    j = tl.program_id(1).to(tl.int64)
+    s = tl.load(src + i)
+    d = tl.load(dst + i)
+    w = j * CHUNK + tl.arange(0, CHUNK).to(tl.int64)
+    m = w < words
+    tl.store(rows + d * words + w, tl.load(rows + s * words + w, mask=m), mask=m)
+    if j == 0:
+        vid = tl.load(p2v + s)
+        tl.store(ids_out + i, vid)
+        tl.store(p2v + s, -1)
+        tl.store(p2v + d, vid)
+        tl.store(v2p + tl.maximum(vid, 0), d, mask=vid >= 0)

@@ -554,58 +554,78 @@ def copy_envelopes(spec):
     return list(dict.fromkeys(kib))
 
 
+def copy_paths(device):
+    """The slide's paths ``bench_copy`` times on ``device``: the torch path,
+    and the Triton path (its plan on the device, one launch; ``kernels.move``)
+    where Triton compiles for it (under the interpreter a launch runs as
+    Python, no measure of a copy)."""
+    import torch
+
+    from kvarena.impl import kernels
+
+    compiled = kernels.unavailable(torch.device(device)) is None and not kernels.interpreting()
+    return ("torch", "triton") if compiled else ("torch",)
+
+
 def bench_copy(args, device):
     """A float of ``L`` live pages leapfrogs across its region
     (``make_room``): every page moves once, ``L * epp`` bytes.  Against
     ``dst.copy_(src)`` of as many bytes in the same buffer, at every
-    envelope size of ``--copy-page-kib`` in the same run: each repeat
-    visits every size, in turn, and alternates which side goes first."""
+    envelope size of ``--copy-page-kib`` in the same run, on each path of
+    ``copy_paths``: each repeat visits every size, in turn, and rotates
+    which side goes first."""
     from kvarena.impl import Arena, SubPool
 
     sizes = [k * 1024 for k in copy_envelopes(args.copy_page_kib)]
-    times = {epp: {"ours": [], "plain": []} for epp in sizes}
+    paths = copy_paths(device)
+    times = {epp: {side: [] for side in (*paths, "plain")} for epp in sizes}
     for rep in range(args.repeats + 1):  # the first is warm-up
         for epp in sizes[rep % len(sizes) :] + sizes[: rep % len(sizes)]:
             live = max(1, args.copy_mb * (1 << 20) // epp)
-            a = Arena(
-                epp * (3 * live + 8),
-                [SubPool("lo", epp, 1, "up"), SubPool("f", epp, 1, "float"), SubPool("hi", epp, 1, "down")],
-                device=device,
-            )
-            a.alloc("f", live)  # parks mid-region
-            lo, hi = a.region("f")
-            target = (hi - lo - live) * epp  # the low band the whole region less the float: a leapfrog
             nbytes = live * epp
-            src, dst = a.buffer[:nbytes], a.buffer[nbytes : 2 * nbytes]
+            sides = {}
+            for path in paths:
+                a = Arena(
+                    epp * (3 * live + 8),
+                    [SubPool("lo", epp, 1, "up"), SubPool("f", epp, 1, "float"), SubPool("hi", epp, 1, "down")],
+                    device=device,
+                    kernels=path,
+                )
+                a.alloc("f", live)  # parks mid-region
+                lo, hi = a.region("f")
+                target = (hi - lo - live) * epp  # the low band the whole region less the float: a leapfrog
 
-            def ours(a=a, target=target, live=live):
-                moved = a.make_room("f", "low", target)
-                if moved != live:
-                    raise AssertionError(f"bench copy: make_room moved {moved} pages, expected {live}")
+                def ours(a=a, target=target, live=live):
+                    moved = a.make_room("f", "low", target)
+                    if moved != live:
+                        raise AssertionError(f"bench copy: make_room moved {moved} pages, expected {live}")
 
-            def plain(dst=dst, src=src):
-                dst.copy_(src)
-
-            for side, fn in (("ours", ours), ("plain", plain)) if rep % 2 == 0 else (("plain", plain), ("ours", ours)):
+                sides[path] = ours
+                if path == paths[0]:  # the plain copy: as many bytes, in the first arena's buffer
+                    src, dst = a.buffer[:nbytes], a.buffer[nbytes : 2 * nbytes]
+                    sides["plain"] = lambda dst=dst, src=src: dst.copy_(src)
+            order = list(sides)
+            for side in order[rep % len(order) :] + order[: rep % len(order)]:
                 _sync(device)
                 t = time.perf_counter()
-                fn()
+                sides[side]()
                 _sync(device)
                 if rep:
                     times[epp][side].append(time.perf_counter() - t)
-            del a, src, dst
-    out = {"bytes": max(1, args.copy_mb * (1 << 20) // sizes[0]) * sizes[0], "envelopes": {}}
+            del sides
+    out = {"bytes": max(1, args.copy_mb * (1 << 20) // sizes[0]) * sizes[0], "paths": list(paths), "envelopes": {}}
     for epp in sizes:
         nbytes = max(1, args.copy_mb * (1 << 20) // epp) * epp
-        ours_t, plain_t = times[epp]["ours"], times[epp]["plain"]
-        out["envelopes"][f"{epp // 1024} KiB"] = {
-            "page_bytes": epp,
-            "bytes": nbytes,
-            # ours' bandwidth as a share of the plain copy's, repeat by repeat
-            "share_of_copy_bandwidth": _summary([p / o for o, p in zip(ours_t, plain_t)]),
-            "ours_GBps": _summary([nbytes / o / 1e9 for o in ours_t]),
-            "copy_GBps": _summary([nbytes / p / 1e9 for p in plain_t]),
-        }
+        plain_t = times[epp]["plain"]
+        row = {"page_bytes": epp, "bytes": nbytes, "copy_GBps": _summary([nbytes / p / 1e9 for p in plain_t])}
+        for path, share, rate in (
+            ("torch", "share_of_copy_bandwidth", "ours_GBps"),
+            ("triton", "kernel_share_of_copy_bandwidth", "kernel_GBps"),
+        ):
+            if path in paths:  # the path's bandwidth as a share of the plain copy's, repeat by repeat
+                row[share] = _summary([p / o for o, p in zip(times[epp][path], plain_t)])
+                row[rate] = _summary([nbytes / o / 1e9 for o in times[epp][path]])
+        out["envelopes"][f"{epp // 1024} KiB"] = row
     return out
 
 
@@ -750,11 +770,16 @@ def _print(section, res):
         _print_sglang(res)
     elif section == "copy":
         for r in res["envelopes"].values():
-            print(
-                f"copy, {r['bytes'] / (1 << 20):,.0f} MiB in {r['page_bytes'] // 1024} KiB pages: make_room at "
-                f"{_fmt_ratio(r['share_of_copy_bandwidth'], '')} of a plain copy's bandwidth "
-                f"({r['ours_GBps']['median']:.2f} against {r['copy_GBps']['median']:.2f} GB/s)"
-            )
+            paths = [("torch", "share_of_copy_bandwidth", "ours_GBps")]
+            paths += [("Triton", "kernel_share_of_copy_bandwidth", "kernel_GBps")] if "kernel_GBps" in r else []
+            for path, share, rate in paths:
+                print(
+                    f"copy, {r['bytes'] / (1 << 20):,.0f} MiB in {r['page_bytes'] // 1024} KiB pages: make_room on "
+                    f"{path} at {_fmt_ratio(r[share], '')} of a plain copy's bandwidth "
+                    f"({r[rate]['median']:.2f} against {r['copy_GBps']['median']:.2f} GB/s)"
+                )
+        if res["paths"] == ["torch"]:
+            print("copy: the Triton path (a relocation kernel) runs only where Triton compiles: on CUDA")
 
 
 def run(args: argparse.Namespace) -> int:

@@ -21,7 +21,7 @@ import pytest
 import torch
 
 from kvarena import impl
-from kvarena.impl import Arena, SubPool
+from kvarena.impl import Arena, SubPool, kernels
 from kvarena.impl import arena as arena_mod
 from kvarena.verification.faults import FaultAt, InjectedFault, count_ops, fault_at, unfaulted
 from tests.api.test_composites import make as make_composite
@@ -165,6 +165,17 @@ def test_a_fault_in_the_engines_mover_or_around_it(name, temp):
     """The mover's own operations fail too (it runs inside the mode); a
     shift through a mover goes in waves, each undone."""
     assert sweep(case_arena(True, with_mover=True), CALLS[name]) > 0
+
+
+@pytest.mark.skipif(kernels.unavailable(torch.device("cpu")) is not None, reason="Triton cannot run here")
+@pytest.mark.parametrize("with_mover", [False, True])
+@pytest.mark.parametrize("name", ["make_room low", "make_room high", "leapfrog high"])
+def test_a_fault_in_a_slide_on_the_triton_path(name, with_mover):
+    """The slide planned on the device: each of its operations fails in turn,
+    the move's one launch included (or the mover's copy)."""
+    a = case_arena(True, with_mover=with_mover)
+    a.kernels = "triton"
+    assert sweep(a, CALLS[name]) > 0
 
 
 @pytest.mark.parametrize("policy", ["anchor", "planner"])

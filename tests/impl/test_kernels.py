@@ -1051,8 +1051,9 @@ COMBOS = (
     + [("free_kernel", {**f, "HOLES": True}) for f in FLAGS]
     + [("free_live_kernel", {**f, "HOLES": True, "WIDTH": w}) for w in (16, 256) for f in FLAGS]
     + [("translate_kernel", {})]
+    + [("move_kernel", {})]
 )
-FIXED = {"BLOCK": kernels.BLOCK, "FREED": 0}
+FIXED = {"BLOCK": kernels.BLOCK, "FREED": 0, "CHUNK": kernels.MOVE_CHUNK}
 # Compiled: all but two of the wide sorts (their flags are the narrow ones', 1.3 s each to compile).
 COMPILED = [(n, c) for n, c in COMBOS if c.get("WIDTH") != 256 or c["QUEUE"] == c["GUARD"]]
 
@@ -1094,6 +1095,8 @@ def record_launches():
             a.free("swa2", live(a, "swa2")[:2])
             a.free("full", sorted(set(live(a, "full")) - set(live(a, "swa")) - set(live(a, "swa2")))[:2])
             a.translate("full", ids)
+            lo, _ = a.frontiers("F")
+            assert a.make_room("F", "low", lo - a.below("F") + 3 * a.geometry("F").epp)  # a slide: the move
         for kind in ("hybrid", "mamba"):
             x = composite_case(kind, 4, True, 1)()
             x.arena.kernels = "triton"
@@ -1218,7 +1221,7 @@ def test_free_live_without_holes_and_ints_as_i64_compile(compiled):
     spare = [k for k in results if "'HOLES', False" in k]
     assert len(spare) == 8, spare
     wide = [k for k in results if k.endswith(" i64")]
-    assert len(wide) == 6, wide
+    assert len(wide) == 7, wide  # one a kernel
     assert all(results[k] == "ok" for k in spare + wide), {k: results[k] for k in spare + wide}
 
 

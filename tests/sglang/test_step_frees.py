@@ -287,6 +287,7 @@ def test_the_kernels_specialize_on_constexprs_alone():
         tk.free_kernel,
         tk.free_live_kernel,
         tk.translate_kernel,
+        tk.move_kernel,
     ):
         flags = {f: v for f, v in (getattr(k, "kwargs", None) or vars(k)).items() if f.startswith("do_not")}
         params = JITFunction(k.fn, **flags).params  # Triton's own reading of them (interpreted or not)

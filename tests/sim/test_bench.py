@@ -317,8 +317,8 @@ def test_bench_command_writes_every_section(tmp_path, capsys):
         "memo, 5 pools",
         "spec oracle",
         "churn, tri-synthetic",
-        "copy, 1 MiB in 4 KiB pages: make_room at",
-        "copy, 1 MiB in 16 KiB pages: make_room at",
+        "copy, 1 MiB in 4 KiB pages: make_room on torch at",
+        "copy, 1 MiB in 16 KiB pages: make_room on torch at",
         "sglang decode step, batch 1:",
         "sglang decode step, batch 32:",
         "sglang decode step, batch 32: launches a step",
@@ -374,3 +374,23 @@ def test_copy_measures_every_envelope_side_by_side(monkeypatch):
     with pytest.raises(ValueError, match="copy-page-kib"):
         bench.copy_envelopes("4,-1")
     assert bench.copy_envelopes("4, 64,4") == [4, 64]
+
+
+def test_copy_times_the_triton_path_beside_torchs(monkeypatch, capsys):
+    """Where Triton compiles (CUDA) the slide is timed on both paths, each
+    against the same plain copy; here, under the interpreter, forced on."""
+    from kvarena.impl import kernels
+
+    assert bench.copy_paths("cpu") == ("torch",)  # interpreted: no measure of a copy
+    if kernels.unavailable(torch.device("cpu")) is not None:
+        pytest.skip("Triton cannot run here")
+    monkeypatch.setattr(bench, "copy_paths", lambda device: ("torch", "triton"))
+    args = types.SimpleNamespace(copy_page_kib="64", copy_mb=1, repeats=2)
+    res = bench.bench_copy(args, "cpu")
+    assert res["paths"] == ["torch", "triton"]
+    r = res["envelopes"]["64 KiB"]
+    for key in ("share_of_copy_bandwidth", "ours_GBps", "kernel_share_of_copy_bandwidth", "kernel_GBps", "copy_GBps"):
+        assert 0 < r[key]["min"] <= r[key]["median"] <= r[key]["max"], key
+    bench._print("copy", res)
+    out = capsys.readouterr().out
+    assert "make_room on torch at" in out and "make_room on Triton at" in out
