@@ -33,12 +33,19 @@ with moves held, an oracle that reads only the public tables checks, in
 each twin, that no id that stayed bound changed its page and no reserved
 page was lost; every move of a held step must report 0 pages.
 
+Explicit examples (``EXAMPLES``, issue 57): fixed boots and steps, each
+rule with its draws, replayed by ``replay`` before Hypothesis's own
+examples in every ``run_machine``.  Together they reach every event the
+tests require, so a Hypothesis version that draws other examples from the
+same seed cannot miss one (``tests/verification/test_coverage_seeds.py``).
+
 Profiles: the default is sized for CI (a couple of minutes on two cores);
 ``KVARENA_PROFILE=long`` runs thousands of examples.  ``tests/verification/test_differential.py``
 runs it under pytest; ``kvarena verify`` runs it through ``run_differential``.
 """
 
 import contextlib
+import copy
 import os
 import random
 import re
@@ -47,8 +54,9 @@ from collections import Counter
 from collections.abc import Callable
 from typing import Any
 
+import hypothesis
 import torch
-from hypothesis import HealthCheck, Phase, event, settings
+from hypothesis import HealthCheck, Phase, currently_in_test_context, settings
 from hypothesis import strategies as st
 from hypothesis.stateful import (
     RuleBasedStateMachine,
@@ -83,11 +91,57 @@ def profile(profiles):
     return profiles.get(os.environ.get("KVARENA_PROFILE", "ci"), profiles["ci"])
 
 
-def run_as_test(machine_cls, profile_settings, **overrides):
-    """Run a machine once under the spec's pre/post contracts and invariant; raises on the first disagreement."""
+def run_as_test(machine_cls, profile_settings, examples=(), seed=None, **overrides):
+    """Run a machine once under the spec's pre/post contracts and invariant:
+    its explicit ``examples`` (``replay``), then Hypothesis's (from ``seed``,
+    as ``@seed`` would, when given); raises on the first disagreement."""
     opts = {**profile_settings, **COMMON, **overrides}
-    with checking(), same_draws(bool(opts.get("derandomize"))):
+    with checking():
+        for i, (boot, steps) in enumerate(examples):
+            try:
+                replay(machine_cls, boot, steps)
+            except Exception as e:
+                e.add_note(f"in explicit example {i} of {machine_cls.__name__}")
+                raise
+    if seed is not None:  # ``machine_for`` makes a class per run: the seed stays on this one
+        machine_cls = hypothesis.seed(seed)(machine_cls)
+    with checking(), same_draws(bool(opts.get("derandomize")) or seed is not None):
         run_state_machine_as_test(machine_cls, settings=settings(**opts))
+
+
+class Script:
+    """A rule's ``data`` in an explicit example: hands out the rule's draws
+    in the order it makes them, whatever the strategy (no Hypothesis engine)."""
+
+    def __init__(self, draws):
+        self.draws = list(draws)
+
+    def draw(self, strategy, label=None):
+        assert self.draws, "the rule drew more than its explicit example gives"
+        return copy.deepcopy(self.draws.pop(0))  # a rule may change what it is handed
+
+
+def replay(machine_cls, boot, steps, kernels=None):
+    """One explicit example (issue 57) on a fresh ``machine_cls``: ``boot``'s
+    arguments, then each step, ``(rule, its draws in order)`` (None: a rule
+    that draws nothing), with the invariant after the boot and after every
+    step.  ``kernels`` fixes every call's kernel choice (else the machine
+    draws them, from the boot: ``kernel_draws``).  The machine, afterwards."""
+    machine = machine_cls()
+    machine.boot(**copy.deepcopy(boot))
+    if kernels is not None:
+        machine.kernels = lambda: kernels
+    machine.agree()
+    for name, draws in steps:
+        if draws is None:
+            getattr(machine, name)()
+        else:
+            data = Script(draws)
+            getattr(machine, name)(data)
+            assert not data.draws, f"{name}: the rule drew less than its explicit example gives"
+        machine.agree()
+    machine.teardown()
+    return machine
 
 
 # Every interesting case the machine must reach; test_differential fails on a zero.
@@ -185,6 +239,12 @@ def raises_value_error(name):
             raise AssertionError(f"ValueError does not name pool {name!r}: {e}") from None
     else:
         raise AssertionError(f"pool {name!r}: bad input was accepted")
+
+
+def event(case):
+    """Hypothesis's ``event``, in a Hypothesis test; an explicit example (``replay``) runs outside one."""
+    if currently_in_test_context():
+        hypothesis.event(case)
 
 
 def note(case):
@@ -834,15 +894,26 @@ class DiffMachine(RuleBasedStateMachine):
         self.transfer_starts(data)
         if not self.held():  # a load found no page
             return
-        ops = [self.relieve, self.flush, self.plan_that_moves, lambda data: self.faulted(data, hold=True)]
-        ops += [self.plan_floats, self.alloc]
-        ops += [self.free, self.launch, self.faulted, self.lazy_backlog_flush, self.populate]
-        ops += [lambda data: self.settle(), lambda data: self.transfer_ends(data)]
+        ops = {  # drawn by name, so that an explicit example (``EXAMPLES``) can give one
+            "relieve": self.relieve,
+            "flush": self.flush,
+            "plan_that_moves": self.plan_that_moves,
+            "faulted (hold)": lambda data: self.faulted(data, hold=True),
+            "plan_floats": self.plan_floats,
+            "alloc": self.alloc,
+            "free": self.free,
+            "launch": self.launch,
+            "faulted": self.faulted,
+            "lazy_backlog_flush": self.lazy_backlog_flush,
+            "populate": self.populate,
+            "settle": lambda data: self.settle(),
+            "transfer_ends": lambda data: self.transfer_ends(data),
+        }
         if self.floats:
-            ops += [self.make_room, self.compact_holes, self.open_short_side]
+            ops.update(make_room=self.make_room, compact_holes=self.compact_holes, open_short_side=self.open_short_side)
         before = self.kept_since(None)
         for _ in range(data.draw(st.integers(1, 3))):
-            data.draw(st.sampled_from(ops))(data)
+            ops[data.draw(st.sampled_from(list(ops)))](data)
             self.kept_since(before)
             if not self.held():  # an op ended the transfer: moves are free again
                 break
@@ -949,29 +1020,27 @@ class DiffMachine(RuleBasedStateMachine):
         loads = self.loads[name]
         stray = next((p for p in range(b.geom.num_pages) if p not in {q for q, _, _ in loads}), 0)
         owners = [v for v in self.bindable(name) if v not in {v for _, v, _ in loads}]
-        cases = [
-            ("reserve", name, lambda a: a.reserve(name, -1)),
-            ("reserve", name, lambda a: a.reserve(name, "x")),
-            ("reserve", "nowhere", lambda a: a.reserve("nowhere", 1)),
-            ("cancel", name, lambda a: a.cancel(name, [stray])),
-            ("cancel", name, lambda a: a.cancel(name, ["x"])),
-            ("bind", name, lambda a: a.bind_reserved(name, [1], [stray])),
-            ("bind", "nowhere", lambda a: a.bind_reserved("nowhere", [1], [1])),
-        ]
+        cases = {  # by name, so that an explicit example (``EXAMPLES``) can give one
+            "reserve: a negative count": (name, lambda a: a.reserve(name, -1)),
+            "reserve: a count not an int": (name, lambda a: a.reserve(name, "x")),
+            "reserve: an unknown pool": ("nowhere", lambda a: a.reserve("nowhere", 1)),
+            "cancel: a page not reserved": (name, lambda a: a.cancel(name, [stray])),
+            "cancel: a page not an int": (name, lambda a: a.cancel(name, ["x"])),
+            "bind: a page not reserved": (name, lambda a: a.bind_reserved(name, [1], [stray])),
+            "bind: an unknown pool": ("nowhere", lambda a: a.bind_reserved("nowhere", [1], [1])),
+        }
         if loads:
             page = loads[0][0]
-            cases += [
-                ("cancel", name, lambda a: a.cancel(name, [page, page])),
-                ("bind", name, lambda a: a.bind_reserved(name, [0], [page])),  # the sink
-                ("bind", name, lambda a: a.bind_reserved(name, [len(b.v2p)], [page])),  # out of range
-                ("bind", name, lambda a: a.bind_reserved(name, [1, 2], [page])),  # not one id per page
-            ]
+            cases["cancel: a page twice"] = (name, lambda a: a.cancel(name, [page, page]))
+            cases["bind: the sink"] = (name, lambda a: a.bind_reserved(name, [0], [page]))
+            cases["bind: an id out of range"] = (name, lambda a: a.bind_reserved(name, [len(b.v2p)], [page]))
+            cases["bind: not one id per page"] = (name, lambda a: a.bind_reserved(name, [1, 2], [page]))
             live = self.live_ids(name)
             if live:
-                cases.append(("bind", name, lambda a: a.bind_reserved(name, [live[0]], [page])))  # allocated
+                cases["bind: an allocated id"] = (name, lambda a: a.bind_reserved(name, [live[0]], [page]))
             if len(owners) >= 2:
-                cases.append(("bind", name, lambda a: a.bind_reserved(name, owners[:2], [page, page])))
-        _, pool, call = data.draw(st.sampled_from(cases))
+                cases["bind: two ids on one page"] = (name, lambda a: a.bind_reserved(name, owners[:2], [page, page]))
+        pool, call = cases[data.draw(st.sampled_from(list(cases)))]
         self.refused(pool, call)
         note("hold: bad input")
 
@@ -993,6 +1062,7 @@ class DiffMachine(RuleBasedStateMachine):
         else:
             min_bytes = data.draw(st.integers(0, max(0, reach) + epp))
         moved = S.make_room(f, side, min_bytes)
+        self.next_kernels()  # a slide on Triton's path plans on the device (docs/design.md §14)
         assert self.I.make_room(f, side, min_bytes) == moved
         self.held_moves(moved, "hold: slide or plan")
         if moved:
@@ -1327,7 +1397,7 @@ def machine_for(device, host_transfers=False):
 
 def run_machine(device: str = "cpu", **overrides: Any) -> None:
     """Run the machine once, host transfers and all; raises on the first disagreement."""
-    run_as_test(machine_for(device, host_transfers=True), profile(PROFILES), **overrides)
+    run_as_test(machine_for(device, host_transfers=True), profile(PROFILES), EXAMPLES, **overrides)
 
 
 def fuzz_rows(label, run, cases, required, examples, steps):
@@ -1363,3 +1433,100 @@ def fuzz_rows(label, run, cases, required, examples, steps):
 def run_differential(examples: int = 100, steps: int = 40) -> list[dict[str, Any]]:
     """``kvarena verify``'s arena fuzz rows (``fuzz_rows``)."""
     return fuzz_rows("differential impl vs spec", run_machine, CASES, REQUIRED, examples, steps)
+
+
+# Explicit examples (issue 57): every event the tests require (``REQUIRED``, ``IN_FLIGHT``, ``HOLDS``
+# and a call on each kernel choice) is reached by one of these, replayed (``replay``) before
+# Hypothesis's own examples in every ``run_machine``, so a Hypothesis version that draws other
+# examples from the same seed cannot miss it.  Each is a boot and its steps, (rule, its draws in
+# order), cut down from seeded runs; the comment names the events only it reaches.  A rule whose
+# draws change must have its steps here changed to match (``Script`` fails loudly until they are).
+# fmt: off
+EXAMPLES: list[tuple[dict[str, Any], list[tuple[str, list[Any] | None]]]] = [
+    # borrowed bind, evictor raised, evictor relieved a pool itself, evictor returned no count, exact fit, exhaustion,
+    # hold: reservation short, lender free refused, non-urgent walk stopped by a pin, plan infeasible
+    ({"geo": (374, [SubPool("D", 11, 4, "down", "kv"), SubPool("U", 3, 4, "up", "kv")], True, {"D": "U"}),
+        "policy": "anchor"}, [
+        ("alloc_borrowed", ["U", [10, 30, 28, 23, 11, 21], False]),
+        ("populate", [3, 0, [6, 4, 28, 23, 10, 30, 11, 21, 5]]),
+        ("plan_floats", [["U"], 5]),
+        ("overlap", ["D", 1, [28, 4, 5, 21, 23, 11, 6, 30, 10], "all", "recent", [0, -1], False, [], True, None, 2,
+            True, 1, [5, 21, 10, 23, 4, 6, 30, 11], True, 1, [10, 23, 21, 4, 30, 6, 11]]),
+        ("host_transfer", [2, "both", "U", "over"]),
+        ("hicache", ["both", "U", "small", 3, 2, "launch", 3, "recent", [], "all", True, "alloc", "U", "exact", 3, 0]),
+        ("alloc", ["D", "small", 1, [21, 8, 7, 23, 6, 11, 4, 30]]),
+        ("relieve", ["D", 5, False]),
+        ("overlap", ["U", 1, "recent", [], "skip", True, [30, 11, 8], True, 2, 1, False, 6, [("D", 3, "raise")]]),
+        ("hicache", ["gate", "D", 1, "lazy_backlog_flush", "D", 4, 0]),
+        ("populate", [7, 1, [17, 9, 15, 21, 6, 14, 16, 10, 18, 7, 13, 23, 28, 12, 4, 5]]),
+        ("overlap", ["D", 1, [13, 7, 18, 6, 15, 4, 5, 28, 14, 9, 23, 12, 10, 21, 16], "recent", [-1], "recent", [],
+            True, [], True, None, 2, False, 1, [16, 14, 21, 6, 10, 18, 7, 23, 12, 28, 5, 4, 15, 9], [("U", 2, "nested"),
+            ("D", 4, "no count"), ("U", 3, "honest")], True, 1, [28, 12, 21, 10, 15, 23, 13, 18, 7, 16, 17, 14, 6, 9]]),
+        ("overlap", ["D", 1, [17, 10, 15, 9, 18, 14, 23, 16, 6, 21, 12, 13, 7], "recent", [0, -1], "recent", [], False,
+            [17], True, None, 2, False, 2, [9, 6, 18, 10, 13, 7, 21, 15, 23, 17, 12, 16, 14], [("U", 3, "raise"), ("D",
+            3, "honest")], True, 1, [15, 10, 21, 12, 14, 17, 16, 13, 18, 23]]),
+        ("hicache", ["load", "D", "small", 1, 3, "alloc", "D", "zero", [18, 12, 23, 21, 10, 16, 13, 17, 14],
+            "plan_floats", False, ["U", "D"], 5, -2, "faulted", "U", "flush", 400, 1]),
+        ("free_bad", [False, "U", True]),
+    ]),
+    # hold: a plan that moves refused, hold: relieve, leapfrog, plan moved pages, refusal both short, slide high, slide
+    # low
+    ({"geo": (9288, [SubPool("U", 11, 16, "up", "kv"), SubPool("F1", 4, 64, "float", "kv"), SubPool("D", 11, 1, "down",
+        "state")], True, None), "policy": "anchor"}, [
+        ("make_room", ["F1", "high", True, 3, False, 98]),
+        ("overlap", ["U", 3, "some", [4, 3, 2], [], "all", "recent", [0, -1], False, [], False, None, 1, False, 1]),
+        ("launch", [3, "some", [2], [-1], "skip", "all", False]),
+        ("hicache", ["gate", True, "F1", 3, "launch", 2, "recent", [-1], "all", "some", [], False, "relieve", True,
+            "F1", 4, False, "relieve", True, "F1", 1, False, 0]),
+        ("launch", [2, "some", [2, 3, 4], [], "skip", "recent", [], True]),
+        ("overlap", ["U", 3, "recent", [], "recent", [0, -1], "recent", [-1], False, [7, 2, 6, 4, 3, 8], False, 4, 2,
+            True, 9, False, 1]),
+        ("plan_floats", [True]),
+        ("hicache", ["both", True, "F1", "small", 5, 1, "launch", 1, "recent", [], "some", [], [], "recent", [], False,
+            3, 2, [(21, 32, 15), (24, 35, 15), (23, 34, 15), (20, 31, 15), (22, 33, 15)], True]),
+        ("lazy_backlog_flush", ["U", [10, 16, 17, 9, 13, 11], False, 4]),
+        ("make_room", ["F1", "high", True, 5168]),
+        ("free", [False, "F1", False, [1, 31, 33, 35, 32, 2, 3, 34], 4, True, False]),
+        ("open_short_side", ["F1", True, ["U", "F1", "D"], -3, 3, 6, 0, 7]),
+        ("plan_floats", [["U", "D"], 3, 3]),
+        ("make_room", ["F1", "low", True, 5781]),
+    ]),
+    # fault in flight, fault undone, launch refused, non-urgent moves in flight, pending page reused after settle,
+    # settle
+    ({"geo": (2686, [SubPool("U", 8, 64, "up", "kv"), SubPool("D", 3, 3, "down", "kv")], True, None),
+        "policy": "anchor"}, [
+        ("overlap", ["D", 4, "some", [-1], "some", [59, 57, 60, 58], [-1], False, [58], True, 2, 2, False, 4, True, 1]),
+        ("launch", [1, "recent", [], "skip", False]),
+        ("faulted", ["D", "plan_floats", 5, 0]),
+        ("settle", None),
+        ("overlap", ["D", 3, "some", [], "some", [59], [], False, [61, 67], False, 3, 1, False, 1]),
+        ("overlap", ["D", 1, "all", "all", True, [62, 59, 60], True, None, 1, False, 4]),
+        ("hicache", ["load", "U", "small", 1, 3, "free", "D", True, [70, 73, 66, 63, 71, 64, 57, 69], False, True,
+            "plan_floats", True, "faulted (hold)", "D", "reserve", 6, 0, 0]),
+        ("launch", [0, "D", ["x"], 1]),
+    ]),
+    # hold: bad input, hold: refused (eager END), lazy flush capped, plan fits in place, relieve failed twice (planner)
+    ({"geo": (24621, [SubPool("F1", 10, 64, "float", "kv"), SubPool("U", 7, 16, "up", "kv"), SubPool("D", 9, 1, "down",
+        "state"), SubPool("F2", 10, 1, "float", "state")], {"U"}, None), "policy": "planner"}, [
+        ("relieve", [False, "D", 3, False]),
+        ("alloc_borrowed", ["F2", [750, 136], False]),
+        ("relieve", [False, "U", 3, True, [("F1", 4, "liar")]]),
+        ("host_transfer", [2, "load", False, "F1"]),
+        ("lazy_backlog_flush", ["U", [107], False, 1]),
+        ("host_transfer", [0, "U", "reserve: a negative count"]),
+        ("plan_floats", [["U"], 0]),
+    ]),
+    # evictor returned 0 but freed
+    ({"geo": (163, [SubPool("D", 10, 1, "down", "state"), SubPool("U", 8, 1, "up", "state")], True, None),
+        "policy": "anchor"}, [
+        ("hicache", ["both", "D", "small", 5, 2, "flush", "D", False, 0, True, "plan_that_moves", 3, 1, [(13, 13, 1),
+            (14, 14, 1), (15, 15, 1), (11, 11, 1), (12, 12, 1)], True]),
+        ("alloc_borrowed", ["U", [7], False]),
+        ("populate", [1, 3]),
+        ("hicache", ["load", "D", "small", 3, 1, "transfer_ends", False, 2, [(6, 9, 5)], False, [(5, 8, 5), (5, 8, 5)],
+            0]),
+        ("overlap", ["D", 1, "skip", "recent", [0, -1], False, [3, 2], True, None, 1, False, 5, [("U", 3, "zero"), ("D",
+            0, "nested")]]),
+    ]),
+]
+# fmt: on

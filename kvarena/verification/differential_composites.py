@@ -46,7 +46,6 @@ from collections import Counter
 from typing import Any
 
 import torch
-from hypothesis import event
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, rule
 
@@ -54,6 +53,7 @@ from kvarena import impl, spec
 from kvarena.spec.contracts import unchecked
 from kvarena.verification.differential import (
     NO_SHRINK,
+    event,
     fuzz_rows,
     kernel_draws,
     kernel_events,
@@ -946,9 +946,85 @@ def machine_for(device, host_transfers=False):
 
 def run_machine(device: str = "cpu", **overrides: Any) -> None:
     """Run the machine once, host transfers and all; raises on the first disagreement."""
-    run_as_test(machine_for(device, host_transfers=True), profile(PROFILES), **overrides)
+    run_as_test(machine_for(device, host_transfers=True), profile(PROFILES), EXAMPLES, **overrides)
 
 
 def run_differential(examples: int = 60, steps: int = 30) -> list[dict[str, Any]]:
     """``kvarena verify``'s composite fuzz rows (``differential.fuzz_rows``)."""
     return fuzz_rows("composites impl vs spec", run_machine, CASES, required("cpu"), examples, steps)
+
+
+# Explicit examples (issue 57), as ``differential.EXAMPLES``: every event the tests require
+# (``required``, ``IN_FLIGHT``, ``HOLDS``) is reached by one of these, replayed before Hypothesis's
+# own examples in every ``run_machine``; the comment names the events only it reaches.
+# fmt: off
+EXAMPLES: list[tuple[dict[str, Any], list[tuple[str, list[Any] | None]]]] = [
+    # composite gate opened by host, composite launch refused, composite launch while in flight, composite settle,
+    # extend crosses a page, extend with host copies, relief met an END with holes but no surplus, state starvation
+    # relieved without eviction, tri, window free with a wrong host count, window free with the host count
+    ({"setup": ("tri", 1536, 5, 4, 156, 4, True, 5), "policy": "planner", "lent": False}, [
+        ("admit", [14]),
+        ("decode", [[0], False, True]),
+        ("launch_bad", [([-2], None)]),
+        ("starve_state", [0, 2]),
+        ("admit", [2]),
+        ("relieve", [0, True, 13, 2, True]),
+        ("pd_prealloc", [True, 14, True, False]),
+        ("launch", [[], [], True, [], True]),
+        ("settle", None),
+        ("relieve", [0, True, 28, 2, False]),
+        ("starve_state", [5, 1]),
+        ("admit", [5]),
+        ("faulted", [0, True, 7]),
+        ("admit", [15]),
+        ("launch", [[], [-1, 0], True, [], True]),
+        ("fault_in_flight", [6, [], True, [5, 7], True, 0, 0, True, 6]),
+        ("finish", [8]),
+        ("extend", [6, 9, 2, True]),
+        ("extend", [6, 14, 2, False]),
+        ("slide_window", [False, "wrong", -1]),
+        ("faulted", [800, False, 17]),
+        ("slide_window", [False, "right"]),
+    ]),
+    # PD preallocation continues a request, composite gate opened by disagg, composite moves in flight, composite
+    # pending page reused, joint-view exhaustion, uneven relief
+    ({"setup": ("hybrid", 1424, 2, 1, 164, 16, True, 7), "policy": "anchor", "lent": False}, [
+        ("overlap", [26, 30, 41, True, [1, 0], False, False, [78, 42], [-1, 0], True, False, True, True, "none", 2, 2,
+            True, 0]),
+        ("relieve", [0, False, 3, True]),
+        ("overlap", [False, [0, 1, 2], False, False, [43, 79, 121], [-1, 0], True, False, True, True, "none", 1, 0,
+            True, 2]),
+        ("finish", [1]),
+        ("pd_prealloc", [True, 62, False, 20, False]),
+        ("finish", [2]),
+        ("admit_past_the_joint_view", [490]),
+        ("decode", [[0, 4, 5], False, False]),
+        ("pd_prealloc", [True, 61, True, False]),
+        ("extend", [6, 25, 0, 11, False]),
+        ("pd_prealloc", [True, 120, True, True]),
+        ("decode", [[7, 5], True, False]),
+        ("pd_prealloc", [True, 82, False, 77, False]),
+        ("pd_prealloc", [False, 131, False, 93, True]),
+        ("pd_prealloc", [True, 121, False, 48, True]),
+        ("uneven_demand", [156, 2, 103, 0, True]),
+    ]),
+    # composite walk stopped by a pin, mamba
+    ({"setup": ("mamba", 188, 6, 4, 28, 2, True, 3), "policy": "planner", "lent": True}, [
+        ("overlap", [4, 3, True, [0], True, True, [14], [-1, 0], False, False, True, 1, False, 2, 2, True, 1]),
+    ]),
+    # uneven bad input, uneven fits where the coupled demand does not
+    ({"setup": ("hybrid", 14086, 3, 5, 899, 64, False, 19), "policy": "anchor", "lent": True}, [
+        ("uneven_demand", [2351, 2, 7, 2]),
+        ("uneven_demand", [2736, 0, 106]),
+    ]),
+    # composite fault undone after the forward landed, composite gate refused
+    ({"setup": ("hybrid", 212, 6, 4, 24, 1, False, 2), "policy": "anchor", "lent": False}, [
+        ("faulted", [800, 3]),
+        ("pd_prealloc", [False, 8, False, 5, True]),
+        ("pd_prealloc", [False, 7, True, False]),
+        ("overlap", [False, [0, 2], False, False, [19, 20], [-1], True, True, True, 1, False, 0, True, 0]),
+        ("fault_in_flight", [3, [-1], False, 1, 44]),
+        ("pd_prealloc", [True, 2, False, 1, True]),
+    ]),
+]
+# fmt: on

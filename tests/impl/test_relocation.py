@@ -94,7 +94,7 @@ def test_the_cases_move_pages_and_reach_both_destinations():
     assert kinds == {"hole", "gap", "none"}
 
 
-def wide_arena(entry_bytes, pages, freed=5):
+def wide_arena(entry_bytes, pages, freed=5, device="cpu"):
     """Two ENDs and one float ``f`` of ``entry_bytes``-byte pages, 12 of them
     allocated and ``freed`` of those freed in a shuffled order."""
 
@@ -107,6 +107,7 @@ def wide_arena(entry_bytes, pages, freed=5):
                 SubPool("D", entry_bytes, 1, "down"),
             ],
             kernels="torch",
+            device=device,
         )
         a.alloc("U", 2)
         a.alloc("D", 2)
@@ -291,3 +292,16 @@ def test_a_planted_bug_in_the_two_runs_is_caught(monkeypatch):
     mutant = mutant_module(impl.arena, old, old.replace("b.pages(lo, hi)", "b.pages(lo + 1, hi + 1)"))
     monkeypatch.setattr(Arena, "_slide_on_device", mutant.Arena._slide_on_device)
     assert differences(build, script)[0]
+
+
+@pytest.mark.cuda
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="no CUDA device")
+@pytest.mark.parametrize("freed", [0, 5])
+@pytest.mark.parametrize("side", ["low", "high"])
+def test_a_slide_on_cuda_matches_torch(side, freed):
+    """Compiled on a GPU: boundary slides and leapfrogs of pages past two
+    chunks, with holes and without (the two runs), as torch's path leaves them."""
+    build = wide_arena(8 * kernels.MOVE_CHUNK * 2 + 8, 64, freed=freed, device="cuda")
+    for extra in (3, "leap"):
+        diffs, names = differences(build, slide("f", side, extra))
+        assert not diffs and "move_kernel" in names, (diffs[:4], names)

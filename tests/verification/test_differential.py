@@ -33,7 +33,8 @@ def test_differential(device):  # conftest: cpu, and cuda where present
     that moves pages while a forward runs), and every host-transfer rule
     (the gate closed and opened, loads reserved, bound and cancelled, a
     hold refused, bad input, and flushes, relief, slides and plans, and a
-    forward, while moves are held)."""
+    forward, while moves are held).  Each is reached by an explicit example
+    (``EXAMPLES``), whatever Hypothesis draws (test_coverage_seeds.py)."""
     CASES.clear()
     run_machine(device, **SEEDED)
     print("differential cases:", dict(CASES))

@@ -18,7 +18,8 @@ def test_composites_differential(device):  # conftest: cpu, and cuda where prese
     relieved without eviction, and each composite; and every in-flight rule
     (launches, a refused one, settles, ``flush_opportunistic`` moving pages
     while a forward runs); and HiCache's move gate closed, opened and
-    refused, with relief run under it."""
+    refused, with relief run under it.  Each is reached by an explicit
+    example (``EXAMPLES``), whatever Hypothesis draws (test_coverage_seeds.py)."""
     CASES.clear()
     run_machine(device, **SEEDED)
     print("composite cases:", dict(CASES))
