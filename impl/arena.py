@@ -176,6 +176,8 @@ def _all_or_nothing(method: F) -> F:
 
     @functools.wraps(method)
     def run(arena: "Arena", *args: Any, **kwargs: Any) -> Any:
+        if arena._journal is not None:  # inside an open scope: it joins it (the step's nested calls)
+            return method(arena, *args, **kwargs)
         with Scope(arena):
             return method(arena, *args, **kwargs)
 
@@ -306,6 +308,7 @@ class Arena:
         self.mover = mover
         self._kernels = _choose_kernels(kernels, self.device)
         self._zero = torch.zeros((), dtype=I64, device=self.device)  # where()'s 0, made once
+        self._no_pages = torch.empty(0, dtype=I64, device=self.device)  # a bind's holes, when it takes none
         self.bands = {
             n: Band(
                 layout.pools[n],
@@ -318,6 +321,8 @@ class Arena:
             for n in self.chain
         }
         self._order = list(self.bands.values())
+        # each lender's borrowers, in chain order: fixed at construction, so a bind looks them up once
+        self._borrowers = {n: [self.bands[o] for o in self.chain if lenders.get(o) == n] for n in self.chain}
         self._memo = Memo.shared_by(self._order)  # one arena-wide epoch; a deep copy gets its own
         self._cache = self._memo.cache  # the memo's dict, emptied in place on every tick
         self.epoch = 0  # the arena's own capacity field (``closed_gates``) ticks the bands' clock
@@ -450,8 +455,7 @@ class Arena:
         Raises:
             ValueError: an unknown pool, naming it.
         """
-        self._band(name)
-        return [n for n in self.chain if self.lenders.get(n) == name]
+        return [b.name for b in self._borrowers[self._band(name).name]]
 
     def v2p(self, name: str) -> torch.Tensor:
         """``name``'s virtual-to-physical table, a copy (docs/design.md §3).
@@ -1213,7 +1217,7 @@ class Arena:
             ValueError: an unknown pool, naming it.
         """
         b = self._band(name)
-        borrowers = [self.bands[o] for o in self.borrowers(name)]
+        borrowers = self._borrowers[name]
         if tail is not None and tail != n:
             ids = self._bind_fused(b, n, None, [], slots) if self._kernels == "triton" else self._bind(b, n)
             for borrower in borrowers if tail else []:
@@ -1292,9 +1296,10 @@ class Arena:
         if self.in_flight and b.g_hi > 0 and self._skips_guards(b, n):
             return self._take_unguarded(b, n), 0
         k = min(n, b.n_holes)
+        if k == 0:  # no hole: the extension alone (no slice of the holes)
+            return self._no_pages, (self._extend(b, n) if n else 0)
         first = b.holes[:k]
-        if k:
-            b.holes = b.holes[k:]
+        b.holes = b.holes[k:]
         return first, (self._extend(b, n - k) if n > k else 0)
 
     def _skips_guards(self, b: Band, n: int) -> bool:
@@ -1924,8 +1929,8 @@ class Arena:
             launches.translate(tokens.contiguous(), out, b.v2p, n, page_size)
             return out
         # below 0 reads the sink's row, past the ids the sentinel's: both give slot 0
-        phys = b.v2p.index_select(0, torch.clamp(torch.div(tokens, page_size, rounding_mode="floor"), 0, n))
-        return torch.where(phys > 0, torch.add(torch.remainder(tokens, page_size), phys, alpha=page_size), self._zero)
+        phys = b.v2p.index_select(0, torch.div(tokens, page_size, rounding_mode="floor").clamp_(0, n))
+        return torch.where(phys > 0, torch.remainder(tokens, page_size).add_(phys, alpha=page_size), self._zero)
 
     # ------------------------------------------------ in-flight forwards
 

@@ -81,6 +81,13 @@ from . import kernels as launches
 from .arena import Arena, Mover
 from .band import I64, live_once
 
+HOST_INTS = 64  # a decode batch up to this many requests: its host copy is reduced as Python ints
+
+try:  # the decode step's host count (``_host_decode_pages``); Linux installs numpy for Triton's interpreter
+    import numpy as _np
+except ImportError:  # elsewhere torch counts
+    _np = None  # type: ignore[assignment]
+
 # What a batch argument may be: a tensor, or an ordered sequence of ints.
 IntsLike = torch.Tensor | Sequence[int]
 
@@ -110,7 +117,7 @@ def _host_vec(x: IntsLike) -> torch.Tensor:
     if isinstance(x, torch.Tensor):
         if x.device.type != "cpu":
             raise ValueError(f"a host copy must be a CPU tensor, got one on {x.device}")
-        return x.to(I64)
+        return x if x.dtype == I64 else x.to(I64)
     return torch.tensor(list(x), dtype=I64)
 
 
@@ -144,14 +151,25 @@ def _host_decode_pages(seq_cpu: IntsLike, ps: int, lengths: tuple[int, int], mos
     its bad input (a length below 1 or no arena could hold, lengths that
     differ) a ``ValueError`` in the spec's words, from the host alone."""
     s = _host_vec(seq_cpu)
-    _host_lengths("alloc_decode", {"seq_lens": (s, lengths[0])})
-    if s.numel():
-        lo, hi = torch.aminmax(s)  # one pass over a host tensor: no device read
-        if lengths[0] != lengths[1] or int(lo) < 1 or int(hi) > most:
-            _explain_host_decode(s, lengths, most)
-    elif lengths[1]:
+    if s.numel() != lengths[0]:
+        _host_lengths("alloc_decode", {"seq_lens": (s, lengths[0])})
+    # A host tensor (no device read), reduced where it is cheapest: a short batch as Python ints, a
+    # longer one through numpy (half torch's dispatch cost on a host tensor), else torch.
+    if s.numel() <= HOST_INTS:
+        seq = s.tolist()
+        lo, hi = min(seq, default=1), max(seq, default=1)
+        opens = sum(1 for v in seq if v % ps == 1 % ps)
+    elif _np is not None:
+        a = s.numpy()
+        lo, hi = int(a.min()), int(a.max())
+        opens = int(_np.count_nonzero(a % ps == 1 % ps))
+    else:
+        bounds = torch.aminmax(s)
+        lo, hi = int(bounds.min), int(bounds.max)
+        opens = int((torch.remainder(s, ps) == 1 % ps).sum())
+    if lengths[0] != lengths[1] or lo < 1 or hi > most:
         _explain_host_decode(s, lengths, most)
-    return int((torch.remainder(s, ps) == 1 % ps).sum())  # a host tensor: no device read
+    return opens
 
 
 def _host_lengths(what: str, copies: dict[str, tuple[torch.Tensor, int]]) -> None:
@@ -899,9 +917,10 @@ class _Composite:
         takes the first slot of ``ids[k - 1]``, the others ``last_loc + 1``."""
         if ids.numel() == 0:  # a shape: nobody opens a page
             return loc + 1
-        # a request before the first opener indexes ids[0]; where() drops it
-        pages = ids.index_select(0, torch.cumsum(opens, 0).sub_(1).clamp_(min=0))
-        return torch.where(opens, pages * self.page_size, loc + 1)
+        # the k-th opener indexes ids[k - 1] of ids behind one more copy of ids[0], which a
+        # request before the first opener indexes; where() drops it
+        pages = torch.cat([ids[:1], ids]).index_select(0, torch.cumsum(opens, 0))
+        return torch.where(opens, pages.mul_(self.page_size), loc + 1)
 
     # ------------------------------------------------------------ free
 
@@ -1637,6 +1656,7 @@ class HybridSWA(_WithSWA):
     ) -> None:
         pools = [SubPool(SWA, swa_entry_bytes, page_size, "up"), SubPool(FULL, full_entry_bytes, page_size, "down")]
         super().__init__(total_bytes, pools, page_size, lazy, policy, device, buffer, mover, kernels)
+        self._epps = self.arena.geometry(FULL).epp, self.arena.geometry(SWA).epp  # fixed: read once
 
     def _joint_pages(self, state_ext: int = 0) -> int:
         """Closed form for two ENDs sharing one gap.
@@ -1670,7 +1690,7 @@ class HybridSWA(_WithSWA):
     def _two_end_terms(self) -> tuple[int, int, int, int, int, int, int]:
         """``(G, e_f, H_f, room_f, e_s, H_s, room_s)`` from host counters."""
         fu, sw = self.arena.counts(FULL), self.arena.counts(SWA)
-        e_f, e_s = self.arena.geometry(FULL).epp, self.arena.geometry(SWA).epp
+        e_f, e_s = self._epps
         gap = max(0, fu.lo * e_f - sw.hi * e_s)
         return gap, e_f, fu.holes, fu.span_room, e_s, sw.holes, sw.span_room
 

@@ -120,7 +120,7 @@ MUTATIONS = [
         "alloc writes holes and live around their epoch descriptors: an alloc served from holes leaves a stale memo",
         "impl/arena.py",
         [
-            ("            b.holes = b.holes[k:]\n", '            b.__dict__["holes"] = b.holes[k:]\n'),
+            ("        b.holes = b.holes[k:]\n", '        b.__dict__["holes"] = b.holes[k:]\n'),
             ("        b.live = b.live + n\n", '        b.__dict__["live"] += n\n'),
         ],
         unit=("tests/impl/test_memo.py", "tests/impl/test_arena.py"),

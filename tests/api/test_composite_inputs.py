@@ -296,3 +296,34 @@ def test_good_step_path_input_passes_the_host_checks(pkg):
     step_call(pkg, c, "free_swa", ([4],))  # page 1 again: no longer live, skipped
     assert c.arena.live_pages("swa") == 4
     c.verify()
+
+
+@pytest.mark.parametrize("reduction", ["ints", "numpy", "torch"])
+@pytest.mark.parametrize(
+    "call,args,message", [s for s in STEP_CALLS if s[0] == "decode"], ids=[m for c, _, m in STEP_CALLS if c == "decode"]
+)
+def test_the_decode_host_copy_is_checked_by_each_of_its_reductions(monkeypatch, reduction, call, args, message):
+    """The trusted decode reduces its host copy as Python ints (a short
+    batch), through numpy, or through torch (no numpy): each finds the same
+    bad input, and counts the same pages, at a short batch and a long one."""
+    from kvarena.impl import composites
+
+    monkeypatch.setattr(composites, "HOST_INTS", 64 if reduction == "ints" else 0)
+    if reduction == "torch":
+        monkeypatch.setattr(composites, "_np", None)
+    c = made(impl)
+    before = c.snapshot()
+    with pytest.raises(ValueError) as e:
+        step_call(impl, c, call, args)
+    assert str(e.value) == message
+    assert c.snapshot() == before
+    checked, trusted = impl.HybridSWA(1 << 20, 64, 32, page_size=4), impl.HybridSWA(1 << 20, 64, 32, page_size=4)
+    for n in (3, 100):  # a short batch and one past HOST_INTS, of mixed lengths (some open a page)
+        lens = [1 + (7 * i) % 13 for i in range(n)]
+        for a in (checked, trusted):
+            out = a.alloc_extend([0] * n, lens, [-1] * n)
+        last = out[torch.cumsum(torch.tensor(lens), 0) - 1]
+        seq = torch.tensor(lens) + 1
+        got = trusted.alloc_decode(seq, last, check=False, seq_lens_cpu=seq)
+        assert torch.equal(got, checked.alloc_decode(seq.tolist(), last.tolist()))
+        assert trusted.snapshot() == checked.snapshot()
