@@ -311,12 +311,7 @@ def test_the_decode_host_copy_is_checked_by_each_of_its_reductions(monkeypatch, 
     monkeypatch.setattr(composites, "HOST_INTS", 64 if reduction == "ints" else 0)
     if reduction == "torch":
         monkeypatch.setattr(composites, "_np", None)
-    c = made(impl)
-    before = c.snapshot()
-    with pytest.raises(ValueError) as e:
-        step_call(impl, c, call, args)
-    assert str(e.value) == message
-    assert c.snapshot() == before
+    test_bad_step_path_input_is_the_specs_value_error_on_the_trusted_path(impl, call, args, message)
     checked, trusted = impl.HybridSWA(1 << 20, 64, 32, page_size=4), impl.HybridSWA(1 << 20, 64, 32, page_size=4)
     for n in (3, 100):  # a short batch and one past HOST_INTS, of mixed lengths (some open a page)
         lens = [1 + (7 * i) % 13 for i in range(n)]
