@@ -1762,16 +1762,15 @@ class Arena:
         wholly outside its target reads nothing: its sets are two runs."""
         lo, hi, n, nh = b.lo, b.hi, b.live, b.n_holes
         first = region_hi - n if low else region_lo  # a leapfrog's target: [first, first + n)
-        if edge_pages >= n and nh == 0 and (first >= hi or first + n <= lo):
-            # a leapfrog of a span with no hole, wholly outside the target: two runs, known on the host
-            src, dst, k = b.pages(lo, hi), b.pages(first, first + n), n
+        if edge_pages >= n:  # leapfrog: every live page outside the packed target moves into its free pages
             new_lo, new_hi, holes = first, first + n, b.holes[:0]
-        elif edge_pages >= n:  # leapfrog: every live page outside the packed target moves into its free pages
-            span, target = b.pages(lo, hi), b.pages(first, first + n)
-            outside = (b.p2v[lo:hi] >= 0) & ((span < first) | (span >= first + n))
-            src, dst = _packed(span, outside), _packed(target, b.p2v[first : first + n] < 0)
-            k = int(outside.sum())  # SYNC: the pages to move, which size the launch
-            new_lo, new_hi, holes = first, first + n, b.holes[:0]
+            if nh == 0 and (first >= hi or first + n <= lo):  # no hole, wholly outside: two runs the host knows
+                src, dst, k = b.pages(lo, hi), b.pages(first, first + n), n
+            else:
+                span, target = b.pages(lo, hi), b.pages(first, first + n)
+                outside = (b.p2v[lo:hi] >= 0) & ((span < first) | (span >= first + n))
+                src, dst = _packed(span, outside), _packed(target, b.p2v[first : first + n] < 0)
+                k = int(outside.sum())  # SYNC: the pages to move, which size the launch
         else:
             edge = lo + edge_pages if low else hi - edge_pages  # clear [lo, edge) or [edge, hi)
             cleared, stay = (b.pages(lo, edge), b.pages(edge, hi)) if low else (b.pages(edge, hi), b.pages(lo, edge))

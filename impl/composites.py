@@ -151,8 +151,7 @@ def _host_decode_pages(seq_cpu: IntsLike, ps: int, lengths: tuple[int, int], mos
     its bad input (a length below 1 or no arena could hold, lengths that
     differ) a ``ValueError`` in the spec's words, from the host alone."""
     s = _host_vec(seq_cpu)
-    if s.numel() != lengths[0]:
-        _host_lengths("alloc_decode", {"seq_lens": (s, lengths[0])})
+    _host_lengths("alloc_decode", {"seq_lens": (s, lengths[0])})
     # A host tensor (no device read), reduced where it is cheapest: a short batch as Python ints, a
     # longer one through numpy (half torch's dispatch cost on a host tensor), else torch.
     if s.numel() <= HOST_INTS:

@@ -374,7 +374,8 @@ def prewarm(device: torch.device, queues: Iterable[bool], words: Iterable[torch.
     one, a borrower's none), with and without a forward in flight, the
     window's at every sort width; the translation; a relocation's copy in
     each word type (``words``).  Every count is 0: no lane reads or writes
-    a table; the copy moves one word of a scratch row onto itself.
+    a table; the copy moves one word of a scratch row onto itself, in
+    scratch tables.
 
     Args:
         device: where the arena's tables live.
